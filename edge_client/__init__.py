@@ -1,0 +1,1 @@
+"""The edge device: a sans-IO training core, trainer backends and a thin MQTT adapter."""

@@ -1,0 +1,136 @@
+"""The sans-IO device: parameters and control in, commit frames out.
+
+The driver feeds it inbound messages and, whenever ``ready`` is true, calls ``step()``
+for one local SGD step; a step that completes ``push_every`` steps returns a commit.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from edge_client.trainer import Trainer
+from learning.data import Dataset
+from learning.model import Params
+from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
+from schemas.messages import Barrier, Control, DeviceStatus, MessageError, Notice
+from schemas.topics import Publish, Topics
+
+log = logging.getLogger("edgeps.device")
+
+
+class DeviceCore:
+    """One device's training state machine."""
+
+    def __init__(self, job: str, device: str, data: Dataset, trainer: Trainer, seed: int = 0) -> None:
+        if len(data) == 0:
+            raise ValueError("a device needs training data")
+        self.topics = Topics(job)
+        self.device = device
+        self.data = data
+        self.trainer = trainer
+        self.rng = np.random.default_rng(seed)
+        self.control: Control | None = None
+        self.server_version = -1
+        self._server_params: Params | None = None
+        self.base_version = -1
+        self._base: Params | None = None
+        self._local: Params | None = None
+        self.steps = 0
+        self.samples = 0
+        self.seq = 0
+        self.waiting = False
+        self.finished = False
+        self.last_loss = float("nan")
+        self.notices: list[Notice] = []
+
+    # ---------------------------------------------------------------- topics
+    def subscriptions(self) -> list[str]:
+        t = self.topics
+        return [t.params, t.ctrl(self.device), t.barrier, t.notice(self.device)]
+
+    def status(self, state: str) -> Publish:
+        """The retained status message (``online`` hello, or ``offline`` for the last will)."""
+        body = DeviceStatus(device=self.device, state=state, samples=len(self.data), backend=self.trainer.name)
+        return Publish(self.topics.status(self.device), body.to_bytes(), qos=1, retain=True)
+
+    @property
+    def ready(self) -> bool:
+        """Whether a local step may run now."""
+        return self.control is not None and self._local is not None and not self.waiting and not self.finished
+
+    # ---------------------------------------------------------------- events
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """Feed one inbound message; bad ones are logged and ignored."""
+        try:
+            kind, _ = self.topics.parse(topic)
+            if kind == "params":
+                self.on_params(decode_frame(payload))
+            elif kind == "ctrl" and payload:
+                self.control = Control.from_bytes(payload)
+            elif kind == "barrier" and payload:
+                self.finished = Barrier.from_bytes(payload).state == "finished" or self.finished
+            elif kind == "notice":
+                notice = Notice.from_bytes(payload)
+                self.notices.append(notice)
+                log.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
+        except (FrameError, MessageError, ValueError) as exc:
+            log.warning("ignored bad message on %s: %s", topic, exc)
+
+    def on_params(self, frame: Frame) -> None:
+        """A new global version. Adopt it now if idle or between commits, else at the next commit."""
+        if frame.kind != FrameKind.PARAMS or frame.base_version <= self.server_version:
+            return
+        self.server_version = frame.base_version
+        self._server_params = frame.tensors
+        if self._local is None or self.waiting:
+            self._rebase()
+
+    # ------------------------------------------------------------------ work
+    def step(self) -> list[Publish]:
+        """One local SGD step; returns the commit when ``push_every`` steps are done."""
+        if not self.ready:
+            raise RuntimeError("step() called while the device is not ready")
+        assert self.control is not None and self._local is not None and self._base is not None
+        batch = self.rng.integers(0, len(self.data), size=min(self.control.batch_size, len(self.data)))
+        self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
+        lr = np.float32(self.control.lr)
+        for name, g in grads.items():
+            self._local[name] -= lr * g
+        self.steps += 1
+        self.samples += len(batch)
+        if self.steps < self.control.push_every:
+            return []
+        return [self._commit()]
+
+    def _commit(self) -> Publish:
+        assert self.control is not None and self._local is not None and self._base is not None
+        self.seq += 1
+        delta = {name: self._local[name] - self._base[name] for name in self._local}
+        frame = Frame(
+            kind=FrameKind.COMMIT,
+            base_version=self.base_version,
+            tensors=delta,
+            device=self.device,
+            seq=self.seq,
+            samples=self.samples,
+            steps=self.steps,
+            codec=self.control.codec,
+        )
+        self.steps = self.samples = 0
+        if self.control.wait_for_params and self.server_version <= self.base_version:
+            self.waiting = True
+        else:
+            self._rebase()
+        return Publish(self.topics.grad(self.device), encode_frame(frame), qos=1)
+
+    def _rebase(self) -> None:
+        """Start local work from the newest server version."""
+        if self._server_params is None:
+            return
+        self.base_version = self.server_version
+        self._base = self._server_params
+        self._local = {name: values.copy() for name, values in self._server_params.items()}
+        self.steps = self.samples = 0
+        self.waiting = False

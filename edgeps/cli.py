@@ -1,0 +1,206 @@
+"""The ``edgeps`` command: demo, ps, client, broker, data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from edgeps.transport import BrokerAddress
+
+
+def _broker_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker")
+    parser.add_argument("--username", default=os.environ.get("EDGEPS_USERNAME"), help="or $EDGEPS_USERNAME")
+    parser.add_argument("--password", default=os.environ.get("EDGEPS_PASSWORD"), help="or $EDGEPS_PASSWORD")
+
+
+def _training_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", default="demo", help="job name (topic prefix edgeps/JOB/)")
+    parser.add_argument("--pace", default="bsp", choices=["bsp", "asp"])
+    parser.add_argument("--rounds", type=int, default=100, help="global versions to train")
+    parser.add_argument("--push-every", type=int, default=10, help="local steps per commit")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--hidden", default="64", help="hidden layer sizes, comma-separated")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _address(args: argparse.Namespace) -> BrokerAddress:
+    return BrokerAddress.parse(args.broker, args.username, args.password)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from learning.data import Dataset, load_digits, stratified_split
+    from learning.model import init_mlp
+    from ps_service.config import ServerConfig
+    from ps_service.core import ServerCore
+    from ps_service.evaluator import Evaluator
+    from ps_service.mqtt import connect_server, serve
+
+    if args.eval_data:
+        holdout = Dataset.load(args.eval_data)
+    else:
+        _, holdout = stratified_split(load_digits(), 0.2, args.seed)
+    sizes = [holdout.x.shape[1], *[int(h) for h in args.hidden.split(",") if h], holdout.classes]
+    config = ServerConfig(
+        job=args.job,
+        pace=args.pace,
+        rounds=args.rounds,
+        push_every=args.push_every,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
+    )
+    core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout))
+    transport = connect_server(core, _address(args))
+    logging.info("parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace)
+    try:
+        serve(core, transport, stop=_stop_on_signals())
+    finally:
+        transport.close()
+    if args.report:
+        Path(args.report).write_text(json.dumps([m.model_dump() for m in core.history]))
+    return 0
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from edge_client.core import DeviceCore
+    from edge_client.mqtt import connect_device, run_device
+    from edge_client.trainer import make_trainer
+    from learning.data import Dataset
+
+    core = DeviceCore(args.job, args.device, Dataset.load(args.data), make_trainer(args.backend), seed=args.seed)
+    transport = connect_device(core, _address(args))
+    logging.info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
+    run_device(core, transport, slowdown=args.slowdown, stop=_stop_on_signals())
+    logging.info("device %s done: %d commits", args.device, core.seq)
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from broker.launcher import start_broker
+
+    broker = start_broker(port=args.port, host=args.host, embedded=True if args.embedded else None)
+    print(f"{broker.kind} listening on {broker.host}:{broker.port} (logs in {broker.workdir}); Ctrl-C stops it")
+    stop = _stop_on_signals()
+    try:
+        while not stop.wait(0.5) and broker.process.poll() is None:
+            pass
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from learning.data import load_digits, load_idx
+    from learning.prepare import prepare_shards
+
+    data = load_idx(args.idx_images, args.idx_labels) if args.idx_images else load_digits()
+    paths = prepare_shards(data, Path(args.out), args.devices, args.alpha, args.seed)
+    print(f"wrote {paths.holdout} and {len(paths.devices)} device shards under {args.out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from edgeps.demo import DemoSettings, run_demo
+
+    settings = DemoSettings(
+        devices=args.devices,
+        alpha=args.alpha,
+        pace=args.pace,
+        rounds=args.rounds,
+        push_every=args.push_every,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        hidden=args.hidden,
+        seed=args.seed,
+        job=args.job,
+        out=Path(args.out),
+        broker=args.broker,
+        embedded_broker=args.embedded_broker,
+    )
+    report = run_demo(settings, json_path=args.json)
+    return 0 if report["rounds"] > 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="broker + server + N devices on loopback; prints a report")
+    _training_args(demo)
+    demo.add_argument("--devices", type=int, default=8)
+    demo.add_argument("--alpha", type=float, default=0.5, help="Dirichlet non-IID concentration")
+    demo.add_argument("--out", default="edgeps-demo", help="folder for data shards, logs, report.json, accuracy.png")
+    demo.add_argument("--json", help="also write the report as JSON here")
+    demo.add_argument("--broker", help="use this HOST:PORT instead of starting a broker")
+    demo.add_argument("--embedded-broker", action="store_true", help="use the embedded amqtt broker")
+    demo.set_defaults(func=cmd_demo)
+
+    ps = sub.add_parser("ps", help="run the parameter server against a broker")
+    _broker_args(ps)
+    _training_args(ps)
+    ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
+    ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
+    ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
+    ps.set_defaults(func=cmd_ps)
+
+    client = sub.add_parser("client", help="run one edge device against a broker")
+    _broker_args(client)
+    client.add_argument("--job", default="demo")
+    client.add_argument("--device", required=True, help="device id (also its MQTT topic segment)")
+    client.add_argument("--data", required=True, help="the device's training shard, .npz with x and y")
+    client.add_argument("--backend", default="numpy", choices=["numpy"])
+    client.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
+    client.add_argument("--seed", type=int, default=0)
+    client.set_defaults(func=cmd_client)
+
+    broker = sub.add_parser("broker", help="start Mosquitto with the project's config (or the embedded broker)")
+    broker.add_argument("--host", default="127.0.0.1")
+    broker.add_argument("--port", type=int, default=1883)
+    broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
+    broker.set_defaults(func=cmd_broker)
+
+    data = sub.add_parser("data", help="write a held-out set and non-IID device shards")
+    data.add_argument("--out", required=True)
+    data.add_argument("--devices", type=int, default=8)
+    data.add_argument("--alpha", type=float, default=0.5)
+    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--idx-images", help="MNIST-format images file (default dataset: digits)")
+    data.add_argument("--idx-labels", help="MNIST-format labels file")
+    data.set_defaults(func=cmd_data)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    started = time.monotonic()
+    try:
+        return args.func(args)
+    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:
+        logging.getLogger("edgeps").error("%s (after %.1f s)", exc, time.monotonic() - started)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``edgeps demo``: a broker, the parameter server and N device processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.launcher import BrokerProcess, start_broker
+from edgeps.report import build_report, format_report, plot_accuracy, write_json
+from edgeps.transport import BrokerAddress, MqttTransport
+from learning.data import load_digits
+from learning.prepare import prepare_shards
+from schemas.messages import MessageError, Metrics
+from schemas.topics import Topics
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    devices: int = 8
+    alpha: float = 0.5
+    pace: str = "bsp"
+    rounds: int = 100
+    push_every: int = 10
+    lr: float = 0.1
+    batch_size: int = 32
+    hidden: str = "64"
+    seed: int = 0
+    job: str = "demo"
+    out: Path = Path("edgeps-demo")
+    broker: str | None = None
+    embedded_broker: bool = False
+    timeout_s: float = 600.0
+
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "edgeps.cli", *args], stdout=log, stderr=log, env=env)
+
+
+def _progress(metrics: Metrics, rounds: int) -> None:
+    """A live progress bar on a terminal; every tenth of the job as a line otherwise."""
+    done = int(30 * metrics.version / rounds)
+    line = (
+        f"[{'#' * done}{'.' * (30 - done)}] round {metrics.version:>3}/{rounds}  accuracy {metrics.accuracy:.4f}  "
+        f"loss {metrics.loss:.4f}  commits {metrics.commits:>5}  {metrics.elapsed_s:6.1f} s"
+    )
+    if sys.stdout.isatty():
+        print("\r" + line, end="\n" if metrics.finished else "", flush=True)
+    elif metrics.finished or metrics.version % max(1, rounds // 10) == 0:
+        print(line, flush=True)
+
+
+def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the whole job; return the report (also written to OUT/report.json and OUT/accuracy.png)."""
+    started = time.monotonic()
+    out = settings.out
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    say = (lambda *a, **k: None) if quiet else print
+    shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
+    say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
+
+    broker: BrokerProcess | None = None
+    if settings.broker:
+        address = BrokerAddress.parse(settings.broker)
+    else:
+        broker = start_broker(workdir=out / "broker", embedded=True if settings.embedded_broker else None)
+        address = BrokerAddress(broker.host, broker.port)
+        say(f"broker: {broker.kind} on {broker.host}:{broker.port} with broker/mosquitto.conf")
+
+    topics = Topics(settings.job)
+    watcher = MqttTransport(address, f"edgeps-demo-watch-{os.getpid()}", [topics.metrics], persistent=False)
+    processes: list[subprocess.Popen] = []
+    history: list[Metrics] = []
+    try:
+        watcher.wait_connected(10)
+        common = ["--broker", f"{address.host}:{address.port}", "--job", settings.job]
+        training = [
+            "--pace", settings.pace, "--rounds", str(settings.rounds), "--push-every", str(settings.push_every),
+            "--lr", str(settings.lr), "--batch-size", str(settings.batch_size), "--hidden", settings.hidden,
+            "--seed", str(settings.seed),
+        ]  # fmt: skip
+        server_report = out / "server-metrics.json"
+        server = _spawn(
+            ["ps", *common, *training, "--eval-data", str(shards.holdout), "--report", str(server_report)],
+            logs / "ps.log",
+        )
+        processes.append(server)
+        for i, shard in enumerate(shards.devices):
+            name = f"dev-{i:02d}"
+            device = ["client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i)]
+            processes.append(_spawn(device, logs / f"{name}.log"))
+        say(f"started the parameter server ({settings.pace}) and {settings.devices} device processes; logs in {logs}/")
+
+        deadline = time.monotonic() + settings.timeout_s
+        while server.poll() is None and time.monotonic() < deadline:
+            inbound = watcher.receive(timeout=0.2)
+            if inbound is None:
+                continue
+            try:
+                metrics = Metrics.from_bytes(inbound.payload)
+            except MessageError:
+                continue
+            if not quiet:
+                _progress(metrics, settings.rounds)
+        if server.poll() is None:
+            raise RuntimeError(f"the job did not finish within {settings.timeout_s:.0f} s; see {logs}/ps.log")
+        if server.returncode != 0:
+            raise RuntimeError(f"the parameter server failed (exit {server.returncode}); see {logs}/ps.log")
+        for proc in processes[1:]:
+            proc.wait(timeout=30)
+        history = [Metrics.model_validate(m) for m in json.loads(server_report.read_text())]
+    finally:
+        watcher.close()
+        for proc in processes:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+        if broker is not None:
+            broker.stop()
+
+    settings_dict = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
+    report = build_report(history, time.monotonic() - started, settings_dict)
+    write_json(report, out / "report.json")
+    if json_path:
+        write_json(report, json_path)
+    plot_accuracy(report, out / "accuracy.png", title=f"edgeps demo: {settings.devices} devices, {settings.pace}")
+    say("")
+    say(format_report(report))
+    also = f" and {json_path}" if json_path else ""
+    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'accuracy.png'}")
+    return report

@@ -1,0 +1,84 @@
+"""The report of a training run: JSON, a text table, and a PNG accuracy curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from schemas.messages import Metrics
+
+
+def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]) -> dict[str, Any]:
+    """Summarise the server's per-version metrics; ``history`` must hold at least version 0."""
+    if not history:
+        raise ValueError("no metrics were recorded")
+    last = history[-1]
+    return {
+        "settings": settings,
+        "best_accuracy": max(m.accuracy for m in history),
+        "final_accuracy": last.accuracy,
+        "rounds": last.version,
+        "wall_s": round(wall_s, 3),
+        "train_s": round(last.elapsed_s, 3),
+        "commits": last.commits,
+        "applied": last.applied,
+        "bytes_up": last.bytes_up,
+        "bytes_down": last.bytes_down,
+        "rejected": sum(last.rejected.values()),
+        "rejected_by_reason": dict(last.rejected),
+        "history": [m.model_dump(include={"version", "accuracy", "loss", "commits", "elapsed_s"}) for m in history],
+    }
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def format_report(report: dict[str, Any], max_rows: int = 25) -> str:
+    """A readable table: per round accuracy and loss, then the totals."""
+    rows = report["history"]
+    if len(rows) > max_rows:  # keep the first, the last and evenly spaced rounds between
+        step = (len(rows) - 1) / (max_rows - 1)
+        rows = [rows[round(i * step)] for i in range(max_rows)]
+    lines = [f"{'round':>6} {'accuracy':>9} {'loss':>8} {'commits':>8} {'time s':>8}"]
+    lines += [
+        f"{r['version']:>6} {r['accuracy']:>9.4f} {r['loss']:>8.4f} {r['commits']:>8} {r['elapsed_s']:>8.2f}"
+        for r in rows
+    ]
+    lines += [
+        "",
+        f"best accuracy   {report['best_accuracy']:.4f}",
+        f"final accuracy  {report['final_accuracy']:.4f}",
+        f"rounds          {report['rounds']}",
+        f"wall time       {report['wall_s']:.1f} s (training {report['train_s']:.1f} s)",
+        f"commits         {report['commits']} ({report['applied']} applied, {report['rejected']} rejected)",
+        f"bytes up        {_mb(report['bytes_up'])}",
+        f"bytes down      {_mb(report['bytes_down'])}",
+    ]
+    return "\n".join(lines)
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(report, indent=2))
+
+
+def plot_accuracy(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out accuracy") -> None:
+    """PNG of accuracy against round and against time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["history"]
+    fig, (by_round, by_time) = plt.subplots(1, 2, figsize=(10, 4))
+    by_round.plot([r["version"] for r in rows], [r["accuracy"] for r in rows], marker=".")
+    by_round.set(xlabel="round (global version)", ylabel="held-out accuracy", ylim=(0, 1))
+    by_time.plot([r["elapsed_s"] for r in rows], [r["accuracy"] for r in rows], marker=".")
+    by_time.set(xlabel="seconds since server start", ylim=(0, 1))
+    for ax in (by_round, by_time):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,164 @@
+"""Transports: how a driver exchanges messages with the broker.
+
+The cores never see a transport; a driver pulls inbound messages from one, feeds the
+core, and publishes what the core returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from schemas.topics import Publish
+
+log = logging.getLogger("edgeps.transport")
+
+
+@dataclass(frozen=True)
+class Inbound:
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where the broker is and how to log in."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = None
+    password: str | None = None
+
+    @staticmethod
+    def parse(text: str, username: str | None = None, password: str | None = None) -> BrokerAddress:
+        """``HOST:PORT`` or ``HOST`` (port 1883)."""
+        host, _, port = text.rpartition(":") if ":" in text else (text, "", "1883")
+        if not host or not port.isdigit():
+            raise ValueError(f"broker address must be HOST:PORT, got {text!r}")
+        return BrokerAddress(host, int(port), username, password)
+
+
+class Transport(ABC):
+    """Publish, receive (with acknowledgement after processing), close."""
+
+    @abstractmethod
+    def publish(self, message: Publish) -> None:
+        """Queue ``message`` for delivery (QoS and retain as it says)."""
+
+    @abstractmethod
+    def receive(self, timeout: float) -> Inbound | None:
+        """The next inbound message, or None after ``timeout`` seconds."""
+
+    @abstractmethod
+    def ack(self, message: Inbound) -> None:
+        """Acknowledge ``message`` to the broker: call once it has been processed."""
+
+    @abstractmethod
+    def close(self, last: Publish | None = None) -> None:
+        """Publish ``last`` (if any), wait for it, and disconnect."""
+
+
+class MqttTransport(Transport):
+    """paho-mqtt 2.x over TCP, MQTT 3.1.1 (Mosquitto and the embedded broker both speak it).
+
+    A persistent session (clean_session False and a stable client id) keeps QoS 1
+    messages for us across reconnects; acknowledgements are manual, sent only after the
+    driver has processed a message, so a crash before processing means redelivery.
+    paho reconnects by itself with exponential backoff (1 s to 30 s); subscriptions are
+    renewed on every connect.
+    """
+
+    def __init__(
+        self,
+        broker: BrokerAddress,
+        client_id: str,
+        subscriptions: list[str],
+        will: Publish | None = None,
+        hello: Publish | None = None,
+        persistent: bool = True,
+    ) -> None:
+        self._inbox: queue.Queue[Inbound] = queue.Queue()
+        self._subscriptions = subscriptions
+        self._hello = hello
+        self._pending: list[mqtt.MQTTMessageInfo] = []
+        self.connected = threading.Event()
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=not persistent,
+            manual_ack=True,
+        )
+        if broker.username:
+            client.username_pw_set(broker.username, broker.password)
+        if will is not None:
+            client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
+        client.reconnect_delay_set(min_delay=1, max_delay=30)
+        client.max_queued_messages_set(0)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        self._client = client
+        client.connect_async(broker.host, broker.port, keepalive=10)
+        client.loop_start()
+
+    def wait_connected(self, timeout: float) -> None:
+        """Block until the first connection is up; ConnectionError after ``timeout``."""
+        if not self.connected.wait(timeout):
+            self._client.loop_stop()
+            raise ConnectionError(f"no MQTT connection within {timeout:.0f} s")
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            log.error("broker refused the connection: %s", reason_code)
+            return
+        for topic in self._subscriptions:
+            client.subscribe(topic, qos=1)
+        if self._hello is not None:
+            self.publish(self._hello)
+        self.connected.set()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.connected.clear()
+        if reason_code.is_failure:
+            log.warning("disconnected from broker (%s); reconnecting", reason_code)
+
+    def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
+        self._inbox.put(Inbound(message.topic, bytes(message.payload), message.mid, message.qos))
+
+    def publish(self, message: Publish) -> None:
+        info = self._client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
+        if message.qos > 0:
+            self._pending = [i for i in self._pending if not i.is_published()]
+            self._pending.append(info)
+
+    def receive(self, timeout: float) -> Inbound | None:
+        try:
+            return self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def ack(self, message: Inbound) -> None:
+        if message.qos > 0:
+            self._client.ack(message.mid, message.qos)
+
+    def close(self, last: Publish | None = None, timeout: float = 5.0) -> None:
+        try:
+            if last is not None:
+                self.publish(last)
+            deadline = time.monotonic() + timeout
+            for info in self._pending:  # deliver what is queued before leaving
+                if not self.connected.is_set():
+                    break
+                info.wait_for_publish(timeout=max(0.0, deadline - time.monotonic()))
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()

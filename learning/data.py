@@ -1,0 +1,126 @@
+"""Datasets, held-out splits and non-IID partitions across devices.
+
+A dataset is a pair of arrays: ``x`` float32 of shape (n, features) scaled to [0, 1]
+and ``y`` int64 class labels of shape (n,).
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.x.ndim != 2 or self.y.ndim != 1 or len(self.x) != len(self.y):
+            raise ValueError(f"dataset needs x (n, d) and y (n,), got {self.x.shape} and {self.y.shape}")
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    @property
+    def classes(self) -> int:
+        return int(self.y.max()) + 1 if len(self.y) else 0
+
+    def subset(self, idx: np.ndarray) -> Dataset:
+        return Dataset(self.x[idx], self.y[idx])
+
+    def save(self, path: str | Path) -> None:
+        np.savez_compressed(path, x=self.x, y=self.y)
+
+    @staticmethod
+    def load(path: str | Path) -> Dataset:
+        with np.load(path, allow_pickle=False) as data:
+            return Dataset(data["x"].astype(np.float32), data["y"].astype(np.int64))
+
+
+def load_digits() -> Dataset:
+    """scikit-learn's bundled 8x8 digits (1,797 images, 10 classes); works offline."""
+    from sklearn.datasets import load_digits as sk_digits  # server-side only
+
+    bunch = sk_digits()
+    return Dataset((bunch.data / 16.0).astype(np.float32), bunch.target.astype(np.int64))
+
+
+_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an IDX file (the MNIST format), plain or gzip-compressed."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_TYPES:
+        raise ValueError(f"{path}: not an IDX file (bad magic {raw[:4].hex()})")
+    dtype, ndim = np.dtype(_IDX_TYPES[raw[2]]), raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise ValueError(f"{path}: truncated IDX header")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - header != count * dtype.itemsize:
+        need, have = count * dtype.itemsize, len(raw) - header
+        raise ValueError(f"{path}: IDX shape {shape} needs {need} bytes, the file has {have}")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> None:
+    """Write a uint8 array as an IDX file (for tests and conversions)."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    Path(path).write_bytes(header + array.tobytes())
+
+
+def load_idx(images: str | Path, labels: str | Path) -> Dataset:
+    """An MNIST-format pair of IDX files: images (n, rows, cols) 0-255 and labels (n,)."""
+    x, y = read_idx(images), read_idx(labels)
+    if y.ndim != 1 or len(x) != len(y):
+        raise ValueError(f"IDX images {x.shape} and labels {y.shape} do not pair up")
+    return Dataset((x.reshape(len(x), -1).astype(np.float32) / 255.0), y.astype(np.int64))
+
+
+def stratified_split(data: Dataset, holdout: float, seed: int) -> tuple[Dataset, Dataset]:
+    """(train, held-out) with ``holdout`` of every class in the held-out part."""
+    if not 0 < holdout < 1:
+        raise ValueError("holdout must be in (0, 1)")
+    rng = np.random.default_rng(seed)
+    train_idx, test_idx = [], []
+    for label in np.unique(data.y):
+        idx = rng.permutation(np.flatnonzero(data.y == label))
+        cut = max(1, round(holdout * len(idx)))
+        test_idx.append(idx[:cut])
+        train_idx.append(idx[cut:])
+    return data.subset(np.sort(np.concatenate(train_idx))), data.subset(np.sort(np.concatenate(test_idx)))
+
+
+def dirichlet_partition(y: np.ndarray, devices: int, alpha: float, seed: int, min_size: int = 10) -> list[np.ndarray]:
+    """Indices of ``y`` split across ``devices`` with class shares drawn from Dirichlet(alpha).
+
+    Small alpha gives each device few classes (non-IID); large alpha approaches IID.
+    Every index goes to exactly one device; draws repeat (seeded) until every device
+    holds at least ``min_size`` samples.
+    """
+    if devices < 1 or alpha <= 0:
+        raise ValueError("need devices >= 1 and alpha > 0")
+    if devices * min_size > len(y):
+        raise ValueError(f"{len(y)} samples cannot give {devices} devices {min_size} each")
+    rng = np.random.default_rng(seed)
+    for _ in range(1000):
+        shards: list[list[int]] = [[] for _ in range(devices)]
+        for label in np.unique(y):
+            idx = rng.permutation(np.flatnonzero(y == label))
+            shares = rng.dirichlet(np.full(devices, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for shard, part in zip(shards, np.split(idx, cuts), strict=True):
+                shard.extend(part.tolist())
+        if min(len(s) for s in shards) >= min_size:
+            return [np.sort(np.array(s, dtype=np.int64)) for s in shards]
+    raise ValueError(f"no Dirichlet({alpha}) draw gave every device {min_size} samples")

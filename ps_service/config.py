@@ -1,0 +1,20 @@
+"""Settings of one parameter-server job."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerConfig(BaseModel):
+    """What the server needs to run a job; devices get their share through control messages."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = "demo"
+    pace: str = "bsp"
+    rounds: int = Field(100, ge=1, description="global versions to produce before the job finishes")
+    push_every: int = Field(10, ge=1, description="local steps per commit")
+    lr: float = Field(0.1, gt=0)
+    batch_size: int = Field(32, ge=1)
+    max_commit_bytes: int = Field(8 << 20, ge=1024)
+    allowed_devices: frozenset[str] | None = None

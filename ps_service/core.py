@@ -1,0 +1,223 @@
+"""The sans-IO parameter server: decoded-or-raw messages in, messages to publish out.
+
+It never touches a socket or the clock: every event carries ``now`` (seconds, from any
+epoch), and every method returns the ``Publish`` list its driver must send.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from learning.model import Params
+from ps_service.aggregate import aggregate
+from ps_service.config import ServerConfig
+from ps_service.evaluator import Evaluator
+from ps_service.pace import make_pace
+from ps_service.registry import DeviceRegistry
+from ps_service.store import ParameterStore
+from ps_service.validation import Rejection, validate_commit
+from schemas.messages import (
+    Barrier,
+    Command,
+    Control,
+    DeviceStatus,
+    MessageError,
+    Metrics,
+    Notice,
+    RejectReason,
+)
+from schemas.topics import Publish, Topics
+
+log = logging.getLogger("edgeps.ps")
+
+
+@dataclass
+class Traffic:
+    commits: int = 0
+    applied: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+class ServerCore:
+    """One training job's parameter server as a state machine."""
+
+    def __init__(self, config: ServerConfig, params: Params, evaluator: Evaluator, now: float = 0.0) -> None:
+        self.config = config
+        self.topics = Topics(config.job)
+        self.store = ParameterStore(params)
+        self.pace = make_pace(config.pace)
+        self.registry = DeviceRegistry(config.allowed_devices)
+        self.evaluator = evaluator
+        self.traffic = Traffic()
+        self.history: list[Metrics] = []
+        self.paused = False
+        self.finished = False
+        self._started = now
+
+    # ----------------------------------------------------------------- events
+    def start(self, now: float) -> list[Publish]:
+        """Publish version 0 (retained), its metrics and the barrier."""
+        self._started = now
+        return self._broadcast_version(now)
+
+    def on_message(self, topic: str, payload: bytes, now: float) -> list[Publish]:
+        """Dispatch one inbound MQTT message; never raises for bad input."""
+        try:
+            kind, device = self.topics.parse(topic)
+        except ValueError as exc:
+            log.warning("ignored message on %s: %s", topic, exc)
+            return []
+        if kind == "grad" and device is not None:
+            return self.on_commit(device, payload, now)
+        if kind == "status" and device is not None:
+            return self.on_status(device, payload, now)
+        if kind == "cmd":
+            return self.on_command(payload, now)
+        return []
+
+    def on_status(self, device: str, payload: bytes, now: float) -> list[Publish]:
+        """A device's hello (online) or last will (offline)."""
+        if not payload:  # a cleared retained status
+            return self._device_left(device, now)
+        try:
+            status = DeviceStatus.from_bytes(payload)
+        except MessageError as exc:
+            return self._reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
+        if status.device != device:
+            return self._reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
+        if status.state == "offline":
+            return self._device_left(device, now)
+        if not self.registry.permits(device):
+            return self._reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
+        if not self.registry.set_online(device, status.samples):
+            return []
+        log.info("device %s online (%d samples)", device, status.samples)
+        return [self._control(device), self._barrier()]
+
+    def on_commit(self, device: str, payload: bytes, now: float) -> list[Publish]:
+        """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
+        self.traffic.commits += 1
+        self.traffic.bytes_up += len(payload)
+        if self.finished:
+            return []
+        try:
+            update = validate_commit(
+                payload,
+                device,
+                self.registry,
+                self.store.version,
+                self.store.shapes,
+                self.config.max_commit_bytes,
+            )
+        except Rejection as rejection:
+            return self._reject(device, rejection)
+        self.pace.add(update)
+        return self._maybe_aggregate(now) or [self._barrier()]
+
+    def on_command(self, payload: bytes, now: float) -> list[Publish]:
+        """An operator's command."""
+        try:
+            command = Command.from_bytes(payload)
+        except MessageError as exc:
+            self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
+            log.warning("rejected command: %s", exc)
+            return []
+        log.info("operator command: %s %s", command.cmd, command.reason)
+        if command.cmd == "pause":
+            self.paused = True
+            return [self._barrier()]
+        if command.cmd == "resume":
+            self.paused = False
+            return self._maybe_aggregate(now) or [self._barrier()]
+        return self._finish(now)
+
+    # -------------------------------------------------------------- internals
+    def _device_left(self, device: str, now: float) -> list[Publish]:
+        if not self.registry.set_offline(device):
+            return []
+        log.info("device %s offline: it leaves the barrier", device)
+        return self._maybe_aggregate(now) or [self._barrier()]
+
+    def _maybe_aggregate(self, now: float) -> list[Publish]:
+        out: list[Publish] = []
+        while not self.paused and not self.finished and self.pace.ready(self.registry.active()):
+            updates = self.pace.take()
+            try:
+                self.store.apply(aggregate(updates, self.store.version))
+            except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
+                log.error("aggregate of %d updates refused: %s", len(updates), exc)
+                continue
+            self.traffic.applied += len(updates)
+            out += self._broadcast_version(now)
+        return out
+
+    def _broadcast_version(self, now: float) -> list[Publish]:
+        frame = self.store.snapshot_frame()
+        self.traffic.bytes_down += len(frame) * len(self.registry.active())
+        if self.store.version >= self.config.rounds:
+            self.finished = True
+        out = [Publish(self.topics.params, frame, qos=1, retain=True), self._barrier(), self._metrics(now)]
+        if self.finished:
+            log.info("job %s finished at version %d", self.config.job, self.store.version)
+        return out
+
+    def _finish(self, now: float) -> list[Publish]:
+        if self.finished:
+            return []
+        self.finished = True
+        return [self._barrier(), self._metrics(now)]
+
+    def _reject(self, device: str, rejection: Rejection) -> list[Publish]:
+        self.traffic.rejected[rejection.reason.value] += 1
+        log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
+        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
+        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
+
+    def _control(self, device: str) -> Publish:
+        control = Control(
+            device=device,
+            push_every=self.config.push_every,
+            lr=self.config.lr,
+            batch_size=self.config.batch_size,
+            wait_for_params=self.pace.wait_for_params,
+        )
+        return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
+
+    def _barrier(self) -> Publish:
+        active = self.registry.active()
+        state = "finished" if self.finished else "paused" if self.paused else "running"
+        barrier = Barrier(
+            round=self.store.version,
+            version=self.store.version,
+            pace=self.pace.name,
+            state=state,
+            waiting_for=self.pace.waiting_for(active),
+            committed=self.pace.committed(),
+        )
+        return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)
+
+    def _metrics(self, now: float) -> Publish:
+        accuracy, loss = self.evaluator(self.store.view())
+        metrics = Metrics(
+            job=self.config.job,
+            version=self.store.version,
+            round=self.store.version,
+            pace=self.pace.name,
+            accuracy=accuracy,
+            loss=loss,
+            commits=self.traffic.commits,
+            applied=self.traffic.applied,
+            rejected=dict(self.traffic.rejected),
+            bytes_up=self.traffic.bytes_up,
+            bytes_down=self.traffic.bytes_down,
+            devices_online=len(self.registry.active()),
+            elapsed_s=round(now - self._started, 6),
+            finished=self.finished,
+        )
+        if not self.history or self.history[-1].version != metrics.version or metrics.finished:
+            self.history.append(metrics)
+        return Publish(self.topics.metrics, metrics.to_bytes(), qos=1)

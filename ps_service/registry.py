@@ -1,0 +1,61 @@
+"""What the server knows of each device: online state, samples, and sequence numbers."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+RECENT_SEQS = 256
+
+
+@dataclass
+class DeviceRecord:
+    online: bool = False
+    samples: int = 0
+    highest_seq: int = 0
+    recent_seqs: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_SEQS))
+
+
+class DeviceRegistry:
+    """Devices seen on the status topic. Only known devices may commit.
+
+    ``allowed``, when given, is the closed list of device ids this job accepts.
+    """
+
+    def __init__(self, allowed: frozenset[str] | None = None) -> None:
+        self.allowed = allowed
+        self._devices: dict[str, DeviceRecord] = {}
+
+    def permits(self, device: str) -> bool:
+        return self.allowed is None or device in self.allowed
+
+    def set_online(self, device: str, samples: int) -> bool:
+        """Mark ``device`` online; return True if it was not online before."""
+        record = self._devices.setdefault(device, DeviceRecord())
+        was_online, record.online, record.samples = record.online, True, samples
+        return not was_online
+
+    def set_offline(self, device: str) -> bool:
+        """Mark ``device`` offline; return True if it was online before."""
+        record = self._devices.get(device)
+        if record is None or not record.online:
+            return False
+        record.online = False
+        return True
+
+    def known(self, device: str) -> bool:
+        return device in self._devices
+
+    def active(self) -> frozenset[str]:
+        return frozenset(d for d, r in self._devices.items() if r.online)
+
+    def check_seq(self, device: str, seq: int) -> str | None:
+        """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
+        record = self._devices[device]
+        if seq in record.recent_seqs or seq == record.highest_seq:
+            return "replayed"
+        if seq < record.highest_seq:
+            return "out_of_order"
+        record.highest_seq = seq
+        record.recent_seqs.append(seq)
+        return None

@@ -1,0 +1,57 @@
+"""The parameter store: the global model and its version counter."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learning.model import Params
+from schemas.frame import Frame, FrameKind, encode_frame
+
+
+class ParameterStore:
+    """Holds version ``v`` of the parameters; every applied delta makes version ``v + 1``.
+
+    The store owns its arrays: callers get copies, so nothing outside can corrupt the model.
+    """
+
+    def __init__(self, params: Params, version: int = 0) -> None:
+        self._params = {name: np.array(values, dtype=np.float32) for name, values in params.items()}
+        self.version = version
+        self._frame: bytes | None = None
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: values.shape for name, values in self._params.items()}
+
+    def params(self) -> Params:
+        """A copy of the current parameters."""
+        return {name: values.copy() for name, values in self._params.items()}
+
+    def view(self) -> Params:
+        """The current parameters, read-only (no copy): for evaluation."""
+        out = {}
+        for name, values in self._params.items():
+            ro = values.view()
+            ro.flags.writeable = False
+            out[name] = ro
+        return out
+
+    def apply(self, delta: Params) -> int:
+        """Add ``delta`` (same names and shapes) and return the new version.
+
+        The sum is computed fully before anything is stored, so a failure leaves the
+        model as it was.
+        """
+        updated = {name: values + delta[name].astype(np.float32) for name, values in self._params.items()}
+        if not all(np.isfinite(v).all() for v in updated.values()):
+            raise ValueError("applying the delta would make the model non-finite")
+        self._params = updated
+        self.version += 1
+        self._frame = None
+        return self.version
+
+    def snapshot_frame(self) -> bytes:
+        """The parameter frame of the current version (cached until the next apply)."""
+        if self._frame is None:
+            self._frame = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=self.version, tensors=self._params))
+        return self._frame

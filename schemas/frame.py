@@ -1,0 +1,196 @@
+"""The binary tensor frame: commits (device -> PS) and parameter snapshots (PS -> devices).
+
+Little-endian, versioned, CRC-protected. docs/PROTOCOL.md gives every byte. The decoder
+never trusts a length: every read is bounds-checked and any inconsistency raises
+FrameError, so arbitrary bytes cannot crash the server.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from schemas.codecs import Codec, CodecError, codec_by_id, codec_by_name
+
+MAGIC = b"EPSF"
+FORMAT_VERSION = 1
+MAX_TENSORS = 256
+MAX_NDIM = 8
+MAX_ELEMENTS = 1 << 28
+_NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
+
+# magic, format version, kind, codec id, flags, codec arg, base version, seq, samples, steps
+_HEADER = struct.Struct("<4sBBBBfQQII")
+_U8 = struct.Struct("<B")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_CRC = struct.Struct("<I")
+
+
+class FrameKind(IntEnum):
+    COMMIT = 1
+    PARAMS = 2
+
+
+class FrameError(ValueError):
+    """Bytes that are not a valid frame."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame. ``tensors`` keeps the order in which they were sent."""
+
+    kind: FrameKind
+    base_version: int
+    tensors: dict[str, np.ndarray]
+    device: str = ""
+    seq: int = 0
+    samples: int = 0
+    steps: int = 0
+    codec: str = "fp32"
+    codec_arg: float = field(default=0.0)
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """Serialise ``frame``; raise FrameError for values the format cannot carry."""
+    try:
+        codec = codec_by_name(frame.codec)
+    except CodecError as exc:
+        raise FrameError(str(exc)) from exc
+    device = frame.device.encode("ascii")
+    if len(device) > 64:
+        raise FrameError("device id longer than 64 bytes")
+    if len(frame.tensors) > MAX_TENSORS:
+        raise FrameError(f"more than {MAX_TENSORS} tensors")
+    parts = [
+        _HEADER.pack(
+            MAGIC,
+            FORMAT_VERSION,
+            int(frame.kind),
+            codec.id,
+            0,
+            frame.codec_arg,
+            frame.base_version,
+            frame.seq,
+            frame.samples,
+            frame.steps,
+        ),
+        _U8.pack(len(device)),
+        device,
+        _U16.pack(len(frame.tensors)),
+    ]
+    for name, values in frame.tensors.items():
+        if not _NAME.match(name):
+            raise FrameError(f"invalid tensor name {name!r}")
+        shape = np.shape(values)
+        if len(shape) > MAX_NDIM:
+            raise FrameError(f"tensor {name!r} has more than {MAX_NDIM} dimensions")
+        payload = codec.encode(np.asarray(values))
+        parts += [
+            _U8.pack(len(name)),
+            name.encode("ascii"),
+            _U8.pack(len(shape)),
+            struct.pack(f"<{len(shape)}I", *shape),
+            _U32.pack(len(payload)),
+            payload,
+        ]
+    body = b"".join(parts)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+class _Reader:
+    """Bounds-checked cursor over a buffer."""
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int, what: str) -> memoryview:
+        end = self.pos + n
+        if n < 0 or end > len(self.data):
+            raise FrameError(f"truncated frame: {what} needs {n} bytes at offset {self.pos}")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple:
+        return fmt.unpack(self.take(fmt.size, what))
+
+    def ascii(self, what: str) -> str:
+        (length,) = self.unpack(_U8, what + " length")
+        try:
+            return bytes(self.take(length, what)).decode("ascii")
+        except UnicodeDecodeError:
+            raise FrameError(f"{what} is not ASCII") from None
+
+
+def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
+    """Parse and verify a frame; raise FrameError with the first problem found."""
+    if len(data) > max_bytes:
+        raise FrameError(f"frame of {len(data)} bytes exceeds the limit of {max_bytes}")
+    if len(data) < _HEADER.size + _CRC.size:
+        raise FrameError(f"frame of {len(data)} bytes is shorter than the {_HEADER.size}-byte header")
+    view = memoryview(data)
+    if view[:4] != MAGIC:
+        raise FrameError("bad magic: not an edgeps frame")
+    (crc,) = _CRC.unpack(view[-4:])
+    if zlib.crc32(view[:-4]) != crc:
+        raise FrameError("CRC-32 mismatch: frame corrupted")
+    reader = _Reader(view[:-4])
+    _, fmt_version, kind, codec_id, flags, codec_arg, base_version, seq, samples, steps = reader.unpack(
+        _HEADER, "header"
+    )
+    if fmt_version != FORMAT_VERSION:
+        raise FrameError(f"unsupported frame format version {fmt_version}")
+    try:
+        kind = FrameKind(kind)
+    except ValueError:
+        raise FrameError(f"unknown frame kind {kind}") from None
+    if flags != 0:
+        raise FrameError(f"reserved flags must be 0, got {flags:#x}")
+    try:
+        codec: Codec = codec_by_id(codec_id)
+    except CodecError as exc:
+        raise FrameError(str(exc)) from exc
+    device = reader.ascii("device id")
+    (count,) = reader.unpack(_U16, "tensor count")
+    if count > MAX_TENSORS:
+        raise FrameError(f"{count} tensors exceed the limit of {MAX_TENSORS}")
+    tensors: dict[str, np.ndarray] = {}
+    for i in range(count):
+        name = reader.ascii(f"tensor {i} name")
+        if not _NAME.match(name) or name in tensors:
+            raise FrameError(f"tensor {i}: invalid or duplicate name {name!r}")
+        (ndim,) = reader.unpack(_U8, f"tensor {name!r} ndim")
+        if ndim > MAX_NDIM:
+            raise FrameError(f"tensor {name!r}: {ndim} dimensions exceed {MAX_NDIM}")
+        shape = struct.unpack(f"<{ndim}I", reader.take(4 * ndim, f"tensor {name!r} dims"))
+        elements = 1
+        for d in shape:
+            elements *= d
+        if elements > MAX_ELEMENTS:
+            raise FrameError(f"tensor {name!r}: {elements} elements exceed {MAX_ELEMENTS}")
+        (length,) = reader.unpack(_U32, f"tensor {name!r} payload length")
+        payload = reader.take(length, f"tensor {name!r} payload")
+        try:
+            tensors[name] = codec.decode(payload, tuple(shape))
+        except CodecError as exc:
+            raise FrameError(f"tensor {name!r}: {exc}") from exc
+    if reader.pos != len(reader.data):
+        raise FrameError(f"{len(reader.data) - reader.pos} trailing bytes after the last tensor")
+    return Frame(
+        kind=kind,
+        base_version=base_version,
+        tensors=tensors,
+        device=device,
+        seq=seq,
+        samples=samples,
+        steps=steps,
+        codec=codec.name,
+        codec_arg=codec_arg,
+    )

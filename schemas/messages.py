@@ -1,0 +1,128 @@
+"""Pydantic models of every JSON message on the topic tree (see docs/PROTOCOL.md).
+
+Every model forbids unknown fields, so a typo in a field name is an error rather than
+a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from schemas.topics import NAME_PATTERN
+
+DeviceId = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
+
+MAX_JSON_BYTES = 64 * 1024
+
+
+class Message(BaseModel):
+    """Base of all JSON messages: strict field names, compact UTF-8 JSON on the wire."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_bytes(cls, payload: bytes) -> Self:
+        """Parse and validate a payload; raise MessageError with a readable reason."""
+        if len(payload) > MAX_JSON_BYTES:
+            raise MessageError(f"{cls.__name__}: payload of {len(payload)} bytes exceeds {MAX_JSON_BYTES}")
+        try:
+            return cls.model_validate_json(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise MessageError(f"{cls.__name__}: {where}: {first['msg']}") from exc
+
+
+class MessageError(ValueError):
+    """A JSON message that does not validate."""
+
+
+class DeviceStatus(Message):
+    """``status/{device}``, retained. ``online`` on connect; the last will publishes ``offline``."""
+
+    device: DeviceId
+    state: Literal["online", "offline"]
+    samples: int = Field(0, ge=0, description="training samples held by the device")
+    backend: str = Field("numpy", max_length=32)
+
+
+class Control(Message):
+    """``ctrl/{device}``, retained: how this device trains and when it commits."""
+
+    device: DeviceId
+    push_every: int = Field(ge=1, le=100_000, description="local steps per commit")
+    lr: float = Field(gt=0, le=100)
+    batch_size: int = Field(ge=1, le=65_536)
+    codec: Literal["fp32"] = "fp32"
+    wait_for_params: bool = Field(
+        description="after a commit, idle until parameters newer than the commit's base arrive (bsp)"
+    )
+
+
+class Barrier(Message):
+    """``barrier``, retained: the round in progress and who it waits for."""
+
+    round: int = Field(ge=0)
+    version: int = Field(ge=0)
+    pace: str
+    state: Literal["running", "paused", "finished"]
+    waiting_for: list[DeviceId] = Field(default_factory=list)
+    committed: list[DeviceId] = Field(default_factory=list)
+
+
+class RejectReason(StrEnum):
+    """Why the server refused an inbound message. Counted per reason in metrics."""
+
+    MALFORMED = "malformed"  # the frame or JSON does not parse
+    UNKNOWN_DEVICE = "unknown_device"  # no online status was seen for this device id
+    DEVICE_MISMATCH = "device_mismatch"  # the body's device id differs from the topic's
+    WRONG_KIND = "wrong_kind"  # a parameter frame on a commit topic, say
+    UNSUPPORTED_CODEC = "unsupported_codec"
+    SHAPE_MISMATCH = "shape_mismatch"  # tensor names, shapes or dtypes differ from the model's
+    NON_FINITE = "non_finite"  # NaN or Inf in a tensor
+    REPLAYED = "replayed"  # a sequence number already received from this device
+    OUT_OF_ORDER = "out_of_order"  # a sequence number lower than one already received
+    FUTURE_VERSION = "future_version"  # based on a parameter version the server never published
+    OVERSIZED = "oversized"  # payload larger than the server accepts
+    INVALID_COMMAND = "invalid_command"
+
+
+class Notice(Message):
+    """``notice/{device}``: a message of this device was rejected and not applied."""
+
+    device: str
+    seq: int | None = None
+    reason: RejectReason
+    detail: str
+
+
+class Metrics(Message):
+    """``metrics``: one record per new global version, for operators and reports."""
+
+    job: str
+    version: int
+    round: int
+    pace: str
+    accuracy: float
+    loss: float
+    commits: int = Field(description="commits received, accepted or not")
+    applied: int = Field(description="commits folded into the model")
+    rejected: dict[str, int]
+    bytes_up: int = Field(description="commit payload bytes received by the server")
+    bytes_down: int = Field(description="parameter payload bytes delivered: frame size x devices online")
+    devices_online: int
+    elapsed_s: float = Field(description="seconds since the server started")
+    finished: bool = False
+
+
+class Command(Message):
+    """``cmd``: an operator's order to the server."""
+
+    cmd: Literal["pause", "resume", "stop"]
+    reason: str = Field("", max_length=256)

@@ -1,0 +1,112 @@
+"""The MQTT topic tree of one training job.
+
+The device id sits inside the topic so that broker ACLs can pin it (``pattern write
+edgeps/+/grad/%u``); the server checks that a body's device id matches its topic.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+ROOT = "edgeps"
+
+# A device id or job name is a short, topic-safe token: no wildcards, no slashes.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+_NAME = re.compile(rf"^{NAME_PATTERN}$")
+
+Kind = Literal["status", "grad", "ctrl", "notice"]
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Return ``name`` if it is a valid job or device id, else raise ValueError."""
+    if not _NAME.match(name):
+        raise ValueError(f"invalid {what} {name!r}: use 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
+    return name
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Every topic of one job, by name."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        check_name(self.job, "job name")
+
+    @property
+    def prefix(self) -> str:
+        return f"{ROOT}/{self.job}"
+
+    def status(self, device: str) -> str:
+        """device -> all, retained: hello/online; the last will says offline."""
+        return f"{self.prefix}/status/{device}"
+
+    def grad(self, device: str) -> str:
+        """device -> PS, QoS 1: commit frames."""
+        return f"{self.prefix}/grad/{device}"
+
+    def ctrl(self, device: str) -> str:
+        """PS -> device, retained: push_every, lr, batch size, barrier mode."""
+        return f"{self.prefix}/ctrl/{device}"
+
+    def notice(self, device: str) -> str:
+        """PS -> device, not retained: why a message of this device was rejected."""
+        return f"{self.prefix}/notice/{device}"
+
+    @property
+    def params(self) -> str:
+        """PS -> devices, retained: the current parameter snapshot frame."""
+        return f"{self.prefix}/params"
+
+    @property
+    def barrier(self) -> str:
+        """PS -> devices, retained: round and barrier state."""
+        return f"{self.prefix}/barrier"
+
+    @property
+    def metrics(self) -> str:
+        """PS -> operators: accuracy, loss, traffic, rejections per version."""
+        return f"{self.prefix}/metrics"
+
+    @property
+    def cmd(self) -> str:
+        """operator -> PS: pause, resume, stop."""
+        return f"{self.prefix}/cmd"
+
+    @property
+    def model(self) -> str:
+        """PS -> devices, retained: the model artifact (reserved for the TFLite trainer)."""
+        return f"{self.prefix}/model"
+
+    # Subscriptions
+    @property
+    def all_status(self) -> str:
+        return f"{self.prefix}/status/+"
+
+    @property
+    def all_grad(self) -> str:
+        return f"{self.prefix}/grad/+"
+
+    def parse(self, topic: str) -> tuple[str, str | None]:
+        """Split a topic of this job into (kind, device or None); raise ValueError otherwise."""
+        head = self.prefix + "/"
+        if not topic.startswith(head):
+            raise ValueError(f"topic {topic!r} is not under {head!r}")
+        parts = topic[len(head) :].split("/")
+        if len(parts) == 1 and parts[0] in ("params", "barrier", "metrics", "cmd", "model"):
+            return parts[0], None
+        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice"):
+            return parts[0], check_name(parts[1], "device id")
+        raise ValueError(f"topic {topic!r} is not part of the edgeps topic tree")
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A message a sans-IO core wants sent; a driver hands it to its transport."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
