@@ -42,7 +42,8 @@ class ParameterStore:
         The sum is computed fully before anything is stored, so a failure leaves the
         model as it was.
         """
-        updated = {name: values + delta[name].astype(np.float32) for name, values in self._params.items()}
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
+            updated = {name: values + delta[name].astype(np.float32) for name, values in self._params.items()}
         if not all(np.isfinite(v).all() for v in updated.values()):
             raise ValueError("applying the delta would make the model non-finite")
         self._params = updated

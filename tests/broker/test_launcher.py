@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+
+from broker.launcher import render_config, start_broker
+from edgeps.transport import BrokerAddress, MqttTransport
+from schemas.topics import Publish
+from tests.helpers import wait_until
+
+
+def test_render_config_sets_listener_and_persistence_only(tmp_path) -> None:
+    text = render_config(12345, "127.0.0.1", tmp_path)
+    assert "listener 12345 127.0.0.1" in text
+    assert f"persistence_location {tmp_path}/" in text
+    assert "max_queued_messages 0" in text and "max_inflight_messages 0" in text
+    bad = tmp_path / "bad.conf"
+    bad.write_text("persistence true\n")
+    with pytest.raises(ValueError, match="listener"):
+        render_config(1, "127.0.0.1", tmp_path, template=bad)
+
+
+def burst(
+    address: BrokerAddress, count: int, payload_size: int, client_id: str = "burst-sink", away: bool = True
+) -> int:
+    """Publish ``count`` QoS 1 messages while the (persistent) subscriber is away, as a busy
+    parameter server would be; return how many reach it when it comes back."""
+    sink = MqttTransport(address, client_id, ["burst/#"], persistent=True)
+    sink.wait_connected(10)
+    if away:
+        sink.close()
+    source = MqttTransport(address, f"{client_id}-source", [], persistent=False)
+    source.wait_connected(10)
+    for i in range(count):
+        source.publish(Publish(f"burst/{i % 8}", bytes(payload_size), qos=1))
+    source.close(timeout=60)
+    if away:
+        sink = MqttTransport(address, client_id, ["burst/#"], persistent=True)
+    received = 0
+    while (message := sink.receive(timeout=1)) is not None:
+        received += 1
+        sink.ack(message)
+    sink.close()
+    return received
+
+
+def test_project_config_delivers_a_whole_qos1_burst(mosquitto) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    assert burst(address, count=3000, payload_size=2_000) == 3000
+
+
+def test_embedded_broker_fallback_carries_messages(tmp_path) -> None:
+    pytest.importorskip("amqtt")
+    with start_broker(workdir=tmp_path, embedded=True) as broker:
+        assert broker.kind == "amqtt"
+        address = BrokerAddress(broker.host, broker.port)
+        # amqtt keeps no queue for an absent subscriber: check live delivery only.
+        assert burst(address, count=200, payload_size=100, away=False) == 200
+
+
+def test_retained_message_reaches_a_late_subscriber(mosquitto) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    pub = MqttTransport(address, "pub", [], persistent=False)
+    pub.wait_connected(10)
+    pub.close(last=Publish("edgeps/j/params", b"snapshot", qos=1, retain=True))
+    sub = MqttTransport(address, "late", ["edgeps/j/params"], persistent=False)
+    got = []
+    wait_until(lambda: bool(got.append(sub.receive(0.1)) or [m for m in got if m]), what="retained message")
+    assert [m.payload for m in got if m] == [b"snapshot"]
+    sub.close()

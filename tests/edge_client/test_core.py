@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_client.core import DeviceCore
+from edge_client.trainer import make_trainer
+from learning.model import init_mlp
+from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
+from schemas.messages import Barrier, Control, Notice, RejectReason
+from tests.helpers import blobs, small_device
+
+T = "edgeps/t"
+
+
+def params_frame(version: int, seed: int = 0) -> bytes:
+    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=version, tensors=init_mlp([8, 16, 3], seed)))
+
+
+def control(wait: bool, push_every: int = 3) -> bytes:
+    return Control(device="d1", push_every=push_every, lr=0.1, batch_size=8, wait_for_params=wait).to_bytes()
+
+
+def test_not_ready_until_params_and_control_arrive() -> None:
+    device = small_device("d1")
+    assert not device.ready
+    device.on_message(f"{T}/params", params_frame(0))
+    assert not device.ready
+    device.on_message(f"{T}/ctrl/d1", control(wait=True))
+    assert device.ready
+    with pytest.raises(RuntimeError):
+        small_device("d2").step()
+
+
+def test_commit_after_push_every_steps_carries_the_local_delta() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(4))
+    device.on_message(f"{T}/ctrl/d1", control(wait=True, push_every=3))
+    start = {k: v.copy() for k, v in device._local.items()}
+    assert device.step() == [] and device.step() == []
+    (commit,) = device.step()
+    assert commit.topic == f"{T}/grad/d1" and commit.qos == 1 and not commit.retain
+    frame = decode_frame(commit.payload)
+    assert (frame.kind, frame.device, frame.seq, frame.base_version) == (FrameKind.COMMIT, "d1", 1, 4)
+    assert (frame.steps, frame.samples) == (3, 24)
+    assert any(np.abs(v).sum() > 0 for v in frame.tensors.values())
+    assert set(frame.tensors) == set(start)
+
+
+def test_bsp_device_idles_after_commit_until_newer_params() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    device.on_message(f"{T}/ctrl/d1", control(wait=True, push_every=1))
+    assert len(device.step()) == 1
+    assert device.waiting and not device.ready
+    device.on_message(f"{T}/params", params_frame(0))  # a duplicate of the old version changes nothing
+    assert device.waiting
+    device.on_message(f"{T}/params", params_frame(1, seed=5))
+    assert device.ready and device.base_version == 1
+    np.testing.assert_array_equal(device._local["dense0.w"], init_mlp([8, 16, 3], 5)["dense0.w"])
+
+
+def test_asp_device_keeps_training_and_rebases_at_its_next_commit() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=2))
+    device.step()
+    device.on_message(f"{T}/params", params_frame(1, seed=5))
+    assert device.ready and device.base_version == 0  # mid-interval: keep going
+    (commit,) = device.step()
+    assert decode_frame(commit.payload).base_version == 0
+    assert device.ready and device.base_version == 1  # rebased after committing
+
+
+def test_sequence_numbers_increase_by_one() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1))
+    seqs = [decode_frame(device.step()[0].payload).seq for _ in range(4)]
+    assert seqs == [1, 2, 3, 4]
+
+
+def test_finished_barrier_stops_the_device() -> None:
+    device = small_device("d1")
+    barrier = Barrier(round=3, version=3, pace="bsp", state="finished").to_bytes()
+    device.on_message(f"{T}/barrier", barrier)
+    assert device.finished
+
+
+def test_bad_inbound_messages_are_ignored_and_notices_kept() -> None:
+    device = small_device("d1")
+    for topic in (f"{T}/params", f"{T}/ctrl/d1", f"{T}/barrier", f"{T}/notice/d1", "x/y"):
+        device.on_message(topic, b"\x00junk")
+    assert device.control is None and device.server_version == -1
+    notice = Notice(device="d1", seq=2, reason=RejectReason.NON_FINITE, detail="nan")
+    device.on_message(f"{T}/notice/d1", notice.to_bytes())
+    assert device.notices == [notice]
+
+
+def test_status_messages() -> None:
+    device = DeviceCore("t", "d1", blobs(), make_trainer("numpy"))
+    hello, will = device.status("online"), device.status("offline")
+    assert hello.retain and will.retain and hello.topic == will.topic == f"{T}/status/d1"
+    with pytest.raises(ValueError):
+        make_trainer("nope")

@@ -1,0 +1,70 @@
+"""Shared test helpers: waiting on conditions, tiny jobs built from the real components."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from edge_client.core import DeviceCore
+from edge_client.trainer import NumpyTrainer
+from learning.data import Dataset
+from learning.model import init_mlp
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def blobs(n: int = 200, features: int = 8, classes: int = 3, seed: int = 0) -> Dataset:
+    """A small, learnable dataset: Gaussian blobs around fixed class centres; ``seed`` draws the samples."""
+    centres = np.random.default_rng(12345).normal(0, 2, size=(classes, features))
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, size=n)
+    x = centres[y] + rng.normal(0, 0.5, size=(n, features))
+    return Dataset(x.astype(np.float32), y.astype(np.int64))
+
+
+def small_server(pace: str = "bsp", rounds: int = 5, **overrides: object) -> ServerCore:
+    data = blobs()
+    config = ServerConfig(job="t", pace=pace, rounds=rounds, push_every=2, lr=0.1, batch_size=16, **overrides)
+    return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data))
+
+
+def small_device(name: str, seed: int = 0) -> DeviceCore:
+    return DeviceCore("t", name, blobs(seed=seed + 1), NumpyTrainer(), seed=seed)
+
+
+def commit_bytes(
+    server: ServerCore, device: str, seq: int, base: int | None = None, scale: float = 0.01, **kw
+) -> bytes:
+    """A valid commit frame for ``server``'s model from ``device``; ``kw`` overrides frame fields."""
+    from schemas.frame import Frame, FrameKind, encode_frame
+
+    fields = dict(
+        kind=FrameKind.COMMIT,
+        base_version=server.store.version if base is None else base,
+        tensors={name: np.full(shape, scale, np.float32) for name, shape in server.store.shapes.items()},
+        device=device,
+        seq=seq,
+        samples=10,
+        steps=2,
+    )
+    fields.update(kw)
+    return encode_frame(Frame(**fields))
+
+
+def hello(server: ServerCore, device: str, state: str = "online", samples: int = 10) -> list:
+    from schemas.messages import DeviceStatus
+
+    body = DeviceStatus(device=device, state=state, samples=samples).to_bytes()
+    return server.on_message(server.topics.status(device), body, now=0.0)

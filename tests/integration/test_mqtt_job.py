@@ -1,0 +1,137 @@
+"""Whole jobs over a real Mosquitto started from the project's config."""
+
+from __future__ import annotations
+
+import json
+import threading
+from threading import Event
+
+import numpy as np
+
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from edgeps.demo import DemoSettings, run_demo
+from edgeps.transport import BrokerAddress, MqttTransport
+from learning.data import Dataset, load_digits
+from learning.model import init_mlp
+from learning.prepare import prepare_shards
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from ps_service.mqtt import connect_server, serve
+from schemas.frame import decode_frame
+from schemas.messages import DeviceStatus, Metrics, Notice
+from schemas.topics import Publish
+from tests.helpers import commit_bytes, wait_until
+
+
+def start_server(
+    address: BrokerAddress, holdout: Dataset, **config
+) -> tuple[ServerCore, threading.Thread, threading.Event]:
+    sizes = [holdout.x.shape[1], 32, holdout.classes]
+    core = ServerCore(ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout))
+    transport = connect_server(core, address)
+    stop = Event()
+
+    def main() -> None:
+        try:
+            serve(core, transport, stop=stop, linger_s=0.2)
+        finally:
+            transport.close()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    return core, thread, stop
+
+
+def test_bsp_job_over_mosquitto_trains_digits(mosquitto, tmp_path) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=4, alpha=0.5, seed=0)
+    server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), job="it", rounds=25, lr=0.2)
+    devices = [
+        DeviceCore("it", f"dev-{i}", Dataset.load(path), NumpyTrainer(), seed=i)
+        for i, path in enumerate(shards.devices)
+    ]
+    threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in devices]
+    for thread in threads:
+        thread.start()
+    server_thread.join(timeout=120)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert server.finished and server.store.version == 25
+    assert max(m.accuracy for m in server.history) > 0.85
+    assert server.traffic.applied == 4 * 25 and dict(server.traffic.rejected) == {}
+    assert all(d.finished for d in devices)
+
+
+def test_bad_frames_from_a_raw_client_are_rejected_and_the_model_is_unchanged(mosquitto) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    holdout = load_digits()
+    server, thread, stop = start_server(address, holdout, job="bad", pace="bsp", rounds=50)
+    t = server.topics
+    raw = MqttTransport(address, "raw-attacker", [t.notice("evil"), t.params, t.metrics], persistent=False)
+    raw.wait_connected(10)
+    inbox: list = []
+
+    def collect(predicate) -> list:
+        while (m := raw.receive(0.05)) is not None:
+            inbox.append(m)
+            raw.ack(m)
+        return [m for m in inbox if predicate(m)]
+
+    def notices() -> list[str]:
+        return [Notice.from_bytes(m.payload).reason.value for m in collect(lambda m: m.topic == t.notice("evil"))]
+
+    wait_until(lambda: bool(collect(lambda m: m.topic == t.params)), what="retained parameters")
+    snapshot = collect(lambda m: m.topic == t.params)[0].payload
+
+    raw.publish(Publish(t.grad("evil"), commit_bytes(server, "evil", 1)))  # before its hello
+    wait_until(lambda: notices() == ["unknown_device"], what="unknown_device notice")
+    raw.publish(
+        Publish(t.status("evil"), DeviceStatus(device="evil", state="online", samples=5).to_bytes(), retain=True)
+    )
+    wait_until(lambda: server.registry.known("evil"), what="hello processed")
+
+    nan = {name: np.full(shape, np.nan, np.float32) for name, shape in server.store.shapes.items()}
+    bad = [
+        ("malformed", b"\x00\x01 not a frame"),
+        ("device_mismatch", commit_bytes(server, "other", 2)),
+        ("shape_mismatch", commit_bytes(server, "evil", 3, tensors={"w": np.zeros(3, np.float32)})),
+        ("non_finite", commit_bytes(server, "evil", 4, tensors=nan)),
+        ("future_version", commit_bytes(server, "evil", 5, base=7)),
+        ("replayed", commit_bytes(server, "evil", 5)),
+        ("out_of_order", commit_bytes(server, "evil", 2)),
+    ]  # fmt: skip
+    for _, payload in bad:
+        raw.publish(Publish(t.grad("evil"), payload))
+    expected = ["unknown_device"] + [reason for reason, _ in bad]
+    wait_until(lambda: notices() == expected, what="a notice per bad frame")
+    assert server.store.version == 0
+    assert server.store.snapshot_frame() == snapshot  # the model is unchanged, byte for byte
+
+    # A good commit still goes through; its replay is refused; counters reach the metrics topic.
+    good = commit_bytes(server, "evil", 6)
+    raw.publish(Publish(t.grad("evil"), good))
+    raw.publish(Publish(t.grad("evil"), good))
+    wait_until(lambda: notices()[-1:] == ["replayed"], what="replay notice")
+    assert server.store.version == 1
+    metrics = [Metrics.from_bytes(m.payload) for m in collect(lambda m: m.topic == t.metrics)]
+    assert metrics[-1].version == 1
+    assert metrics[-1].rejected["replayed"] == 1 and sum(metrics[-1].rejected.values()) == len(expected)
+    newest = [m for m in collect(lambda m: m.topic == t.params)][-1]
+    assert decode_frame(newest.payload).base_version == 1
+    stop.set()
+    thread.join(timeout=10)
+    raw.close()
+
+
+def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
+    settings = DemoSettings(devices=3, rounds=15, out=tmp_path / "demo", seed=1)
+    report = run_demo(settings, json_path=str(tmp_path / "r.json"), quiet=True)
+    saved = json.loads((tmp_path / "r.json").read_text())
+    for key in ("best_accuracy", "final_accuracy", "rounds", "wall_s", "commits", "bytes_up", "bytes_down", "rejected"):
+        assert key in saved
+    assert saved["rounds"] == 15 and saved["commits"] == 3 * 15 and saved["rejected"] == 0
+    assert report["best_accuracy"] > 0.7
+    assert (tmp_path / "demo" / "accuracy.png").stat().st_size > 10_000
