@@ -26,7 +26,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pace", default="bsp", choices=["bsp", "asp"])
     parser.add_argument("--rounds", type=int, default=100, help="global versions to train")
     parser.add_argument("--push-every", type=int, default=10, help="local steps per commit")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--hidden", default="64", help="hidden layer sizes, comma-separated")
     parser.add_argument("--seed", type=int, default=0)

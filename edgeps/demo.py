@@ -27,7 +27,7 @@ class DemoSettings:
     pace: str = "bsp"
     rounds: int = 100
     push_every: int = 10
-    lr: float = 0.1
+    lr: float = 0.2
     batch_size: int = 32
     hidden: str = "64"
     seed: int = 0

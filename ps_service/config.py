@@ -14,7 +14,7 @@ class ServerConfig(BaseModel):
     pace: str = "bsp"
     rounds: int = Field(100, ge=1, description="global versions to produce before the job finishes")
     push_every: int = Field(10, ge=1, description="local steps per commit")
-    lr: float = Field(0.1, gt=0)
+    lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
     max_commit_bytes: int = Field(8 << 20, ge=1024)
     allowed_devices: frozenset[str] | None = None

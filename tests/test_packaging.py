@@ -1,0 +1,38 @@
+"""The distribution, the container files and the docs reference things that exist."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_compose_file_is_valid_and_its_files_exist() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"broker", "ps", "dev-00"} <= set(services)
+    for name, service in services.items():
+        assert service["build"] == ".", name
+        assert service["command"][0] in {"broker", "data", "ps", "client"}, name
+        for dep in service.get("depends_on", []):
+            assert dep in services
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for source in re.findall(r"^COPY (\S+)", dockerfile, flags=re.M):
+        assert (ROOT / source).exists(), source
+
+
+def test_device_extra_stays_light() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    device = " ".join(project["optional-dependencies"]["device"]).lower()
+    for heavy in ("tensorflow", "scikit", "matplotlib", "torch"):
+        assert heavy not in device
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "bash .ci/run" in readme
+    assert "python -m pytest" in (ROOT / ".ci" / "run").read_text()
