@@ -63,6 +63,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         push_every=args.push_every,
         lr=args.lr,
         batch_size=args.batch_size,
+        min_devices=args.min_devices,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
     )
     core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout))
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _training_args(ps)
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
     ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
+    ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.set_defaults(func=cmd_ps)
 

@@ -89,7 +89,17 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         ]  # fmt: skip
         server_report = out / "server-metrics.json"
         server = _spawn(
-            ["ps", *common, *training, "--eval-data", str(shards.holdout), "--report", str(server_report)],
+            [
+                "ps",
+                *common,
+                *training,
+                "--eval-data",
+                str(shards.holdout),
+                "--report",
+                str(server_report),
+                "--min-devices",
+                str(settings.devices),
+            ],
             logs / "ps.log",
         )
         processes.append(server)

@@ -16,5 +16,8 @@ class ServerConfig(BaseModel):
     push_every: int = Field(10, ge=1, description="local steps per commit")
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
+    min_devices: int = Field(
+        1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"
+    )
     max_commit_bytes: int = Field(8 << 20, ge=1024)
     allowed_devices: frozenset[str] | None = None

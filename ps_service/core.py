@@ -56,6 +56,7 @@ class ServerCore:
         self.history: list[Metrics] = []
         self.paused = False
         self.finished = False
+        self.quorum = False
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -96,7 +97,12 @@ class ServerCore:
         if not self.registry.set_online(device, status.samples):
             return []
         log.info("device %s online (%d samples)", device, status.samples)
-        return [self._control(device), self._barrier()]
+        out = [self._control(device)]
+        if not self.quorum and len(self.registry.active()) >= self.config.min_devices:
+            self.quorum = True
+            log.info("start quorum of %d devices reached", self.config.min_devices)
+            out += self._maybe_aggregate(now)
+        return [*out, self._barrier()]
 
     def on_commit(self, device: str, payload: bytes, now: float) -> list[Publish]:
         """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
@@ -144,7 +150,7 @@ class ServerCore:
 
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
-        while not self.paused and not self.finished and self.pace.ready(self.registry.active()):
+        while self.quorum and not self.paused and not self.finished and self.pace.ready(self.registry.active()):
             updates = self.pace.take()
             try:
                 self.store.apply(aggregate(updates, self.store.version))

@@ -173,3 +173,15 @@ def test_store_refuses_a_delta_that_would_overflow() -> None:
         server.store.apply(big)
     assert server.store.version == 1
     assert server.store.snapshot_frame() == after_first
+
+
+def test_no_round_closes_before_the_start_quorum() -> None:
+    server = small_server(min_devices=2)
+    server.start(0.0)
+    hello(server, "a")
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 1.0)
+    assert server.store.version == 0  # alone, a is "everybody" but the quorum is 2
+    hello(server, "b")
+    assert server.store.version == 0  # now b is awaited too
+    server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 2.0)
+    assert server.store.version == 1
