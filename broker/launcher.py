@@ -99,9 +99,11 @@ def start_broker(
     if embedded is None:
         embedded = mosquitto is None
     if embedded:
+        why = "Mosquitto is not installed" if mosquitto is None else "embedded broker requested"
         log.warning(
-            "Mosquitto is not installed: starting the embedded amqtt broker (MQTT 3.1.1 only, about 4x slower). "
-            "Install Debian's 'mosquitto' package for real use."
+            "%s: starting the embedded amqtt broker (MQTT 3.1.1 only, about 4x slower, no queue for absent "
+            "subscribers). Install Debian's 'mosquitto' package for real use.",
+            why,
         )
         cmd = [sys.executable, "-m", "broker.embedded", "--host", host, "--port", str(port)]
         kind = "amqtt"

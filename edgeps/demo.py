@@ -73,7 +73,8 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     else:
         broker = start_broker(workdir=out / "broker", embedded=True if settings.embedded_broker else None)
         address = BrokerAddress(broker.host, broker.port)
-        say(f"broker: {broker.kind} on {broker.host}:{broker.port} with broker/mosquitto.conf")
+        how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
+        say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
 
     topics = Topics(settings.job)
     watcher = MqttTransport(address, f"edgeps-demo-watch-{os.getpid()}", [topics.metrics], persistent=False)

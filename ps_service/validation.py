@@ -6,7 +6,7 @@ import numpy as np
 
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
-from schemas.frame import FrameError, FrameKind, decode_frame
+from schemas.frame import FrameError, FrameKind, UnsupportedCodec, decode_frame
 from schemas.messages import RejectReason
 
 
@@ -36,6 +36,8 @@ def validate_commit(
         raise Rejection(R.OVERSIZED, f"{len(payload)} bytes exceed the limit of {max_bytes}")
     try:
         frame = decode_frame(payload, max_bytes=max_bytes)
+    except UnsupportedCodec as exc:
+        raise Rejection(R.UNSUPPORTED_CODEC, str(exc)) from None
     except FrameError as exc:
         raise Rejection(R.MALFORMED, str(exc)) from None
     seq = frame.seq

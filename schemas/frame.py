@@ -41,6 +41,10 @@ class FrameError(ValueError):
     """Bytes that are not a valid frame."""
 
 
+class UnsupportedCodec(FrameError):
+    """A well-formed header naming a codec this side does not implement."""
+
+
 @dataclass(frozen=True)
 class Frame:
     """One decoded frame. ``tensors`` keeps the order in which they were sent."""
@@ -156,7 +160,7 @@ def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
     try:
         codec: Codec = codec_by_id(codec_id)
     except CodecError as exc:
-        raise FrameError(str(exc)) from exc
+        raise UnsupportedCodec(str(exc)) from exc
     device = reader.ascii("device id")
     (count,) = reader.unpack(_U16, "tensor count")
     if count > MAX_TENSORS:

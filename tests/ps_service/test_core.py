@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import pytest
 
@@ -88,6 +91,10 @@ def test_stop_command_finishes_the_job() -> None:
     assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[0].payload).state == "finished"
 
 
+def _recrc(body: bytes) -> bytes:
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
 def _bad_commits(server):
     """(reason, topic device, payload) for every rejection the server knows."""
     good = commit_bytes(server, "a", 5)
@@ -111,6 +118,7 @@ def _bad_commits(server):
         ("out_of_order", "a", commit_bytes(server, "a", 4)),
         ("malformed", "a", commit_bytes(server, "a", 12, steps=0)),
         ("oversized", "a", b"x" * (server.config.max_commit_bytes + 1)),
+        ("unsupported_codec", "a", _recrc(good[:6] + b"\x09" + good[7:-4])),
     ]
 
 
