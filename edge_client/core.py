@@ -21,7 +21,14 @@ log = logging.getLogger("edgeps.device")
 
 
 class DeviceCore:
-    """One device's training state machine."""
+    """One device's training state machine.
+
+    The device trains on ``local``; ``anchor`` is the point its uncommitted progress is
+    measured from (``local - anchor`` is what the next commit carries). When a newer
+    global version arrives the device adopts it and keeps that uncommitted progress:
+    ``local = new + (local - anchor)``. Under ``wait_for_params`` (bsp) it has no
+    uncommitted progress while waiting, so this is plain adoption.
+    """
 
     def __init__(self, job: str, device: str, data: Dataset, trainer: Trainer, seed: int = 0) -> None:
         if len(data) == 0:
@@ -35,15 +42,18 @@ class DeviceCore:
         self.server_version = -1
         self._server_params: Params | None = None
         self.base_version = -1
-        self._base: Params | None = None
+        self._anchor: Params | None = None
         self._local: Params | None = None
         self.steps = 0
         self.samples = 0
         self.seq = 0
         self.waiting = False
+        self.slowest_clock = 0
         self.finished = False
         self.last_loss = float("nan")
         self.notices: list[Notice] = []
+        self.busy_s = 0.0
+        self.idle_s = 0.0
 
     # ---------------------------------------------------------------- topics
     def subscriptions(self) -> list[str]:
@@ -52,13 +62,32 @@ class DeviceCore:
 
     def status(self, state: str) -> Publish:
         """The retained status message (``online`` hello, or ``offline`` for the last will)."""
-        body = DeviceStatus(device=self.device, state=state, samples=len(self.data), backend=self.trainer.name)
+        body = DeviceStatus(
+            device=self.device,
+            state=state,
+            samples=len(self.data),
+            backend=self.trainer.name,
+            busy_s=round(self.busy_s, 6),
+            idle_s=round(self.idle_s, 6),
+        )
         return Publish(self.topics.status(self.device), body.to_bytes(), qos=1, retain=True)
+
+    @property
+    def blocked(self) -> bool:
+        """ssp: too far ahead of the slowest device in the barrier."""
+        bound = self.control.staleness_bound if self.control is not None else None
+        return bound is not None and self.seq - self.slowest_clock > bound
 
     @property
     def ready(self) -> bool:
         """Whether a local step may run now."""
-        return self.control is not None and self._local is not None and not self.waiting and not self.finished
+        return (
+            self.control is not None
+            and self._local is not None
+            and not self.waiting
+            and not self.blocked
+            and not self.finished
+        )
 
     # ---------------------------------------------------------------- events
     def on_message(self, topic: str, payload: bytes) -> None:
@@ -70,7 +99,9 @@ class DeviceCore:
             elif kind == "ctrl" and payload:
                 self.control = Control.from_bytes(payload)
             elif kind == "barrier" and payload:
-                self.finished = Barrier.from_bytes(payload).state == "finished" or self.finished
+                barrier = Barrier.from_bytes(payload)
+                self.slowest_clock = barrier.slowest_clock
+                self.finished = barrier.state == "finished" or self.finished
             elif kind == "notice":
                 notice = Notice.from_bytes(payload)
                 self.notices.append(notice)
@@ -79,20 +110,25 @@ class DeviceCore:
             log.warning("ignored bad message on %s: %s", topic, exc)
 
     def on_params(self, frame: Frame) -> None:
-        """A new global version. Adopt it now if idle or between commits, else at the next commit."""
+        """A newer global version: adopt it, carrying uncommitted progress over."""
         if frame.kind != FrameKind.PARAMS or frame.base_version <= self.server_version:
             return
         self.server_version = frame.base_version
         self._server_params = frame.tensors
-        if self._local is None or self.waiting:
-            self._rebase()
+        if self._local is None or self._anchor is None or self.waiting:
+            self._local = {name: values.copy() for name, values in frame.tensors.items()}
+        else:
+            self._local = {name: frame.tensors[name] + (self._local[name] - self._anchor[name]) for name in self._local}
+        self._anchor = frame.tensors
+        self.base_version = frame.base_version
+        self.waiting = False
 
     # ------------------------------------------------------------------ work
     def step(self) -> list[Publish]:
         """One local SGD step; returns the commit when ``push_every`` steps are done."""
         if not self.ready:
             raise RuntimeError("step() called while the device is not ready")
-        assert self.control is not None and self._local is not None and self._base is not None
+        assert self.control is not None and self._local is not None
         batch = self.rng.integers(0, len(self.data), size=min(self.control.batch_size, len(self.data)))
         self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         lr = np.float32(self.control.lr)
@@ -105,9 +141,9 @@ class DeviceCore:
         return [self._commit()]
 
     def _commit(self) -> Publish:
-        assert self.control is not None and self._local is not None and self._base is not None
+        assert self.control is not None and self._local is not None and self._anchor is not None
         self.seq += 1
-        delta = {name: self._local[name] - self._base[name] for name in self._local}
+        delta = {name: self._local[name] - self._anchor[name] for name in self._local}
         frame = Frame(
             kind=FrameKind.COMMIT,
             base_version=self.base_version,
@@ -119,18 +155,6 @@ class DeviceCore:
             codec=self.control.codec,
         )
         self.steps = self.samples = 0
-        if self.control.wait_for_params and self.server_version <= self.base_version:
-            self.waiting = True
-        else:
-            self._rebase()
+        self._anchor = {name: values.copy() for name, values in self._local.items()}
+        self.waiting = self.control.wait_for_params
         return Publish(self.topics.grad(self.device), encode_frame(frame), qos=1)
-
-    def _rebase(self) -> None:
-        """Start local work from the newest server version."""
-        if self._server_params is None:
-            return
-        self.base_version = self.server_version
-        self._base = self._server_params
-        self._local = {name: values.copy() for name, values in self._server_params.items()}
-        self.steps = self.samples = 0
-        self.waiting = False

@@ -7,6 +7,7 @@ import threading
 import time
 
 from edge_client.core import DeviceCore
+from edge_client.profile import DeviceProfile
 from edgeps.transport import BrokerAddress, MqttTransport, Transport
 
 log = logging.getLogger("edgeps.device")
@@ -28,24 +29,35 @@ def connect_device(core: DeviceCore, broker: BrokerAddress, timeout: float = 10.
 def run_device(
     core: DeviceCore,
     transport: Transport,
-    slowdown: float = 1.0,
+    profile: DeviceProfile | None = None,
     stop: threading.Event | None = None,
 ) -> None:
     """Train until the server says the job is finished (or ``stop`` is set), then leave cleanly.
 
-    ``slowdown`` > 1 emulates a slower device: each local step is followed by a pause of
-    (slowdown - 1) times its own compute time.
+    ``profile`` emulates a device class: each local step takes at least
+    ``profile.step_s * profile.slowdown`` seconds. Time spent unable to train (waiting for
+    parameters or the staleness bound) is counted in ``core.idle_s``, training in
+    ``core.busy_s``; both go out in the final offline status.
     """
+    profile = profile or DeviceProfile()
+    clock = time.perf_counter
+    mark = clock()
     while not core.finished and not (stop is not None and stop.is_set()):
-        inbound = transport.receive(timeout=0.0 if core.ready else 0.2)
+        inbound = transport.receive(timeout=0.0 if core.ready else 0.05)
         if inbound is not None:
             core.on_message(inbound.topic, inbound.payload)
             transport.ack(inbound)
-            continue
-        if core.ready:
-            started = time.perf_counter()
+        elif core.ready:
+            started = clock()
             for message in core.step():
                 transport.publish(message)
-            if slowdown > 1:
-                time.sleep((slowdown - 1) * (time.perf_counter() - started))
+            pause = profile.step_time(clock() - started) - (clock() - started)
+            if pause > 0:
+                time.sleep(pause)
+        now = clock()
+        if inbound is None and not core.ready and core.control is not None and core.server_version >= 0:
+            core.idle_s += now - mark
+        else:
+            core.busy_s += now - mark
+        mark = now
     transport.close(last=core.status("offline"))

@@ -23,7 +23,7 @@ def _broker_args(parser: argparse.ArgumentParser) -> None:
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="demo", help="job name (topic prefix edgeps/JOB/)")
-    parser.add_argument("--pace", default="bsp", choices=["bsp", "asp"])
+    parser.add_argument("--pace", default="bsp", help="bsp, acbsp, asp or ssp:S")
     parser.add_argument("--rounds", type=int, default=100, help="global versions to train")
     parser.add_argument("--push-every", type=int, default=10, help="local steps per commit")
     parser.add_argument("--lr", type=float, default=0.2)
@@ -81,13 +81,15 @@ def cmd_ps(args: argparse.Namespace) -> int:
 def cmd_client(args: argparse.Namespace) -> int:
     from edge_client.core import DeviceCore
     from edge_client.mqtt import connect_device, run_device
+    from edge_client.profile import DeviceProfile
     from edge_client.trainer import make_trainer
     from learning.data import Dataset
 
     core = DeviceCore(args.job, args.device, Dataset.load(args.data), make_trainer(args.backend), seed=args.seed)
     transport = connect_device(core, _address(args))
     logging.info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
-    run_device(core, transport, slowdown=args.slowdown, stop=_stop_on_signals())
+    profile = DeviceProfile(slowdown=args.slowdown, step_s=args.step_time)
+    run_device(core, transport, profile, stop=_stop_on_signals())
     logging.info("device %s done: %d commits", args.device, core.seq)
     return 0
 
@@ -169,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--data", required=True, help="the device's training shard, .npz with x and y")
     client.add_argument("--backend", default="numpy", choices=["numpy"])
     client.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
+    client.add_argument("--step-time", type=float, default=0.0, help="emulated compute seconds per local step")
     client.add_argument("--seed", type=int, default=0)
     client.set_defaults(func=cmd_client)
 

@@ -1,6 +1,8 @@
-"""Weighted aggregation of device updates into one global delta."""
+"""Aggregation of device updates into one global delta, normalised for unequal local work."""
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 import numpy as np
 
@@ -14,14 +16,34 @@ def staleness_weight(staleness: int) -> float:
     return 1.0 / float(np.sqrt(1 + max(0, staleness)))
 
 
-def aggregate(updates: list[Update], version: int) -> Params:
-    """Sample-weighted mean of the deltas (FedAvg), each scaled by its staleness weight."""
+def aggregate(updates: list[Update], version: int, sizes: dict[str, int], mixing: float = 1.0) -> Params:
+    """One global delta from the updates of an aggregate, after FedNova.
+
+    A device may contribute several commits and more local steps than another. Each
+    device's commits are summed (each scaled by its staleness weight) and divided by its
+    steps, giving its mean per-step update d_i; the global delta is
+    ``mixing * tau_eff * sum_i p_i d_i`` with p_i its share of the data (``sizes``, the
+    samples it holds) and tau_eff = sum_i p_i tau_i. Devices that train more therefore do
+    not pull the model towards their own data; with equal steps this is FedAvg.
+    """
     if not updates:
         raise ValueError("nothing to aggregate")
-    total = sum(u.samples for u in updates)
-    out = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
+    summed: dict[str, Params] = {}
+    steps: dict[str, int] = defaultdict(int)
     for u in updates:
-        weight = (u.samples / total) * staleness_weight(version - u.base_version)
+        weight = np.float32(staleness_weight(version - u.base_version))
+        into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
         for name, values in u.delta.items():
-            out[name] += np.float32(weight) * values
+            into[name] += weight * values
+        steps[u.device] += u.steps
+    # A device whose data size is unknown counts as holding the samples it trained on.
+    data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
+    total = float(sum(data.values()))
+    share = {d: data[d] / total for d in summed}
+    tau_eff = sum(share[d] * steps[d] for d in summed)
+    out = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
+    for device, delta in summed.items():
+        scale = np.float32(mixing * tau_eff * share[device] / steps[device])
+        for name, values in delta.items():
+            out[name] += scale * values
     return out

@@ -19,5 +19,8 @@ class ServerConfig(BaseModel):
     min_devices: int = Field(
         1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"
     )
+    round_deadline_s: float | None = Field(
+        30.0, gt=0, description="bsp/acbsp: devices not committed this long after a round began leave the barrier"
+    )
     max_commit_bytes: int = Field(8 << 20, ge=1024)
     allowed_devices: frozenset[str] | None = None

@@ -57,12 +57,14 @@ class ServerCore:
         self.paused = False
         self.finished = False
         self.quorum = False
+        self.stragglers: set[str] = set()  # online but dropped from the barrier past a deadline
+        self.round_started = now
         self._started = now
 
     # ----------------------------------------------------------------- events
     def start(self, now: float) -> list[Publish]:
         """Publish version 0 (retained), its metrics and the barrier."""
-        self._started = now
+        self._started = self.round_started = now
         return self._broadcast_version(now)
 
     def on_message(self, topic: str, payload: bytes, now: float) -> list[Publish]:
@@ -122,7 +124,28 @@ class ServerCore:
         except Rejection as rejection:
             return self._reject(device, rejection)
         self.pace.add(update)
+        if device in self.stragglers:  # a late device rejoins with this commit
+            self.stragglers.discard(device)
+            log.info("device %s rejoins the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
+
+    def on_tick(self, now: float) -> list[Publish]:
+        """Time passes: drop devices that let the round's deadline pass."""
+        deadline = self.config.round_deadline_s
+        if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
+            return []
+        if now - self.round_started < deadline:
+            return []
+        late = self.pace.waiting_for(self.barrier_set())
+        if not late:
+            return []
+        self.stragglers.update(late)
+        log.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
+        return self._maybe_aggregate(now) or [self._barrier()]
+
+    def barrier_set(self) -> frozenset[str]:
+        """Devices the next aggregate waits for: online, not dropped past a deadline."""
+        return self.registry.active() - self.stragglers
 
     def on_command(self, payload: bytes, now: float) -> list[Publish]:
         """An operator's command."""
@@ -143,6 +166,7 @@ class ServerCore:
 
     # -------------------------------------------------------------- internals
     def _device_left(self, device: str, now: float) -> list[Publish]:
+        self.stragglers.discard(device)
         if not self.registry.set_offline(device):
             return []
         log.info("device %s offline: it leaves the barrier", device)
@@ -150,14 +174,15 @@ class ServerCore:
 
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
-        while self.quorum and not self.paused and not self.finished and self.pace.ready(self.registry.active()):
+        while self.quorum and not self.paused and not self.finished and self.pace.ready(self.barrier_set()):
             updates = self.pace.take()
             try:
-                self.store.apply(aggregate(updates, self.store.version))
+                self.store.apply(aggregate(updates, self.store.version, self.registry.sizes(), self.pace.mixing))
             except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
                 log.error("aggregate of %d updates refused: %s", len(updates), exc)
                 continue
             self.traffic.applied += len(updates)
+            self.round_started = now
             out += self._broadcast_version(now)
         return out
 
@@ -190,19 +215,22 @@ class ServerCore:
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             wait_for_params=self.pace.wait_for_params,
+            staleness_bound=self.pace.staleness_bound,
         )
         return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
 
     def _barrier(self) -> Publish:
-        active = self.registry.active()
+        barrier_set = self.barrier_set()
         state = "finished" if self.finished else "paused" if self.paused else "running"
         barrier = Barrier(
             round=self.store.version,
             version=self.store.version,
             pace=self.pace.name,
             state=state,
-            waiting_for=self.pace.waiting_for(active),
+            waiting_for=self.pace.waiting_for(barrier_set),
             committed=self.pace.committed(),
+            left=sorted(self.stragglers),
+            slowest_clock=self.registry.slowest_clock(barrier_set),
         )
         return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)
 

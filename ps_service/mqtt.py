@@ -30,12 +30,14 @@ def serve(
     for message in core.start(clock()):
         transport.publish(message)
     while not core.finished and not (stop is not None and stop.is_set()):
-        inbound = transport.receive(timeout=0.2)
-        if inbound is None:
-            continue
-        for message in core.on_message(inbound.topic, inbound.payload, clock()):
+        inbound = transport.receive(timeout=0.1)
+        outgoing = core.on_tick(clock())
+        if inbound is not None:
+            outgoing += core.on_message(inbound.topic, inbound.payload, clock())
+        for message in outgoing:
             transport.publish(message)
-        transport.ack(inbound)
+        if inbound is not None:
+            transport.ack(inbound)
         if on_metrics is not None:
             for metrics in core.history[seen:]:
                 on_metrics(metrics)

@@ -1,6 +1,8 @@
 """Communication paces: when buffered updates become a new global version.
 
 A Pace only buffers updates and decides; it never touches the model, the clock or MQTT.
+The server passes it the *barrier set*: the online devices that have not been dropped
+past a round deadline.
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ from ps_service.update import Update
 
 
 class Pace(ABC):
-    """Decides when the server aggregates and whether devices idle after committing.
+    """Decides when the server aggregates and how devices behave between commits.
 
-    The server calls ``add`` for every accepted update, then ``ready`` with the set of
-    active devices; when ready, ``take`` hands over the updates of one aggregate.
+    The server calls ``add`` for every accepted update, then ``ready`` with the barrier
+    set; when ready, ``take`` hands over the updates of one aggregate, which the server
+    scales by ``mixing``.
     """
 
     name: str
-    #: Whether a device, after committing, waits for parameters newer than its commit's base.
-    wait_for_params: bool
+    #: After a commit, a device idles until parameters newer than its commit's base arrive.
+    wait_for_params: bool = False
+    #: ssp: how many commits a device may run ahead of the slowest in the barrier.
+    staleness_bound: int | None = None
+    #: Scale of one aggregate's delta (the server learning rate).
+    mixing: float = 1.0
+    #: Rounds wait for every device in the barrier (so a round deadline applies).
+    wait_for_barrier: bool = False
 
     def __init__(self) -> None:
         self._buffer: list[Update] = []
@@ -32,12 +41,12 @@ class Pace(ABC):
         """Devices with a buffered update, sorted."""
         return sorted({u.device for u in self._buffer})
 
-    def waiting_for(self, active: frozenset[str]) -> list[str]:
-        """Active devices the next aggregate still waits for, sorted."""
-        return sorted(active - set(self.committed()))
+    def waiting_for(self, barrier: frozenset[str]) -> list[str]:
+        """Devices of the barrier set the next aggregate still waits for, sorted."""
+        return sorted(barrier - set(self.committed()))
 
     @abstractmethod
-    def ready(self, active: frozenset[str]) -> bool:
+    def ready(self, barrier: frozenset[str]) -> bool:
         """Whether the buffered updates should be aggregated now."""
 
     def take(self) -> list[Update]:
@@ -51,22 +60,36 @@ class Pace(ABC):
 
 
 class Bsp(Pace):
-    """Bulk synchronous: a round closes when every active device has committed."""
+    """Bulk synchronous: a round closes when every device in the barrier has committed;
+    devices idle from their commit until the round's new parameters arrive."""
 
     name = "bsp"
     wait_for_params = True
+    wait_for_barrier = True
 
-    def ready(self, active: frozenset[str]) -> bool:
-        return bool(self._buffer) and not self.waiting_for(active)
+    def ready(self, barrier: frozenset[str]) -> bool:
+        return bool(self._buffer) and not self.waiting_for(barrier)
+
+
+class Acbsp(Bsp):
+    """Asynchronous-compatible BSP (the paper's pace): BSP's rounds, one aggregate over
+    every device in the barrier, but nobody idles. A device commits every ``push_every``
+    steps and keeps training; new parameters are adopted with its uncommitted progress
+    carried over. Fast devices thus add several commits (more steps) to a round, which
+    the FedNova-style aggregation normalises."""
+
+    name = "acbsp"
+    wait_for_params = False
 
 
 class Asp(Pace):
-    """Asynchronous: every update is applied on arrival, discounted by its staleness."""
+    """Asynchronous: every update is applied on arrival, mixed in with weight
+    ``mixing`` times its staleness discount (after FedAsync)."""
 
     name = "asp"
-    wait_for_params = False
+    mixing = 0.5
 
-    def ready(self, active: frozenset[str]) -> bool:
+    def ready(self, barrier: frozenset[str]) -> bool:
         return bool(self._buffer)
 
     def take(self) -> list[Update]:
@@ -74,12 +97,27 @@ class Asp(Pace):
         return first
 
 
-PACES: dict[str, type[Pace]] = {p.name: p for p in (Bsp, Asp)}
+class Ssp(Asp):
+    """Stale synchronous: applied on arrival like ``asp``, but a device may be at most
+    ``s`` commits ahead of the slowest device in the barrier; beyond that it idles."""
+
+    def __init__(self, bound: int) -> None:
+        super().__init__()
+        if bound < 0:
+            raise ValueError("the ssp staleness bound must be >= 0")
+        self.staleness_bound = bound
+        self.name = f"ssp:{bound}"
 
 
-def make_pace(name: str) -> Pace:
-    """A new pace by name: ``bsp`` or ``asp``."""
-    try:
-        return PACES[name]()
-    except KeyError:
-        raise ValueError(f"unknown pace {name!r}; known: {sorted(PACES)}") from None
+PACES = ("bsp", "acbsp", "asp", "ssp:S")
+
+
+def make_pace(spec: str) -> Pace:
+    """A new pace from its name: ``bsp``, ``acbsp``, ``asp`` or ``ssp:S`` (S >= 0)."""
+    name, _, arg = spec.partition(":")
+    simple: dict[str, type[Pace]] = {"bsp": Bsp, "acbsp": Acbsp, "asp": Asp}
+    if name in simple and not arg:
+        return simple[name]()
+    if name == "ssp" and arg.isdigit():
+        return Ssp(int(arg))
+    raise ValueError(f"unknown pace {spec!r}; known: {', '.join(PACES)}")

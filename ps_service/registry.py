@@ -46,6 +46,14 @@ class DeviceRegistry:
     def known(self, device: str) -> bool:
         return device in self._devices
 
+    def sizes(self) -> dict[str, int]:
+        """Training samples each device said it holds."""
+        return {d: r.samples for d, r in self._devices.items()}
+
+    def slowest_clock(self, devices: frozenset[str]) -> int:
+        """The lowest highest-sequence-number among ``devices`` (0 if none)."""
+        return min((self._devices[d].highest_seq for d in devices if d in self._devices), default=0)
+
     def active(self) -> frozenset[str]:
         return frozenset(d for d, r in self._devices.items() if r.online)
 

@@ -50,6 +50,8 @@ class DeviceStatus(Message):
     state: Literal["online", "offline"]
     samples: int = Field(0, ge=0, description="training samples held by the device")
     backend: str = Field("numpy", max_length=32)
+    busy_s: float = Field(0.0, ge=0, description="seconds spent training so far (in the offline status: the total)")
+    idle_s: float = Field(0.0, ge=0, description="seconds spent waiting for parameters or the staleness bound")
 
 
 class Control(Message):
@@ -63,6 +65,9 @@ class Control(Message):
     wait_for_params: bool = Field(
         description="after a commit, idle until parameters newer than the commit's base arrive (bsp)"
     )
+    staleness_bound: int | None = Field(
+        None, ge=0, description="ssp: do not run more than this many commits ahead of the barrier's slowest_clock"
+    )
 
 
 class Barrier(Message):
@@ -74,6 +79,8 @@ class Barrier(Message):
     state: Literal["running", "paused", "finished"]
     waiting_for: list[DeviceId] = Field(default_factory=list)
     committed: list[DeviceId] = Field(default_factory=list)
+    left: list[DeviceId] = Field(default_factory=list, description="online devices dropped past the round deadline")
+    slowest_clock: int = Field(0, ge=0, description="lowest commit sequence number among devices in the barrier")
 
 
 class RejectReason(StrEnum):

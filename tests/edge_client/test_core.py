@@ -60,16 +60,39 @@ def test_bsp_device_idles_after_commit_until_newer_params() -> None:
     np.testing.assert_array_equal(device._local["dense0.w"], init_mlp([8, 16, 3], 5)["dense0.w"])
 
 
-def test_asp_device_keeps_training_and_rebases_at_its_next_commit() -> None:
+def test_without_waiting_new_params_are_adopted_with_uncommitted_progress_carried() -> None:
     device = small_device("d1")
     device.on_message(f"{T}/params", params_frame(0))
     device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=2))
+    start = {k: v.copy() for k, v in device._local.items()}
     device.step()
+    progress = {k: device._local[k] - start[k] for k in start}
+    new = init_mlp([8, 16, 3], 5)
     device.on_message(f"{T}/params", params_frame(1, seed=5))
-    assert device.ready and device.base_version == 0  # mid-interval: keep going
+    assert device.ready and device.base_version == 1  # no idling, no lost work
+    for k in new:
+        np.testing.assert_allclose(device._local[k], new[k] + progress[k], rtol=1e-6, atol=1e-7)
+    before_second = {k: v.copy() for k, v in device._local.items()}
     (commit,) = device.step()
-    assert decode_frame(commit.payload).base_version == 0
-    assert device.ready and device.base_version == 1  # rebased after committing
+    frame = decode_frame(commit.payload)
+    assert (frame.base_version, frame.steps) == (1, 2)
+    for k in new:  # the commit carries both steps' progress, measured on the new base
+        second = device._local[k] - before_second[k]
+        np.testing.assert_allclose(frame.tensors[k], progress[k] + second, rtol=1e-5, atol=1e-6)
+    assert device.ready  # and keeps training after the commit
+
+
+def test_ssp_device_blocks_beyond_the_staleness_bound() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    ctrl = Control(device="d1", push_every=1, lr=0.1, batch_size=8, wait_for_params=False, staleness_bound=2)
+    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    for _ in range(3):
+        device.step()
+    assert device.seq == 3 and device.blocked and not device.ready  # 3 ahead of clock 0 > 2
+    barrier = Barrier(round=3, version=3, pace="ssp:2", state="running", slowest_clock=1)
+    device.on_message(f"{T}/barrier", barrier.to_bytes())
+    assert device.ready
 
 
 def test_sequence_numbers_increase_by_one() -> None:

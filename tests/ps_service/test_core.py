@@ -193,3 +193,46 @@ def test_no_round_closes_before_the_start_quorum() -> None:
     assert server.store.version == 0  # now b is awaited too
     server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 2.0)
     assert server.store.version == 1
+
+
+def test_round_deadline_drops_a_straggler_whose_late_commit_joins_a_later_round() -> None:
+    server = small_server(pace="acbsp", round_deadline_s=5.0)
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 1.0)
+    assert server.on_tick(4.9) == [] and server.store.version == 0
+    out = server.on_tick(5.1)
+    assert server.store.version == 1 and server.stragglers == {"b"}
+    barrier = Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload)
+    assert barrier.left == ["b"] and barrier.waiting_for == ["a"]  # the new round waits for a alone
+    # Round 2 now waits for a only; b's late commit (based on version 0) rejoins it.
+    server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1, base=0), 6.0)
+    assert server.stragglers == set() and server.store.version == 1
+    assert server.pace.waiting_for(server.barrier_set()) == ["a"]
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 2), 7.0)
+    assert server.store.version == 2 and server.traffic.applied == 3
+
+
+def test_a_silent_fleet_cannot_deadlock_a_round() -> None:
+    server = small_server(pace="bsp", round_deadline_s=1.0)
+    server.start(0.0)
+    for device in ("a", "b", "c"):
+        hello(server, device)
+    server.on_tick(2.0)
+    assert server.stragglers == {"a", "b", "c"} and server.store.version == 0
+    server.on_message(server.topics.grad("c"), commit_bytes(server, "c", 1), 3.0)
+    assert server.store.version == 1  # the first device back closes the round on its own
+
+
+def test_ssp_barrier_reports_the_slowest_clock() -> None:
+    server = small_server(pace="ssp:1")
+    server.start(0.0)
+    ctrl = hello(server, "a")
+    assert Control.from_bytes(by_topic(ctrl, server.topics.ctrl("a"))[0].payload).staleness_bound == 1
+    hello(server, "b")
+    for seq in (1, 2, 3):
+        out = server.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq), float(seq))
+    assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload).slowest_clock == 0
+    out = server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 4.0)
+    assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload).slowest_clock == 1

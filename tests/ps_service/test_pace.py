@@ -50,17 +50,46 @@ def test_asp_applies_one_update_at_a_time_in_arrival_order() -> None:
 
 def test_make_pace() -> None:
     assert make_pace("bsp").wait_for_params and not make_pace("asp").wait_for_params
-    with pytest.raises(ValueError, match="unknown pace"):
-        make_pace("nope")
+    acbsp = make_pace("acbsp")
+    assert acbsp.wait_for_barrier and not acbsp.wait_for_params
+    ssp = make_pace("ssp:3")
+    assert ssp.staleness_bound == 3 and ssp.name == "ssp:3" and not ssp.wait_for_barrier
+    for bad in ("nope", "ssp", "ssp:-1", "ssp:x", "bsp:2"):
+        with pytest.raises(ValueError, match="unknown pace"):
+            make_pace(bad)
 
 
-def test_aggregate_is_sample_weighted_mean() -> None:
-    out = aggregate([upd("a", samples=30, value=1.0), upd("b", samples=10, value=5.0)], version=0)
+def test_acbsp_round_closes_like_bsp_and_takes_several_commits_per_device() -> None:
+    pace, barrier = make_pace("acbsp"), frozenset({"fast", "slow"})
+    pace.add(upd("fast"))
+    pace.add(upd("fast"))
+    assert not pace.ready(barrier) and pace.waiting_for(barrier) == ["slow"]
+    pace.add(upd("slow"))
+    assert pace.ready(barrier) and len(pace.take()) == 3
+
+
+def test_aggregate_with_equal_steps_is_fedavg_by_data_size() -> None:
+    out = aggregate([upd("a", value=1.0), upd("b", value=5.0)], version=0, sizes={"a": 30, "b": 10})
     np.testing.assert_allclose(out["w"], [2.0, 2.0])
+
+
+def test_aggregate_normalises_devices_that_did_more_steps() -> None:
+    # Equal data; "fast" made 4 commits of 1 step, "slow" 1 commit of 1 step, each step moving
+    # its own way by 1.0 resp. -1.0. FedNova: the mean per-step directions cancel (no pull
+    # towards the fast device), scaled by tau_eff = 2.5 steps.
+    fast = [Update("fast", 1, 0, 10, 1, {"w": np.float32([1.0, 1.0])}) for _ in range(4)]
+    slow = [Update("slow", 1, 0, 10, 1, {"w": np.float32([-1.0, 1.0])})]
+    out = aggregate(fast + slow, version=0, sizes={"fast": 100, "slow": 100})
+    np.testing.assert_allclose(out["w"], [0.0, 2.5])
+
+
+def test_aggregate_scales_by_mixing() -> None:
+    out = aggregate([upd("a", value=2.0)], version=0, sizes={"a": 1}, mixing=0.5)
+    np.testing.assert_allclose(out["w"], [1.0, 1.0])
 
 
 def test_stale_updates_count_less_but_never_zero() -> None:
     assert staleness_weight(0) == 1.0
     assert 0 < staleness_weight(10) < staleness_weight(1) < 1
-    out = aggregate([upd("a", base=0, value=1.0)], version=3)
+    out = aggregate([upd("a", base=0, value=1.0)], version=3, sizes={"a": 10})
     np.testing.assert_allclose(out["w"], [0.5, 0.5])
