@@ -43,7 +43,8 @@ def run_device(
     clock = time.perf_counter
     mark = clock()
     while not core.finished and not (stop is not None and stop.is_set()):
-        inbound = transport.receive(timeout=0.0 if core.ready else 0.05)
+        training = core.ready  # the time until the next mark counts as busy or idle by this
+        inbound = transport.receive(timeout=0.0 if training else 0.05)
         if inbound is not None:
             core.on_message(inbound.topic, inbound.payload)
             transport.ack(inbound)
@@ -55,9 +56,9 @@ def run_device(
             if pause > 0:
                 time.sleep(pause)
         now = clock()
-        if inbound is None and not core.ready and core.control is not None and core.server_version >= 0:
-            core.idle_s += now - mark
-        else:
+        if training:
             core.busy_s += now - mark
+        else:
+            core.idle_s += now - mark
         mark = now
     transport.close(last=core.status("offline"))

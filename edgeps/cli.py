@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from edgeps.transport import BrokerAddress
+from ps_service.pace import make_pace
 
 
 def _broker_args(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +65,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         min_devices=args.min_devices,
+        duration_s=args.duration,
+        round_deadline_s=args.round_deadline,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
     )
     core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout))
@@ -140,6 +143,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if report["rounds"] > 0 else 1
 
 
+def cmd_bench_pace(args: argparse.Namespace) -> int:
+    from edgeps.bench import DEFAULT_PACES, real_scenario, replace_scenario, run_bench_pace
+    from edgeps.simulator import Scenario
+
+    if not args.verbose:  # the table and the progress lines say it all
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    base = real_scenario(Scenario()) if args.real else Scenario()
+    changes = {
+        "devices": args.devices,
+        "slow_fraction": args.slow_fraction,
+        "slowdown": args.slowdown,
+        "alpha": args.alpha,
+        "target": args.target,
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "push_every": args.push_every,
+        "lr": args.lr,
+    }
+    scenario = replace_scenario(base, **{k: v for k, v in changes.items() if v is not None})
+    paces = args.paces.split(",") if args.paces else list(DEFAULT_PACES if not args.real else ("bsp", "acbsp"))
+    for pace in paces:
+        make_pace(pace)  # fail before running anything
+    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), Path(args.out) if args.out else None)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -160,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     _training_args(ps)
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
     ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
+    ps.add_argument("--duration", type=float, help="finish after this many seconds (default: after --rounds)")
+    ps.add_argument("--round-deadline", type=float, default=30.0, help="bsp/acbsp: seconds before a late device leaves")
     ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.set_defaults(func=cmd_ps)
@@ -180,6 +211,24 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--port", type=int, default=1883)
     broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
     broker.set_defaults(func=cmd_broker)
+
+    bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
+    pace = bench.add_parser("pace", help="compare paces on one scenario (simulated, or --real over Mosquitto)")
+    pace.add_argument("--real", action="store_true", help="real processes over a Mosquitto it starts (wall time)")
+    pace.add_argument("--paces", help="comma-separated, default bsp,acbsp,asp,ssp:2 (real: bsp,acbsp)")
+    pace.add_argument("--devices", type=int, help="default 16 (real: 8)")
+    pace.add_argument("--slow-fraction", type=float, help="share of slow devices, default 0.25")
+    pace.add_argument("--slowdown", type=float, help="slow devices' compute factor, default 4")
+    pace.add_argument("--alpha", type=float, help="Dirichlet non-IID concentration, default 0.5")
+    pace.add_argument("--target", type=float, help="target accuracy, default 0.90")
+    pace.add_argument("--duration", type=float, help="seconds per run (virtual; real: wall), default 30 (real: 12)")
+    pace.add_argument("--push-every", type=int)
+    pace.add_argument("--lr", type=float)
+    pace.add_argument("--seed", type=int)
+    pace.add_argument("--json", help="write the report as JSON here")
+    pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
+    pace.add_argument("--out", help="real runs: keep data, logs and broker files here")
+    pace.set_defaults(func=cmd_bench_pace)
 
     data = sub.add_parser("data", help="write a held-out set and non-IID device shards")
     data.add_argument("--out", required=True)

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,8 @@ from broker.launcher import BrokerProcess, start_broker
 from edgeps.report import build_report, format_report, plot_accuracy, write_json
 from edgeps.transport import BrokerAddress, MqttTransport
 from learning.data import load_digits
-from learning.prepare import prepare_shards
-from schemas.messages import MessageError, Metrics
+from learning.prepare import ShardPaths, prepare_shards
+from schemas.messages import DeviceStatus, MessageError, Metrics
 from schemas.topics import Topics
 
 
@@ -36,6 +36,26 @@ class DemoSettings:
     broker: str | None = None
     embedded_broker: bool = False
     timeout_s: float = 600.0
+    #: Per-device compute slowdown factors (missing devices: 1.0).
+    slowdowns: tuple[float, ...] = ()
+    #: Emulated compute seconds per local step on a reference device.
+    step_time: float = 0.0
+    #: Finish after this many seconds instead of after ``rounds``.
+    duration_s: float | None = None
+    round_deadline_s: float = 30.0
+
+
+@dataclass
+class JobResult:
+    history: list[Metrics]
+    statuses: dict[str, DeviceStatus] = field(default_factory=dict)  # each device's final status
+
+    @property
+    def idle_fraction(self) -> float:
+        """Device time spent unable to train over device time in the run."""
+        idle = sum(s.idle_s for s in self.statuses.values())
+        total = idle + sum(s.busy_s for s in self.statuses.values())
+        return idle / total if total else 0.0
 
 
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
@@ -57,6 +77,79 @@ def _progress(metrics: Metrics, rounds: int) -> None:
         print(line, flush=True)
 
 
+def run_local_job(
+    settings: DemoSettings, address: BrokerAddress, shards: ShardPaths, logs: Path, quiet: bool = True
+) -> JobResult:
+    """Run the parameter server and one process per device against ``address`` until the job ends."""
+    logs.mkdir(parents=True, exist_ok=True)
+    topics = Topics(settings.job)
+    watcher = MqttTransport(
+        address, f"edgeps-watch-{settings.job}-{os.getpid()}", [topics.metrics, topics.all_status], persistent=False
+    )
+    processes: list[subprocess.Popen] = []
+    statuses: dict[str, DeviceStatus] = {}
+    try:
+        watcher.wait_connected(10)
+        common = ["--broker", f"{address.host}:{address.port}", "--job", settings.job]
+        server_report = logs / f"{settings.job}-metrics.json"
+        server_args = [
+            "ps", *common, "--pace", settings.pace, "--rounds", str(settings.rounds),
+            "--push-every", str(settings.push_every), "--lr", str(settings.lr),
+            "--batch-size", str(settings.batch_size), "--hidden", settings.hidden, "--seed", str(settings.seed),
+            "--eval-data", str(shards.holdout), "--report", str(server_report),
+            "--min-devices", str(settings.devices), "--round-deadline", str(settings.round_deadline_s),
+        ]  # fmt: skip
+        if settings.duration_s:
+            server_args += ["--duration", str(settings.duration_s)]
+        server = _spawn(server_args, logs / f"{settings.job}-ps.log")
+        processes.append(server)
+        for i, shard in enumerate(shards.devices):
+            name = f"dev-{i:02d}"
+            slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
+            device = [
+                "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
+                "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
+            ]  # fmt: skip
+            processes.append(_spawn(device, logs / f"{settings.job}-{name}.log"))
+        if not quiet:
+            print(f"started the parameter server ({settings.pace}) and {settings.devices} devices; logs in {logs}/")
+
+        deadline = time.monotonic() + settings.timeout_s
+
+        def drain(timeout: float) -> None:
+            inbound = watcher.receive(timeout=timeout)
+            if inbound is None:
+                return
+            try:
+                if inbound.topic == topics.metrics:
+                    if not quiet:
+                        _progress(Metrics.from_bytes(inbound.payload), settings.rounds)
+                elif inbound.payload:
+                    status = DeviceStatus.from_bytes(inbound.payload)
+                    statuses[status.device] = status
+            except MessageError:
+                pass
+
+        while server.poll() is None and time.monotonic() < deadline:
+            drain(0.2)
+        if server.poll() is None:
+            raise RuntimeError(f"the job did not finish within {settings.timeout_s:.0f} s; see {logs}")
+        if server.returncode != 0:
+            raise RuntimeError(f"the parameter server failed (exit {server.returncode}); see {logs}")
+        # Each device's final (offline) status carries its busy and idle totals.
+        settle = time.monotonic() + 30
+        while time.monotonic() < settle and sum(s.state == "offline" for s in statuses.values()) < settings.devices:
+            drain(0.1)
+        history = [Metrics.model_validate(m) for m in json.loads(server_report.read_text())]
+    finally:
+        watcher.close()
+        for proc in processes:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+    return JobResult(history, statuses)
+
+
 def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
     """Run the whole job; return the report (also written to OUT/report.json and OUT/accuracy.png)."""
     started = time.monotonic()
@@ -75,70 +168,15 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         address = BrokerAddress(broker.host, broker.port)
         how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
         say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
-
-    topics = Topics(settings.job)
-    watcher = MqttTransport(address, f"edgeps-demo-watch-{os.getpid()}", [topics.metrics], persistent=False)
-    processes: list[subprocess.Popen] = []
-    history: list[Metrics] = []
     try:
-        watcher.wait_connected(10)
-        common = ["--broker", f"{address.host}:{address.port}", "--job", settings.job]
-        training = [
-            "--pace", settings.pace, "--rounds", str(settings.rounds), "--push-every", str(settings.push_every),
-            "--lr", str(settings.lr), "--batch-size", str(settings.batch_size), "--hidden", settings.hidden,
-            "--seed", str(settings.seed),
-        ]  # fmt: skip
-        server_report = out / "server-metrics.json"
-        server = _spawn(
-            [
-                "ps",
-                *common,
-                *training,
-                "--eval-data",
-                str(shards.holdout),
-                "--report",
-                str(server_report),
-                "--min-devices",
-                str(settings.devices),
-            ],
-            logs / "ps.log",
-        )
-        processes.append(server)
-        for i, shard in enumerate(shards.devices):
-            name = f"dev-{i:02d}"
-            device = ["client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i)]
-            processes.append(_spawn(device, logs / f"{name}.log"))
-        say(f"started the parameter server ({settings.pace}) and {settings.devices} device processes; logs in {logs}/")
-
-        deadline = time.monotonic() + settings.timeout_s
-        while server.poll() is None and time.monotonic() < deadline:
-            inbound = watcher.receive(timeout=0.2)
-            if inbound is None:
-                continue
-            try:
-                metrics = Metrics.from_bytes(inbound.payload)
-            except MessageError:
-                continue
-            if not quiet:
-                _progress(metrics, settings.rounds)
-        if server.poll() is None:
-            raise RuntimeError(f"the job did not finish within {settings.timeout_s:.0f} s; see {logs}/ps.log")
-        if server.returncode != 0:
-            raise RuntimeError(f"the parameter server failed (exit {server.returncode}); see {logs}/ps.log")
-        for proc in processes[1:]:
-            proc.wait(timeout=30)
-        history = [Metrics.model_validate(m) for m in json.loads(server_report.read_text())]
+        result = run_local_job(settings, address, shards, logs, quiet=quiet)
     finally:
-        watcher.close()
-        for proc in processes:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=10)
         if broker is not None:
             broker.stop()
 
     settings_dict = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
-    report = build_report(history, time.monotonic() - started, settings_dict)
+    report = build_report(result.history, time.monotonic() - started, settings_dict)
+    report["idle_fraction"] = round(result.idle_fraction, 4)
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)

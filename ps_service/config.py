@@ -16,6 +16,7 @@ class ServerConfig(BaseModel):
     push_every: int = Field(10, ge=1, description="local steps per commit")
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
+    duration_s: float | None = Field(None, gt=0, description="finish the job this long after it started")
     min_devices: int = Field(
         1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"
     )

@@ -59,6 +59,7 @@ class ServerCore:
         self.quorum = False
         self.stragglers: set[str] = set()  # online but dropped from the barrier past a deadline
         self.round_started = now
+        self._unbroadcast = 0  # versions applied since the last parameter broadcast
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -102,6 +103,7 @@ class ServerCore:
         out = [self._control(device)]
         if not self.quorum and len(self.registry.active()) >= self.config.min_devices:
             self.quorum = True
+            self._started = self.round_started = now  # the job's clock starts with its quorum
             log.info("start quorum of %d devices reached", self.config.min_devices)
             out += self._maybe_aggregate(now)
         return [*out, self._barrier()]
@@ -131,6 +133,10 @@ class ServerCore:
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass."""
+        duration = self.config.duration_s
+        if duration is not None and self.quorum and not self.finished and now - self._started >= duration:
+            log.info("job %s reached its duration of %.1f s", self.config.job, duration)
+            return self._finish(now)
         deadline = self.config.round_deadline_s
         if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
             return []
@@ -183,10 +189,15 @@ class ServerCore:
                 continue
             self.traffic.applied += len(updates)
             self.round_started = now
-            out += self._broadcast_version(now)
+            self._unbroadcast += 1
+            if self._unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
+                out += self._broadcast_version(now)
+            else:
+                out.append(self._barrier())
         return out
 
     def _broadcast_version(self, now: float) -> list[Publish]:
+        self._unbroadcast = 0
         frame = self.store.snapshot_frame()
         self.traffic.bytes_down += len(frame) * len(self.registry.active())
         if self.store.version >= self.config.rounds:

@@ -33,6 +33,10 @@ class Pace(ABC):
     def __init__(self) -> None:
         self._buffer: list[Update] = []
 
+    def broadcast_every(self, fleet: int) -> int:
+        """Publish the parameters after this many new versions (``fleet``: devices in the barrier)."""
+        return 1
+
     def add(self, update: Update) -> None:
         """Buffer an accepted update."""
         self._buffer.append(update)
@@ -88,6 +92,15 @@ class Asp(Pace):
 
     name = "asp"
     mixing = 0.5
+    #: Versions per parameter broadcast, as a share of the fleet (see ``broadcast_every``).
+    broadcast_share = 1.0
+
+    def broadcast_every(self, fleet: int) -> int:
+        """A version per commit broadcast to every device would flood the devices' downlinks
+        (n devices, n broadcasts per fleet-round, each to n devices): broadcast once per
+        ``broadcast_share * fleet`` versions, so devices get about one snapshot per commit of
+        their own, as in push-then-pull ASP."""
+        return max(1, round(self.broadcast_share * fleet))
 
     def ready(self, barrier: frozenset[str]) -> bool:
         return bool(self._buffer)

@@ -124,7 +124,7 @@ class Metrics(Message):
     bytes_up: int = Field(description="commit payload bytes received by the server")
     bytes_down: int = Field(description="parameter payload bytes delivered: frame size x devices online")
     devices_online: int
-    elapsed_s: float = Field(description="seconds since the server started")
+    elapsed_s: float = Field(description="seconds since the job started (its start quorum)")
     finished: bool = False
 
 

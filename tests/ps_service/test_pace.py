@@ -76,7 +76,7 @@ def test_aggregate_with_equal_steps_is_fedavg_by_data_size() -> None:
 def test_aggregate_normalises_devices_that_did_more_steps() -> None:
     # Equal data; "fast" made 4 commits of 1 step, "slow" 1 commit of 1 step, each step moving
     # its own way by 1.0 resp. -1.0. FedNova: the mean per-step directions cancel (no pull
-    # towards the fast device), scaled by tau_eff = 2.5 steps.
+    # towards the fast device), scaled by tau_eff = median(4, 1) = 2.5 steps.
     fast = [Update("fast", 1, 0, 10, 1, {"w": np.float32([1.0, 1.0])}) for _ in range(4)]
     slow = [Update("slow", 1, 0, 10, 1, {"w": np.float32([-1.0, 1.0])})]
     out = aggregate(fast + slow, version=0, sizes={"fast": 100, "slow": 100})

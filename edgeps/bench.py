@@ -1,0 +1,161 @@
+"""``edgeps bench pace``: every pace side by side on one scenario, in virtual time or over Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from edgeps.simulator import Scenario, Simulation, scenario_data
+
+DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
+
+
+def _fmt_time(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f}"
+
+
+def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
+    """The comparison table, one row per pace, with each time-to-target as a ratio to bsp's."""
+    bsp = next((r["time_to_target"] for r in runs if r["pace"] == "bsp"), None)
+    head = (
+        f"{'pace':<8} {'to target, ' + unit:>20} {'vs bsp':>7} {'best acc':>9} {'final acc':>9} "
+        f"{'idle':>6} {'commits':>8} {'MB up':>8} {'MB down':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        ratio = f"{bsp / r['time_to_target']:.2f}x" if bsp and r["time_to_target"] else "-"
+        lines.append(
+            f"{r['pace']:<8} {_fmt_time(r['time_to_target']):>20} {ratio:>7} {r['best_accuracy']:>9.4f} "
+            f"{r['final_accuracy']:>9.4f} {r['idle_fraction']:>6.3f} {r['commits']:>8} "
+            f"{r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_pace(curves: dict[str, list[tuple[float, float]]], target: float, path: Path, xlabel: str, title: str) -> None:
+    """PNG of accuracy against time, one line per pace, with the target marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for pace, curve in curves.items():
+        ax.plot([t for t, _ in curve], [a for _, a in curve], label=pace, linewidth=1.4)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.2f}")
+    ax.set(xlabel=xlabel, ylabel="held-out accuracy", ylim=(0.5, 1.0), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bench_pace_sim(scenario: Scenario, paces: list[str], say=print) -> dict[str, Any]:
+    """Simulate each pace on the same data, seed and fleet; return the report."""
+    data = scenario_data(scenario)
+    runs, curves = [], {}
+    for n, pace in enumerate(paces, 1):
+        say(f"[{n}/{len(paces)}] {pace}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
+        started = time.monotonic()
+        result = Simulation(scenario, pace, data).run()
+        summary = result.summary()
+        runs.append(summary)
+        curves[summary["pace"]] = result.curve
+        say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
+            f"({time.monotonic() - started:.1f} s)")  # fmt: skip
+    return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
+
+
+def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) -> dict[str, Any]:
+    """Run each pace as a real job (server + device processes) over a Mosquitto it starts."""
+    from broker.launcher import start_broker
+    from edgeps.demo import DemoSettings, run_local_job
+    from edgeps.transport import BrokerAddress
+    from learning.data import load_digits
+    from learning.prepare import prepare_shards
+
+    shards = prepare_shards(load_digits(), out / "data", scenario.devices, scenario.alpha, scenario.seed)
+    slow = scenario.slow_devices()
+    slowdowns = tuple(scenario.slowdown if i in slow else 1.0 for i in range(scenario.devices))
+    runs, curves = [], {}
+    with start_broker(workdir=out / "broker") as broker:
+        address = BrokerAddress(broker.host, broker.port)
+        say(f"broker: {broker.kind} on {broker.host}:{broker.port}; slow devices: {sorted(slow)}")
+        for n, pace in enumerate(paces, 1):
+            say(f"[{n}/{len(paces)}] {pace}: {scenario.duration_s:.0f} s over MQTT ...", end="", flush=True)
+            settings = DemoSettings(
+                devices=scenario.devices,
+                alpha=scenario.alpha,
+                pace=pace,
+                rounds=10**9,
+                push_every=scenario.push_every,
+                lr=scenario.lr,
+                batch_size=scenario.batch_size,
+                hidden=",".join(str(h) for h in scenario.hidden),
+                seed=scenario.seed,
+                job=f"bench-{pace.replace(':', '-')}",
+                slowdowns=slowdowns,
+                step_time=scenario.step_s,
+                duration_s=scenario.duration_s,
+                round_deadline_s=scenario.round_deadline_s,
+                out=out,
+            )
+            result = run_local_job(settings, address, shards, out / "logs")
+            history = result.history
+            last = history[-1]
+            ttt = next((m.elapsed_s for m in history if m.accuracy >= scenario.target), None)
+            summary = {
+                "pace": pace,
+                "time_to_target": ttt,
+                "best_accuracy": round(max(m.accuracy for m in history), 4),
+                "final_accuracy": round(last.accuracy, 4),
+                "idle_fraction": round(result.idle_fraction, 4),
+                "commits": last.commits,
+                "bytes_up": last.bytes_up,
+                "bytes_down": last.bytes_down,
+                "versions": last.version,
+            }
+            runs.append(summary)
+            curves[pace] = [(m.elapsed_s, m.accuracy) for m in history]
+            say(f" target {_fmt_time(ttt)} s, best {summary['best_accuracy']:.4f}")
+    return {"mode": "mosquitto", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
+
+
+def run_bench_pace(
+    scenario: Scenario,
+    paces: list[str],
+    real: bool,
+    json_path: str | None,
+    plot_path: Path,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Run, print the table, write the PNG (and JSON); return the report."""
+    if real:
+        with tempfile.TemporaryDirectory(prefix="edgeps-bench-") as tmp:
+            report = bench_pace_real(scenario, paces, out or Path(tmp))
+    else:
+        report = bench_pace_sim(scenario, paces)
+    unit = "wall s" if real else "virtual s"
+    print()
+    print(format_pace_table(report["runs"], unit))
+    what = "wall seconds over Mosquitto" if real else "virtual seconds (simulated)"
+    title = f"{scenario.devices} devices, {round(scenario.slow_fraction * scenario.devices)} of them "
+    title += f"{scenario.slowdown:g}x slower, Dirichlet {scenario.alpha}"
+    plot_pace(report["curves"], scenario.target, plot_path, what, title)
+    print(f"\nplot: {plot_path}" + (f"; json: {json_path}" if json_path else ""))
+    if json_path:
+        Path(json_path).write_text(json.dumps({k: v for k, v in report.items() if k != "curves"}, indent=2))
+    return report
+
+
+def real_scenario(base: Scenario) -> Scenario:
+    """The default real-run fleet: 8 devices, 2 of them 4x slower, 5 ms per reference step."""
+    return replace_scenario(base, devices=8, step_s=0.005, duration_s=12.0, round_deadline_s=5.0)
+
+
+def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
+    return Scenario.model_validate({**base.model_dump(), **changes})

@@ -1,0 +1,256 @@
+"""A discrete-event driver of the same server and device cores, on a virtual clock.
+
+Compute time per local step comes from each device's profile, transfer time from the
+frame's bytes over the device's link bandwidth plus its latency; the arithmetic (local
+SGD, aggregation, evaluation, encoding) is real. The broker is a lossless relay with
+per-device FIFO links. Deterministic for a given scenario and seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_client.core import DeviceCore
+from edge_client.profile import DeviceProfile
+from edge_client.trainer import NumpyTrainer
+from learning.data import Dataset, dirichlet_partition, load_digits, stratified_split
+from learning.model import init_mlp
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from schemas.messages import Metrics
+from schemas.topics import Publish
+
+
+class Scenario(BaseModel):
+    """A fleet, its data and its training settings: what every pace is compared on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    devices: int = Field(16, ge=1)
+    slow_fraction: float = Field(0.25, ge=0, le=1, description="share of devices that are slower")
+    slowdown: float = Field(4.0, ge=1, description="compute slowdown of the slow devices")
+    step_s: float = Field(0.01, gt=0, description="reference seconds per local step")
+    up_bps: float = Field(2e6, gt=0)
+    down_bps: float = Field(2e6, gt=0)
+    latency_s: float = Field(0.02, ge=0)
+    alpha: float = Field(0.5, gt=0, description="Dirichlet non-IID concentration")
+    holdout: float = Field(0.2, gt=0, lt=1)
+    hidden: tuple[int, ...] = (64,)
+    push_every: int = Field(10, ge=1)
+    lr: float = Field(0.2, gt=0)
+    batch_size: int = Field(32, ge=1)
+    round_deadline_s: float = Field(5.0, gt=0)
+    duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
+    target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
+    sample_s: float = Field(
+        0.25, gt=0, description="virtual seconds between accuracy samples (the same grid for every pace)"
+    )
+    seed: int = 0
+
+    def slow_devices(self) -> set[int]:
+        """Indices of the slow devices: a seeded choice of round(slow_fraction * devices)."""
+        count = round(self.slow_fraction * self.devices)
+        return set(np.random.default_rng(self.seed).permutation(self.devices)[:count].tolist())
+
+    def profiles(self) -> list[DeviceProfile]:
+        slow = self.slow_devices()
+        return [
+            DeviceProfile(
+                slowdown=self.slowdown if i in slow else 1.0,
+                step_s=self.step_s,
+                up_bps=self.up_bps,
+                down_bps=self.down_bps,
+                latency_s=self.latency_s,
+            )
+            for i in range(self.devices)
+        ]
+
+
+@dataclass
+class RunResult:
+    """What one simulated run measured."""
+
+    pace: str
+    history: list[Metrics]
+    idle_fraction: float
+    commits: int
+    bytes_up: int
+    bytes_down: int
+    virtual_s: float
+    target: float
+    #: (virtual seconds, held-out accuracy of the server's model) on the scenario's sampling grid.
+    curve: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def best_accuracy(self) -> float:
+        return max(a for _, a in self.curve)
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.curve[-1][1]
+
+    @property
+    def time_to_target(self) -> float | None:
+        return next((t for t, a in self.curve if a >= self.target), None)
+
+    def summary(self) -> dict:
+        return {
+            "pace": self.pace,
+            "time_to_target": self.time_to_target,
+            "best_accuracy": round(self.best_accuracy, 4),
+            "final_accuracy": round(self.final_accuracy, 4),
+            "idle_fraction": round(self.idle_fraction, 4),
+            "commits": self.commits,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "versions": self.history[-1].version,
+        }
+
+
+def scenario_data(scenario: Scenario, data: Dataset | None = None) -> tuple[Dataset, list[Dataset]]:
+    """(held-out set, one shard per device) for the scenario."""
+    train, holdout = stratified_split(data or load_digits(), scenario.holdout, scenario.seed)
+    parts = dirichlet_partition(train.y, scenario.devices, scenario.alpha, scenario.seed)
+    return holdout, [train.subset(p) for p in parts]
+
+
+class Simulation:
+    """One run of one pace on a scenario."""
+
+    JOB = "sim"
+
+    def __init__(self, scenario: Scenario, pace: str, data: tuple[Dataset, list[Dataset]] | None = None) -> None:
+        holdout, shards = data or scenario_data(scenario)
+        self.scenario = scenario
+        sizes = [holdout.x.shape[1], *scenario.hidden, holdout.classes]
+        config = ServerConfig(
+            job=self.JOB,
+            pace=pace,
+            rounds=10**9,
+            push_every=scenario.push_every,
+            lr=scenario.lr,
+            batch_size=scenario.batch_size,
+            min_devices=scenario.devices,
+            round_deadline_s=scenario.round_deadline_s,
+            duration_s=scenario.duration_s,
+        )
+        self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout))
+        self.profiles = scenario.profiles()
+        self.devices = [
+            DeviceCore(self.JOB, f"dev-{i:02d}", shard, NumpyTrainer(), seed=scenario.seed * 1000 + i)
+            for i, shard in enumerate(shards)
+        ]
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._up_free = [0.0] * len(self.devices)
+        self._down_free = [0.0] * len(self.devices)
+        self._stepping = [False] * len(self.devices)
+        self._idle_since: list[float | None] = [None] * len(self.devices)
+        self._idle = [0.0] * len(self.devices)
+        self._subscribers: dict[str, list[int]] = {}
+        for i, device in enumerate(self.devices):
+            for topic in device.subscriptions():
+                self._subscribers.setdefault(topic, []).append(i)
+        self._curve: list[tuple[float, float]] = []
+        self.now = 0.0
+
+    # ------------------------------------------------------------- plumbing
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), action))
+
+    def _server_publishes(self, messages: list[Publish]) -> None:
+        for message in messages:
+            for i in self._subscribers.get(message.topic, []):
+                profile = self.profiles[i]
+                start = max(self.now, self._down_free[i])
+                self._down_free[i] = start + profile.transfer_s(len(message.payload), up=False)
+                self._at(self._down_free[i] + profile.latency_s, lambda i=i, m=message: self._device_receives(i, m))
+
+    def _device_publishes(self, i: int, messages: list[Publish]) -> None:
+        profile = self.profiles[i]
+        for message in messages:
+            start = max(self.now, self._up_free[i])
+            self._up_free[i] = start + profile.transfer_s(len(message.payload), up=True)
+            self._at(self._up_free[i] + profile.latency_s, lambda m=message: self._server_receives(m))
+
+    def _server_receives(self, message: Publish) -> None:
+        self._server_publishes(self.server.on_message(message.topic, message.payload, self.now))
+
+    def _device_receives(self, i: int, message: Publish) -> None:
+        self.devices[i].on_message(message.topic, message.payload)
+        self._kick(i)
+
+    def _kick(self, i: int) -> None:
+        """Start device ``i``'s next local step if it can train; keep its idle clock."""
+        device = self.devices[i]
+        if device.ready and not self._stepping[i]:
+            self._stepping[i] = True
+            self._at(self.now + self.profiles[i].step_time(), lambda: self._step_done(i))
+        idle = not self._stepping[i] and not device.finished
+        if idle and self._idle_since[i] is None:
+            self._idle_since[i] = self.now
+        elif not idle and self._idle_since[i] is not None:
+            self._idle[i] += self.now - self._idle_since[i]
+            self._idle_since[i] = None
+
+    def _step_done(self, i: int) -> None:
+        self._stepping[i] = False
+        device = self.devices[i]
+        if device.ready:
+            self._device_publishes(i, device.step())
+        self._kick(i)
+
+    def _sample(self) -> None:
+        """Measure the global model on the fixed grid, so every pace is judged at the same times.
+
+        (Judging by the server's own per-version metrics would favour paces that make
+        more versions: the best of more noisy evaluations is higher.)"""
+        accuracy, _ = self.server.evaluator(self.server.store.view())
+        self._curve.append((round(self.now, 6), accuracy))
+        if not self.server.finished:
+            self._at(self.now + self.scenario.sample_s, self._sample)
+
+    def _tick(self, every: float) -> None:
+        self._server_publishes(self.server.on_tick(self.now))
+        if not self.server.finished:
+            self._at(self.now + every, lambda: self._tick(every))
+
+    # ------------------------------------------------------------------ run
+    def run(self, on_metrics: Callable[[Metrics], None] | None = None) -> RunResult:
+        self._server_publishes(self.server.start(0.0))
+        for i, device in enumerate(self.devices):
+            self._device_publishes(i, [device.status("online")])
+            self._kick(i)
+        self._at(0.0, lambda: self._tick(min(0.05, self.scenario.round_deadline_s / 4)))
+        self._at(0.0, self._sample)
+        seen = 0
+        while self._events and not self.server.finished:
+            self.now, _, action = heapq.heappop(self._events)
+            action()
+            if on_metrics is not None and len(self.server.history) > seen:
+                for metrics in self.server.history[seen:]:
+                    on_metrics(metrics)
+                seen = len(self.server.history)
+        end = self.now
+        for i, since in enumerate(self._idle_since):
+            if since is not None:
+                self._idle[i] += end - since
+        traffic = self.server.traffic
+        return RunResult(
+            pace=self.server.pace.name,
+            history=self.server.history,
+            idle_fraction=sum(self._idle) / (end * len(self.devices)) if end > 0 else 0.0,
+            commits=traffic.commits,
+            bytes_up=traffic.bytes_up,
+            bytes_down=traffic.bytes_down,
+            virtual_s=end,
+            target=self.scenario.target,
+            curve=self._curve,
+        )
