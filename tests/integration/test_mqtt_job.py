@@ -135,3 +135,50 @@ def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
     assert saved["rounds"] == 15 and saved["commits"] == 3 * 15 and saved["rejected"] == 0
     assert report["best_accuracy"] > 0.7
     assert (tmp_path / "demo" / "accuracy.png").stat().st_size > 10_000
+
+
+def test_a_crashed_device_leaves_the_barrier_through_its_last_will(mosquitto) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    holdout = load_digits()
+    server, thread, stop = start_server(address, holdout, job="will", pace="bsp", rounds=1000, min_devices=2)
+    t = server.topics
+    offline = DeviceStatus(device="doomed", state="offline").to_bytes()
+    online = DeviceStatus(device="doomed", state="online", samples=50).to_bytes()
+    doomed = MqttTransport(
+        address,
+        "doomed",
+        [],
+        will=Publish(t.status("doomed"), offline, retain=True),
+        hello=Publish(t.status("doomed"), online, retain=True),
+    )
+    doomed.wait_connected(10)
+    device = DeviceCore("will", "alive", Dataset(holdout.x[:100], holdout.y[:100]), NumpyTrainer())
+    runner = threading.Thread(target=run_device, args=(device, connect_device(device, address)), daemon=True)
+    runner.start()
+    wait_until(lambda: server.quorum and server.pace.committed() == ["alive"], what="alive's first commit")
+    assert server.store.version == 0  # the round waits for the doomed device
+    doomed._client.loop_stop()  # crash: the socket drops without a DISCONNECT, so the broker sends the will
+    doomed._client.socket().close()
+    wait_until(lambda: server.store.version >= 2, timeout=20, what="rounds to go on without the dead device")
+    assert "doomed" not in server.registry.active()
+    stop.set()
+    thread.join(timeout=10)
+    device.finished = True
+    runner.join(timeout=10)
+
+
+def test_real_bench_measures_paces_over_mosquitto(tmp_path) -> None:
+    from edgeps.bench import run_bench_pace
+    from edgeps.simulator import Scenario
+
+    scenario = Scenario(devices=3, slow_fraction=1 / 3, step_s=0.002, duration_s=2.0, hidden=(16,), target=0.5)
+    report = run_bench_pace(
+        scenario, ["bsp", "acbsp"], real=True, json_path=str(tmp_path / "r.json"), plot_path=tmp_path / "r.png",
+        out=tmp_path / "run",
+    )  # fmt: skip
+    runs = {r["pace"]: r for r in report["runs"]}
+    assert set(runs) == {"bsp", "acbsp"}
+    for run in runs.values():
+        assert 0 <= run["idle_fraction"] <= 1 and run["commits"] > 0 and run["best_accuracy"] > 0.3
+    assert runs["bsp"]["idle_fraction"] > runs["acbsp"]["idle_fraction"]
+    assert json.loads((tmp_path / "r.json").read_text())["runs"][0]["pace"] == "bsp"

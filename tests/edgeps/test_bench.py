@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+
+from edgeps.bench import format_pace_table, run_bench_pace
+from edgeps.cli import main
+from edgeps.simulator import Scenario
+
+
+def test_bench_pace_writes_table_plot_and_json(tmp_path, capsys) -> None:
+    scenario = Scenario(devices=4, duration_s=2.0, hidden=(16,), sample_s=0.5, target=0.5)
+    run_bench_pace(
+        scenario, ["bsp", "acbsp"], real=False, json_path=str(tmp_path / "b.json"), plot_path=tmp_path / "b.png"
+    )
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["scenario"]["devices"] == 4
+    keys = {
+        "pace",
+        "time_to_target",
+        "best_accuracy",
+        "final_accuracy",
+        "idle_fraction",
+        "commits",
+        "bytes_up",
+        "bytes_down",
+    }
+    assert [r["pace"] for r in report["runs"]] == ["bsp", "acbsp"]
+    assert all(keys <= set(r) for r in report["runs"])
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+    assert "acbsp" in capsys.readouterr().out
+
+
+def test_table_marks_unreached_targets() -> None:
+    runs = [
+        {"pace": "bsp", "time_to_target": 4.0, "best_accuracy": 0.9, "final_accuracy": 0.9, "idle_fraction": 0.5,
+         "commits": 1, "bytes_up": 1, "bytes_down": 1},
+        {"pace": "asp", "time_to_target": None, "best_accuracy": 0.8, "final_accuracy": 0.8, "idle_fraction": 0.0,
+         "commits": 1, "bytes_up": 1, "bytes_down": 1},
+    ]  # fmt: skip
+    table = format_pace_table(runs, "virtual s")
+    assert "never" in table and "1.00x" in table
+
+
+def test_cli_refuses_an_unknown_pace_before_running(capsys) -> None:
+    assert main(["bench", "pace", "--paces", "bsp,warp"]) == 2
