@@ -48,6 +48,7 @@ class DeviceCore:
         self.samples = 0
         self.seq = 0
         self.waiting = False
+        self.committed_on = -1  # the base version of our last commit
         self.slowest_clock = 0
         self.finished = False
         self.last_loss = float("nan")
@@ -136,9 +137,16 @@ class DeviceCore:
             self._local[name] -= lr * g
         self.steps += 1
         self.samples += len(batch)
-        if self.steps < self.control.push_every:
+        if self.steps < self.control.push_every or self.holding:
             return []
         return [self._commit()]
+
+    @property
+    def holding(self) -> bool:
+        """acbsp: this version already has our commit; keep training and commit on the next one."""
+        return (
+            self.control is not None and self.control.one_commit_per_version and self.committed_on == self.base_version
+        )
 
     def _commit(self) -> Publish:
         assert self.control is not None and self._local is not None and self._anchor is not None
@@ -155,6 +163,7 @@ class DeviceCore:
             codec=self.control.codec,
         )
         self.steps = self.samples = 0
+        self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}
         self.waiting = self.control.wait_for_params
         return Publish(self.topics.grad(self.device), encode_frame(frame), qos=1)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeps.simulator import Scenario, Simulation, scenario_data
+from edgeps.simulator import Scenario, Simulation, plateau, scenario_data
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
 
@@ -21,7 +21,7 @@ def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
     """The comparison table, one row per pace, with each time-to-target as a ratio to bsp's."""
     bsp = next((r["time_to_target"] for r in runs if r["pace"] == "bsp"), None)
     head = (
-        f"{'pace':<8} {'to target, ' + unit:>20} {'vs bsp':>7} {'best acc':>9} {'final acc':>9} "
+        f"{'pace':<8} {'to target, ' + unit:>20} {'vs bsp':>7} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
         f"{'idle':>6} {'commits':>8} {'MB up':>8} {'MB down':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -29,7 +29,8 @@ def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
         ratio = f"{bsp / r['time_to_target']:.2f}x" if bsp and r["time_to_target"] else "-"
         lines.append(
             f"{r['pace']:<8} {_fmt_time(r['time_to_target']):>20} {ratio:>7} {r['best_accuracy']:>9.4f} "
-            f"{r['final_accuracy']:>9.4f} {r['idle_fraction']:>6.3f} {r['commits']:>8} "
+            f"{r['final_accuracy']:>9.4f} {r.get('plateau_accuracy', r['final_accuracy']):>8.4f} "
+            f"{r['idle_fraction']:>6.3f} {r['commits']:>8} "
             f"{r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}"
         )
     return "\n".join(lines)
@@ -113,6 +114,7 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
                 "time_to_target": ttt,
                 "best_accuracy": round(max(m.accuracy for m in history), 4),
                 "final_accuracy": round(last.accuracy, 4),
+                "plateau_accuracy": round(plateau([m.accuracy for m in history]), 4),
                 "idle_fraction": round(result.idle_fraction, 4),
                 "commits": last.commits,
                 "bytes_up": last.bytes_up,

@@ -73,6 +73,12 @@ class Scenario(BaseModel):
         ]
 
 
+def plateau(accuracies: list[float]) -> float:
+    """Mean over the last fifth of a run's accuracies: where a pace settles, free of one lucky sample."""
+    tail = accuracies[-max(1, len(accuracies) // 5) :]
+    return sum(tail) / len(tail)
+
+
 @dataclass
 class RunResult:
     """What one simulated run measured."""
@@ -97,6 +103,10 @@ class RunResult:
         return self.curve[-1][1]
 
     @property
+    def plateau_accuracy(self) -> float:
+        return plateau([a for _, a in self.curve])
+
+    @property
     def time_to_target(self) -> float | None:
         return next((t for t, a in self.curve if a >= self.target), None)
 
@@ -106,6 +116,7 @@ class RunResult:
             "time_to_target": self.time_to_target,
             "best_accuracy": round(self.best_accuracy, 4),
             "final_accuracy": round(self.final_accuracy, 4),
+            "plateau_accuracy": round(self.plateau_accuracy, 4),
             "idle_fraction": round(self.idle_fraction, 4),
             "commits": self.commits,
             "bytes_up": self.bytes_up,

@@ -227,6 +227,7 @@ class ServerCore:
             batch_size=self.config.batch_size,
             wait_for_params=self.pace.wait_for_params,
             staleness_bound=self.pace.staleness_bound,
+            one_commit_per_version=self.pace.one_commit_per_version,
         )
         return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
 

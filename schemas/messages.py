@@ -65,6 +65,10 @@ class Control(Message):
     wait_for_params: bool = Field(
         description="after a commit, idle until parameters newer than the commit's base arrive (bsp)"
     )
+    one_commit_per_version: bool = Field(
+        False,
+        description="acbsp: after a commit keep training, but commit again only once a newer version arrived",
+    )
     staleness_bound: int | None = Field(
         None, ge=0, description="ssp: do not run more than this many commits ahead of the barrier's slowest_clock"
     )

@@ -126,3 +126,19 @@ def test_status_messages() -> None:
     assert hello.retain and will.retain and hello.topic == will.topic == f"{T}/status/d1"
     with pytest.raises(ValueError):
         make_trainer("nope")
+
+
+def test_acbsp_device_commits_once_per_version_and_carries_the_rest() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    ctrl = Control(device="d1", push_every=2, lr=0.1, batch_size=8, wait_for_params=False, one_commit_per_version=True)
+    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    device.step()
+    assert len(device.step()) == 1  # the commit on version 0
+    for _ in range(5):  # keeps training, never idle, but holds further commits
+        assert device.ready and device.step() == []
+    assert device.holding and device.steps == 5
+    device.on_message(f"{T}/params", params_frame(1, seed=5))
+    (commit,) = device.step()  # the carried 5 steps plus this one go out on version 1
+    frame = decode_frame(commit.payload)
+    assert (frame.base_version, frame.steps, frame.seq) == (1, 6, 2)
