@@ -14,9 +14,8 @@ def staleness_weight(staleness: int) -> float:
     """Discount for an update computed on a version ``staleness`` versions old: 1/sqrt(staleness),
     FedAsync's polynomial rule with exponent 1/2 hinged at one version. An update one version
     behind is normal in a synchronous round (a commit in flight when the previous round
-    closed) and counts fully; older ones count less, none zero. Measured on the default pace
-    scenario, discounting that one version too (1/sqrt(1 + s)) delays acbsp's target from
-    2.0 s to 2.75 s of virtual time with the same best accuracy."""
+    closed) and counts fully; older ones count less, none zero. Discounting that one version
+    too (1/sqrt(1 + s)) measurably delays acbsp (docs/PACES.md)."""
     return 1.0 / float(np.sqrt(max(1, staleness)))
 
 
@@ -33,9 +32,8 @@ def aggregate(updates: list[Update], version: int, sizes: dict[str, int], mixing
 
     tau_eff, the server's step length in local steps, does not change the direction.
     FedNova's default is the mean sum_i p_i tau_i; we use the median of the tau_i, the
-    work of a typical device: measured on the default pace scenario it reaches the target
-    sooner (2.6 s against 3.0 s of virtual time) with a higher best accuracy, and unlike a
-    maximum it ignores one outlier that piled up steps.
+    work of a typical device: on the default pace scenario it reaches the target sooner
+    (docs/PACES.md), and unlike a maximum it ignores one outlier that piled up steps.
     """
     if not updates:
         raise ValueError("nothing to aggregate")
