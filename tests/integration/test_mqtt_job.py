@@ -182,3 +182,28 @@ def test_real_bench_measures_paces_over_mosquitto(tmp_path) -> None:
         assert 0 <= run["idle_fraction"] <= 1 and run["commits"] > 0 and run["best_accuracy"] > 0.3
     assert runs["bsp"]["idle_fraction"] > runs["acbsp"]["idle_fraction"]
     assert json.loads((tmp_path / "r.json").read_text())["runs"][0]["pace"] == "bsp"
+
+
+def test_clients_reconnect_and_say_hello_again_after_a_broker_restart(tmp_path) -> None:
+    from broker.launcher import start_broker
+
+    first = start_broker(workdir=tmp_path / "b", embedded=False)
+    port = first.port
+    address = BrokerAddress(first.host, port)
+    hello = Publish("edgeps/r/status/d1", DeviceStatus(device="d1", state="online").to_bytes(), retain=True)
+    device = MqttTransport(address, "d1", ["edgeps/r/params"], hello=hello)
+    device.wait_connected(10)
+    first.stop()
+    wait_until(lambda: not device.connected.is_set(), what="the disconnect to be noticed")
+    second = start_broker(port=port, workdir=tmp_path / "b", embedded=False)
+    try:
+        device.wait_connected(15)  # paho's backoff starts at 1 s
+        watcher = MqttTransport(address, "watch", ["edgeps/r/status/+"], persistent=False)
+        got: list = []
+        wait_until(lambda: bool(got.append(watcher.receive(0.1)) or [m for m in got if m]), what="the hello")
+        assert [m.payload for m in got if m][0] == hello.payload
+        watcher.close()
+        device.publish(Publish("edgeps/r/params", b"x", qos=1))
+    finally:
+        device.close()
+        second.stop()
