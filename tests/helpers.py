@@ -68,3 +68,11 @@ def hello(server: ServerCore, device: str, state: str = "online", samples: int =
 
     body = DeviceStatus(device=device, state=state, samples=samples).to_bytes()
     return server.on_message(server.topics.status(device), body, now=0.0)
+
+
+def next_message(transport, timeout: float = 10.0):
+    """The next message a transport receives; AssertionError after ``timeout`` seconds."""
+    message = transport.receive(timeout=timeout)
+    if message is None:
+        raise AssertionError(f"no message within {timeout} s")
+    return message

@@ -5,7 +5,7 @@ import pytest
 from broker.launcher import render_config, start_broker
 from edgeps.transport import BrokerAddress, MqttTransport
 from schemas.topics import Publish
-from tests.helpers import wait_until
+from tests.helpers import next_message
 
 
 def test_render_config_sets_listener_and_persistence_only(tmp_path) -> None:
@@ -63,7 +63,5 @@ def test_retained_message_reaches_a_late_subscriber(mosquitto) -> None:
     pub.wait_connected(10)
     pub.close(last=Publish("edgeps/j/params", b"snapshot", qos=1, retain=True))
     sub = MqttTransport(address, "late", ["edgeps/j/params"], persistent=False)
-    got = []
-    wait_until(lambda: bool(got.append(sub.receive(0.1)) or [m for m in got if m]), what="retained message")
-    assert [m.payload for m in got if m] == [b"snapshot"]
+    assert next_message(sub).payload == b"snapshot"
     sub.close()

@@ -23,7 +23,7 @@ from ps_service.mqtt import connect_server, serve
 from schemas.frame import decode_frame
 from schemas.messages import DeviceStatus, Metrics, Notice
 from schemas.topics import Publish
-from tests.helpers import commit_bytes, wait_until
+from tests.helpers import commit_bytes, next_message, wait_until
 
 
 def start_server(
@@ -199,9 +199,7 @@ def test_clients_reconnect_and_say_hello_again_after_a_broker_restart(tmp_path) 
     try:
         device.wait_connected(15)  # paho's backoff starts at 1 s
         watcher = MqttTransport(address, "watch", ["edgeps/r/status/+"], persistent=False)
-        got: list = []
-        wait_until(lambda: bool(got.append(watcher.receive(0.1)) or [m for m in got if m]), what="the hello")
-        assert [m.payload for m in got if m][0] == hello.payload
+        assert next_message(watcher).payload == hello.payload
         watcher.close()
         device.publish(Publish("edgeps/r/params", b"x", qos=1))
     finally:
