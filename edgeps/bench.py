@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeps.simulator import Scenario, Simulation, plateau, scenario_data
+from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
 
@@ -105,25 +105,23 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
                 round_deadline_s=scenario.round_deadline_s,
                 out=out,
             )
-            result = run_local_job(settings, address, shards, out / "logs")
-            history = result.history
-            last = history[-1]
-            ttt = next((m.elapsed_s for m in history if m.accuracy >= scenario.target), None)
-            summary = {
-                "pace": pace,
-                "time_to_target": ttt,
-                "best_accuracy": round(max(m.accuracy for m in history), 4),
-                "final_accuracy": round(last.accuracy, 4),
-                "plateau_accuracy": round(plateau([m.accuracy for m in history]), 4),
-                "idle_fraction": round(result.idle_fraction, 4),
-                "commits": last.commits,
-                "bytes_up": last.bytes_up,
-                "bytes_down": last.bytes_down,
-                "versions": last.version,
-            }
+            job = run_local_job(settings, address, shards, out / "logs")
+            last = job.history[-1]
+            result = RunResult(
+                pace=pace,
+                history=job.history,
+                idle_fraction=job.idle_fraction,
+                commits=last.commits,
+                bytes_up=last.bytes_up,
+                bytes_down=last.bytes_down,
+                run_s=last.elapsed_s,
+                target=scenario.target,
+                curve=[(m.elapsed_s, m.accuracy) for m in job.history],
+            )
+            summary = result.summary()
             runs.append(summary)
-            curves[pace] = [(m.elapsed_s, m.accuracy) for m in history]
-            say(f" target {_fmt_time(ttt)} s, best {summary['best_accuracy']:.4f}")
+            curves[pace] = result.curve
+            say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f}")
     return {"mode": "mosquitto", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 

@@ -89,7 +89,7 @@ class RunResult:
     commits: int
     bytes_up: int
     bytes_down: int
-    virtual_s: float
+    run_s: float  # seconds the run lasted (virtual or wall)
     target: float
     #: (virtual seconds, held-out accuracy of the server's model) on the scenario's sampling grid.
     curve: list[tuple[float, float]] = field(default_factory=list)
@@ -261,7 +261,7 @@ class Simulation:
             commits=traffic.commits,
             bytes_up=traffic.bytes_up,
             bytes_down=traffic.bytes_down,
-            virtual_s=end,
+            run_s=end,
             target=self.scenario.target,
             curve=self._curve,
         )

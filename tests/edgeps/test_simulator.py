@@ -50,7 +50,7 @@ def test_every_pace_learns_and_respects_the_clock(data) -> None:
     for pace in ("bsp", "acbsp", "asp", "ssp:1"):
         result = Simulation(SMALL, pace, data).run()
         assert result.best_accuracy > 0.6, pace
-        assert result.virtual_s == pytest.approx(SMALL.duration_s, abs=0.2), pace
+        assert result.run_s == pytest.approx(SMALL.duration_s, abs=0.2), pace
         assert [t for t, _ in result.curve] == sorted(t for t, _ in result.curve)
         assert result.history[-1].rejected == {}, pace
 
