@@ -190,7 +190,8 @@ class ServerCore:
             self.traffic.applied += len(updates)
             self.round_started = now
             self._unbroadcast += 1
-            if self._unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
+            last = self.store.version >= self.config.rounds
+            if last or self._unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
                 out += self._broadcast_version(now)
             else:
                 out.append(self._barrier())

@@ -236,3 +236,17 @@ def test_ssp_barrier_reports_the_slowest_clock() -> None:
     assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload).slowest_clock == 0
     out = server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 4.0)
     assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload).slowest_clock == 1
+
+
+def test_asp_broadcasts_once_per_fleet_of_versions_and_finishes_exactly_at_rounds() -> None:
+    server = small_server(pace="asp", rounds=5)
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    broadcasts = []
+    for seq in range(1, 4):
+        for device in ("a", "b"):
+            out = server.on_message(server.topics.grad(device), commit_bytes(server, device, seq), float(seq))
+            broadcasts += [decode_frame(p.payload).base_version for p in by_topic(out, server.topics.params)]
+    assert broadcasts == [2, 4, 5]  # every 2 versions (2 devices), and the last one whatever
+    assert server.finished and server.store.version == 5
