@@ -186,6 +186,7 @@ class ServerCore:
                 self.store.apply(aggregate(updates, self.store.version, self.registry.sizes(), self.pace.mixing))
             except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
                 log.error("aggregate of %d updates refused: %s", len(updates), exc)
+                self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
                 continue
             self.traffic.applied += len(updates)
             self.round_started = now
@@ -212,6 +213,8 @@ class ServerCore:
         if self.finished:
             return []
         self.finished = True
+        if self._unbroadcast:  # the retained snapshot must be the final model
+            return self._broadcast_version(now)
         return [self._barrier(), self._metrics(now)]
 
     def _reject(self, device: str, rejection: Rejection) -> list[Publish]:

@@ -250,3 +250,14 @@ def test_asp_broadcasts_once_per_fleet_of_versions_and_finishes_exactly_at_round
             broadcasts += [decode_frame(p.payload).base_version for p in by_topic(out, server.topics.params)]
     assert broadcasts == [2, 4, 5]  # every 2 versions (2 devices), and the last one whatever
     assert server.finished and server.store.version == 5
+
+
+def test_stopping_publishes_the_final_model_even_between_broadcasts() -> None:
+    server = small_server(pace="asp", rounds=100)
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 1.0)  # version 1, not broadcast
+    out = server.on_message(server.topics.cmd, Command(cmd="stop").to_bytes(), 2.0)
+    assert decode_frame(by_topic(out, server.topics.params)[0].payload).base_version == 1
+    assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[0].payload).state == "finished"
