@@ -71,7 +71,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     )
     core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout))
     transport = connect_server(core, _address(args))
-    logging.info("parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace)
+    logging.getLogger("edgeps").info(
+        "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
+    )
     try:
         serve(core, transport, stop=_stop_on_signals())
     finally:
@@ -90,10 +92,10 @@ def cmd_client(args: argparse.Namespace) -> int:
 
     core = DeviceCore(args.job, args.device, Dataset.load(args.data), make_trainer(args.backend), seed=args.seed)
     transport = connect_device(core, _address(args))
-    logging.info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
+    logging.getLogger("edgeps").info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
     profile = DeviceProfile(slowdown=args.slowdown, step_s=args.step_time)
     run_device(core, transport, profile, stop=_stop_on_signals())
-    logging.info("device %s done: %d commits", args.device, core.seq)
+    logging.getLogger("edgeps").info("device %s done: %d commits", args.device, core.seq)
     return 0
 
 

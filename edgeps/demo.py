@@ -22,6 +22,8 @@ from schemas.topics import Topics
 
 @dataclass(frozen=True)
 class DemoSettings:
+    """One local job: the fleet, its data, the training settings, where the files go."""
+
     devices: int = 8
     alpha: float = 0.5
     pace: str = "bsp"
@@ -47,6 +49,8 @@ class DemoSettings:
 
 @dataclass
 class JobResult:
+    """The server's per-version metrics and each device's final status."""
+
     history: list[Metrics]
     statuses: dict[str, DeviceStatus] = field(default_factory=dict)  # each device's final status
 

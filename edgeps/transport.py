@@ -90,6 +90,7 @@ class MqttTransport(Transport):
         self._subscriptions = subscriptions
         self._hello = hello
         self._pending: list[mqtt.MQTTMessageInfo] = []
+        self._pending_lock = threading.Lock()  # publish() runs on the caller's and paho's threads
         self.connected = threading.Event()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -137,8 +138,9 @@ class MqttTransport(Transport):
     def publish(self, message: Publish) -> None:
         info = self._client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
         if message.qos > 0:
-            self._pending = [i for i in self._pending if not i.is_published()]
-            self._pending.append(info)
+            with self._pending_lock:
+                self._pending = [i for i in self._pending if not i.is_published()]
+                self._pending.append(info)
 
     def receive(self, timeout: float) -> Inbound | None:
         try:
@@ -155,7 +157,9 @@ class MqttTransport(Transport):
             if last is not None:
                 self.publish(last)
             deadline = time.monotonic() + timeout
-            for info in self._pending:  # deliver what is queued before leaving
+            with self._pending_lock:
+                pending = list(self._pending)
+            for info in pending:  # deliver what is queued before leaving
                 if not self.connected.is_set():
                     break
                 info.wait_for_publish(timeout=max(0.0, deadline - time.monotonic()))
