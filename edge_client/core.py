@@ -40,7 +40,6 @@ class DeviceCore:
         self.rng = np.random.default_rng(seed)
         self.control: Control | None = None
         self.server_version = -1
-        self._server_params: Params | None = None
         self.base_version = -1
         self._anchor: Params | None = None
         self._local: Params | None = None
@@ -115,7 +114,6 @@ class DeviceCore:
         if frame.kind != FrameKind.PARAMS or frame.base_version <= self.server_version:
             return
         self.server_version = frame.base_version
-        self._server_params = frame.tensors
         if self._local is None or self._anchor is None or self.waiting:
             self._local = {name: values.copy() for name, values in frame.tensors.items()}
         else:
