@@ -34,8 +34,8 @@ def run_device(
 ) -> None:
     """Train until the server says the job is finished (or ``stop`` is set), then leave cleanly.
 
-    ``profile`` emulates a device class: each local step takes at least
-    ``profile.step_s * profile.slowdown`` seconds. Time spent unable to train (waiting for
+    ``profile`` emulates a device class: each local step takes
+    ``max(its measured time, profile.step_s) * profile.slowdown`` seconds. Time spent unable to train (waiting for
     parameters or the staleness bound) is counted in ``core.idle_s``, training in
     ``core.busy_s``; both go out in the final offline status.
     """
@@ -52,9 +52,8 @@ def run_device(
             started = clock()
             for message in core.step():
                 transport.publish(message)
-            pause = profile.step_time(clock() - started) - (clock() - started)
-            if pause > 0:
-                time.sleep(pause)
+            elapsed = clock() - started
+            time.sleep(max(0.0, profile.step_time(elapsed) - elapsed))
         now = clock()
         if training:
             core.busy_s += now - mark
