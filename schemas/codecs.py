@@ -1,38 +1,127 @@
 """Codecs: how one tensor's values become the payload bytes of a frame.
 
-Only ``fp32`` exists so far; the frame carries a codec id and a float argument so that
-quantizing codecs plug in without a format change.
+Every codec has a wire id and, for the parameterised ones, a float argument; both travel
+in the frame header, so a receiver needs nothing else to decode. docs/PROTOCOL.md gives
+each byte layout. All work is vectorised with numpy; no Python loop runs per value.
+
+Biased codecs (``biased = True``) are meant to be used with error feedback: the sender
+keeps what the codec dropped and adds it to its next tensor (see ``ErrorFeedback``).
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import numpy as np
 
+BUCKET = 512  # values per scale in int8, sign, ternary and qsgd
+
 
 class CodecError(ValueError):
-    """A payload that does not decode under its codec."""
+    """A payload that does not decode under its codec, or a codec spec that does not parse."""
 
 
 class Codec(ABC):
     """Turns a float32 tensor into bytes and back.
 
-    ``encode`` may be lossy; ``decode`` must reject a payload of the wrong length with
-    CodecError and must return a new, writable float32 array of ``shape``.
+    ``encode`` may be lossy (and, for stochastic codecs, random: pass ``rng``);
+    ``decode`` rejects a payload of the wrong length with CodecError and returns a new,
+    writable float32 array of ``shape``.
     """
 
     id: int
     name: str
     arg: float = 0.0
+    biased: bool = False
+
+    @property
+    def spec(self) -> str:
+        """The codec's name with its parameter, e.g. ``qsgd:16``; ``make_codec`` parses it."""
+        return self.name
 
     @abstractmethod
-    def encode(self, values: np.ndarray) -> bytes:
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         """Payload bytes for ``values`` (any shape, cast to float32)."""
 
     @abstractmethod
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         """The float32 array of ``shape`` that ``payload`` encodes."""
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    return int(math.prod(shape))
+
+
+def _flat(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+
+
+def _expect(payload: bytes | memoryview, size: int, what: str) -> None:
+    if len(payload) != size:
+        raise CodecError(f"{what} payload has {len(payload)} bytes, expected {size}")
+
+
+def _buckets(n: int) -> int:
+    return -(-n // BUCKET)
+
+
+def _bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
+    """Per-bucket max of |x| (``max``), mean of |x| (``mean``) or L2 norm (``l2``), float32."""
+    n, full = len(x), len(x) // BUCKET * BUCKET
+    parts = []
+    for block in (x[:full].reshape(-1, BUCKET), x[full:].reshape(1, -1) if full < n else None):
+        if block is None or block.size == 0:
+            continue
+        if how == "max":
+            parts.append(np.max(np.abs(block), axis=1))
+        elif how == "mean":
+            parts.append(np.mean(np.abs(block), axis=1))
+        else:
+            parts.append(np.sqrt(np.einsum("ij,ij->i", block, block)))
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def _inverse(scales: np.ndarray, numerator: float = 1.0) -> np.ndarray:
+    """numerator / scales, and 0 where a scale is too small to invert (its values quantize to 0)."""
+    out = np.zeros_like(scales)
+    np.divide(np.float32(numerator), scales, out=out, where=scales > np.float32(1e-30))
+    return out
+
+
+def _per_value(scales: np.ndarray, n: int) -> np.ndarray:
+    """Each bucket's scale repeated for its values."""
+    return np.repeat(scales, BUCKET)[:n]
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> bytes:
+    """Pack unsigned codes < 2**bits (bits 1, 2, 4 or 8) into bytes, first value in the low bits."""
+    if bits == 8:
+        return codes.astype(np.uint8).tobytes()
+    if bits == 1:
+        return np.packbits(codes.astype(bool), bitorder="little").tobytes()
+    per = 8 // bits
+    n = len(codes)
+    padded = np.zeros(-(-n // per) * per, dtype=np.uint8)
+    padded[:n] = codes
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(padded.reshape(-1, per) << shifts, axis=1).astype(np.uint8).tobytes()
+
+
+def unpack_bits(data: bytes | memoryview, bits: int, n: int) -> np.ndarray:
+    """The ``n`` codes that ``pack_bits`` packed, as uint8."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if bits == 8:
+        return raw[:n].copy()
+    if bits == 1:
+        return np.unpackbits(raw, count=n, bitorder="little")
+    per = 8 // bits
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    return ((raw[:, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
+
+
+def packed_size(n: int, bits: int) -> int:
+    return -(-n * bits // 8)
 
 
 class Fp32(Codec):
@@ -41,31 +130,259 @@ class Fp32(Codec):
     id = 0
     name = "fp32"
 
-    def encode(self, values: np.ndarray) -> bytes:
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         return np.ascontiguousarray(values, dtype="<f4").tobytes()
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
-        count = int(np.prod(shape, dtype=np.int64))
-        if len(payload) != 4 * count:
-            raise CodecError(f"fp32 payload has {len(payload)} bytes, shape {shape} needs {4 * count}")
+        _expect(payload, 4 * _count(shape), "fp32")
         return np.frombuffer(payload, dtype="<f4").astype(np.float32).reshape(shape)
 
 
-_BY_ID: dict[int, Codec] = {c.id: c for c in (Fp32(),)}
-_BY_NAME: dict[str, Codec] = {c.name: c for c in _BY_ID.values()}
+class Fp16(Codec):
+    """IEEE-754 binary16, little-endian (values beyond ±65504 saturate to ±inf: refused upstream)."""
+
+    id = 1
+    name = "fp16"
+    biased = True
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        x = np.clip(_flat(values), -65504.0, 65504.0)
+        return x.astype("<f2").tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        _expect(payload, 2 * _count(shape), "fp16")
+        return np.frombuffer(payload, dtype="<f2").astype(np.float32).reshape(shape)
 
 
-def codec_by_id(codec_id: int) -> Codec:
-    """The codec registered under a frame's codec id; CodecError if there is none."""
+class Int8(Codec):
+    """Per bucket of 512 values: a float32 scale (max |x| / 127), then one int8 per value."""
+
+    id = 2
+    name = "int8"
+    biased = True
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        x = _flat(values)
+        scales = _bucket_reduce(x, "max") / np.float32(127)
+        inv = _inverse(scales)
+        q = np.rint(x * _per_value(inv, len(x))).astype(np.int8)
+        return scales.astype("<f4").tobytes() + q.tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        nb = _buckets(n)
+        _expect(payload, 4 * nb + n, "int8")
+        scales = np.frombuffer(payload, dtype="<f4", count=nb)
+        q = np.frombuffer(payload, dtype=np.int8, offset=4 * nb, count=n)
+        return (q * _per_value(scales.astype(np.float32), n)).astype(np.float32).reshape(shape)
+
+
+class Sign(Codec):
+    """Per bucket of 512 values: a float32 scale (mean |x|); then one bit per value, 1 = negative."""
+
+    id = 3
+    name = "sign"
+    biased = True
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        x = _flat(values)
+        return _bucket_reduce(x, "mean").astype("<f4").tobytes() + np.packbits(x < 0, bitorder="little").tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        nb = _buckets(n)
+        _expect(payload, 4 * nb + packed_size(n, 1), "sign")
+        scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
+        negative = unpack_bits(memoryview(payload)[4 * nb :], 1, n)
+        signs = np.float32(1) - np.float32(2) * negative.astype(np.float32)
+        return (signs * _per_value(scales, n)).reshape(shape)
+
+
+class Ternary(Codec):
+    """TernGrad: per bucket a float32 scale s = max |x|; each value becomes s * sign(x) with
+    probability |x| / s, else 0 (unbiased). Codes of 2 bits: 0 = zero, 1 = +s, 2 = -s."""
+
+    id = 4
+    name = "ternary"
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        rng = rng or np.random.default_rng()
+        x = _flat(values)
+        scales = _bucket_reduce(x, "max")
+        inv = _inverse(scales)
+        keep = rng.random(len(x), dtype=np.float32) < np.abs(x) * _per_value(inv, len(x))
+        codes = keep.astype(np.uint8) * np.where(x < 0, np.uint8(2), np.uint8(1))
+        return scales.astype("<f4").tobytes() + pack_bits(codes, 2)
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        nb = _buckets(n)
+        _expect(payload, 4 * nb + packed_size(n, 2), "ternary")
+        scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
+        codes = unpack_bits(memoryview(payload)[4 * nb :], 2, n)
+        if (codes == 3).any():
+            raise CodecError("ternary code 3 is not defined")
+        lookup = np.array([0, 1, -1, 0], dtype=np.float32)
+        return (lookup[codes] * _per_value(scales, n)).reshape(shape)
+
+
+class Qsgd(Codec):
+    """QSGD with s levels: per bucket a float32 L2 norm; each value becomes
+    norm * sign(x) * l / s, l in 0..s drawn so that the result is unbiased. Sign-magnitude
+    codes (sign in the top bit) of 2, 4 or 8 bits: the fewest that hold s."""
+
+    id = 5
+    name = "qsgd"
+
+    def __init__(self, levels: int = 16) -> None:
+        if not 1 <= levels <= 127:
+            raise CodecError("qsgd needs 1 to 127 levels")
+        self.levels = levels
+        self.arg = float(levels)
+        self.bits = 2 if levels <= 1 else 4 if levels <= 7 else 8
+
+    @property
+    def spec(self) -> str:
+        return f"qsgd:{self.levels}"
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        rng = rng or np.random.default_rng()
+        x = _flat(values)
+        norms = _bucket_reduce(x, "l2")
+        inv = _inverse(norms, self.levels)
+        scaled = np.abs(x) * _per_value(inv, len(x))
+        # min(): float rounding can put |x| * s / norm a hair above s
+        level = np.minimum(np.floor(scaled + rng.random(len(x), dtype=np.float32)), self.levels).astype(np.uint8)
+        codes = level | ((x < 0).astype(np.uint8) << np.uint8(self.bits - 1))
+        return norms.astype("<f4").tobytes() + pack_bits(codes, self.bits)
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        nb = _buckets(n)
+        _expect(payload, 4 * nb + packed_size(n, self.bits), self.spec)
+        norms = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
+        codes = unpack_bits(memoryview(payload)[4 * nb :], self.bits, n)
+        top = np.uint8(1 << (self.bits - 1))
+        level = (codes & (top - np.uint8(1))).astype(np.float32)
+        if (level > self.levels).any():
+            raise CodecError(f"qsgd level above {self.levels}")
+        signs = np.where(codes & top, np.float32(-1), np.float32(1))
+        return (signs * level * _per_value(norms / np.float32(self.levels), n)).astype(np.float32).reshape(shape)
+
+
+class TopK(Codec):
+    """The fraction p of the values largest in magnitude; the rest are zero (after Deep
+    Gradient Compression). Payload: u32 k, f32 scale (max |kept| / 127), u8 index width w
+    (1, 2 or 4), k ascending indices delta-encoded (first index, then gaps) as w-byte
+    unsigned little-endian integers, then k int8 values (value / scale, rounded)."""
+
+    id = 6
+    name = "topk"
+    biased = True
+
+    def __init__(self, fraction: float = 0.01) -> None:
+        if not 0 < fraction <= 1:
+            raise CodecError("topk needs a fraction in (0, 1]")
+        self.fraction = fraction
+        self.arg = float(np.float32(fraction))
+
+    @property
+    def spec(self) -> str:
+        return f"topk:{self.fraction:g}"
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        x = _flat(values)
+        n = len(x)
+        k = min(n, max(1, math.ceil(self.fraction * n))) if n else 0
+        idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k :]) if k else np.zeros(0, np.int64)
+        kept = x[idx]
+        scale = np.float32(np.max(np.abs(kept)) / 127) if k else np.float32(0)
+        q = np.rint(kept / scale).astype(np.int8) if scale > 0 else np.zeros(k, np.int8)
+        gaps = np.diff(idx, prepend=0).astype(np.uint32)
+        width = 1 if k == 0 or gaps.max() < 256 else 2 if gaps.max() < 65536 else 4
+        dtype = {1: "<u1", 2: "<u2", 4: "<u4"}[width]
+        head = np.array([k], "<u4").tobytes() + np.array([scale], "<f4").tobytes() + bytes([width])
+        return head + gaps.astype(dtype).tobytes() + q.tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = _count(shape)
+        if len(payload) < 9:
+            raise CodecError("topk payload shorter than its 9-byte head")
+        k = int(np.frombuffer(payload, "<u4", count=1)[0])
+        scale = np.frombuffer(payload, "<f4", count=1, offset=4)[0]
+        width = payload[8]
+        if width not in (1, 2, 4) or k > n:
+            raise CodecError(f"topk: bad index width {width} or k {k} > {n}")
+        _expect(payload, 9 + k * width + k, "topk")
+        gaps = np.frombuffer(payload, {1: "<u1", 2: "<u2", 4: "<u4"}[width], count=k, offset=9)
+        idx = np.cumsum(gaps, dtype=np.int64)
+        if k and (idx[-1] >= n or (k > 1 and (gaps[1:] == 0).any())):
+            raise CodecError("topk indices out of range or repeated")
+        out = np.zeros(n, np.float32)
+        out[idx] = np.frombuffer(payload, np.int8, count=k, offset=9 + k * width) * np.float32(scale)
+        return out.reshape(shape)
+
+
+_SIMPLE: dict[str, type[Codec]] = {c.name: c for c in (Fp32, Fp16, Int8, Sign, Ternary)}
+_BY_ID: dict[int, type[Codec]] = {c.id: c for c in (Fp32, Fp16, Int8, Sign, Ternary, Qsgd, TopK)}
+CODECS = ("fp32", "fp16", "int8", "sign", "ternary", "qsgd:S", "topk:P")
+
+
+def make_codec(spec: str) -> Codec:
+    """A codec from its spec: ``fp32``, ``fp16``, ``int8``, ``sign``, ``ternary``, ``qsgd:S``
+    (1 <= S <= 127 levels) or ``topk:P`` (0 < P <= 1)."""
+    name, _, arg = spec.partition(":")
     try:
-        return _BY_ID[codec_id]
-    except KeyError:
-        raise CodecError(f"unknown codec id {codec_id}") from None
+        if name in _SIMPLE and not arg:
+            return _SIMPLE[name]()
+        if name == "qsgd":
+            return Qsgd(int(arg) if arg else 16)
+        if name == "topk":
+            return TopK(float(arg) if arg else 0.01)
+    except ValueError as exc:
+        raise CodecError(f"bad codec spec {spec!r}: {exc}") from None
+    raise CodecError(f"unknown codec {spec!r}; known: {', '.join(CODECS)}")
+
+
+def codec_from_header(codec_id: int, arg: float) -> Codec:
+    """The codec a frame header names; CodecError if unknown or its argument is invalid."""
+    cls = _BY_ID.get(codec_id)
+    if cls is None:
+        raise CodecError(f"unknown codec id {codec_id}")
+    if cls is Qsgd:
+        if not float(arg).is_integer():
+            raise CodecError(f"qsgd levels must be an integer, got {arg}")
+        return Qsgd(int(arg))
+    if cls is TopK:
+        return TopK(float(arg)) if math.isfinite(arg) else TopK(-1.0)
+    return cls()
 
 
 def codec_by_name(name: str) -> Codec:
-    """The codec registered under ``name`` (e.g. ``fp32``); CodecError if there is none."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise CodecError(f"unknown codec {name!r}; known: {sorted(_BY_NAME)}") from None
+    """Alias of ``make_codec`` (kept for readability at call sites that pass a bare name)."""
+    return make_codec(name)
+
+
+class ErrorFeedback:
+    """Error feedback for a biased codec (after EF-SGD): what the codec dropped from one
+    tensor is added to the next one of the same name, so nothing is lost, only delayed."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.residual: dict[str, np.ndarray] = {}
+
+    def compensate(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``tensors`` plus the carried residual; the codec's loss on them becomes the new residual.
+
+        Returns the compensated tensors to encode (for unbiased codecs: ``tensors`` unchanged).
+        """
+        if not self.codec.biased:
+            return tensors
+        out = {}
+        for name, values in tensors.items():
+            carried = values + self.residual[name] if name in self.residual else values
+            carried = carried.astype(np.float32)
+            decoded = self.codec.decode(self.codec.encode(carried), carried.shape)
+            self.residual[name] = carried - decoded
+            out[name] = carried
+        return out

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
 
-from schemas.codecs import Codec, CodecError, codec_by_id, codec_by_name
+from schemas.codecs import Codec, CodecError, codec_from_header, make_codec
 
 MAGIC = b"EPSF"
 FORMAT_VERSION = 1
@@ -56,14 +56,13 @@ class Frame:
     seq: int = 0
     samples: int = 0
     steps: int = 0
-    codec: str = "fp32"
-    codec_arg: float = field(default=0.0)
+    codec: str = "fp32"  # a codec spec: fp32, fp16, int8, sign, ternary, qsgd:S, topk:P
 
 
-def encode_frame(frame: Frame) -> bytes:
+def encode_frame(frame: Frame, rng: np.random.Generator | None = None) -> bytes:
     """Serialise ``frame``; raise FrameError for values the format cannot carry."""
     try:
-        codec = codec_by_name(frame.codec)
+        codec = make_codec(frame.codec)
     except CodecError as exc:
         raise FrameError(str(exc)) from exc
     device = frame.device.encode("ascii")
@@ -78,7 +77,7 @@ def encode_frame(frame: Frame) -> bytes:
             int(frame.kind),
             codec.id,
             0,
-            frame.codec_arg,
+            codec.arg,
             frame.base_version,
             frame.seq,
             frame.samples,
@@ -94,7 +93,7 @@ def encode_frame(frame: Frame) -> bytes:
         shape = np.shape(values)
         if len(shape) > MAX_NDIM:
             raise FrameError(f"tensor {name!r} has more than {MAX_NDIM} dimensions")
-        payload = codec.encode(np.asarray(values))
+        payload = codec.encode(np.asarray(values), rng)
         parts += [
             _U8.pack(len(name)),
             name.encode("ascii"),
@@ -158,7 +157,7 @@ def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
     if flags != 0:
         raise FrameError(f"reserved flags must be 0, got {flags:#x}")
     try:
-        codec: Codec = codec_by_id(codec_id)
+        codec: Codec = codec_from_header(codec_id, codec_arg)
     except CodecError as exc:
         raise UnsupportedCodec(str(exc)) from exc
     device = reader.ascii("device id")
@@ -195,6 +194,5 @@ def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
         seq=seq,
         samples=samples,
         steps=steps,
-        codec=codec.name,
-        codec_arg=codec_arg,
+        codec=codec.spec,
     )
