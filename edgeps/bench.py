@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from functools import partial
 import time
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,47 @@ def real_scenario(base: Scenario) -> Scenario:
 
 def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
     return Scenario.model_validate({**base.model_dump(), **changes})
+
+
+def _best_time(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` runs of ``fn``, in seconds (the least disturbed by a shared machine)."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int = 0, say=print) -> dict[str, Any]:
+    """Per codec and tensor size: compression ratio against fp32, relative error, and encode
+    and decode throughput as a ratio to numpy's copy of the same array, timed in the same run."""
+    import numpy as np
+
+    from schemas.codecs import make_codec
+
+    rows = []
+    for n in sizes:
+        values = np.random.default_rng(seed).normal(size=n).astype(np.float32)
+        copy_s = _best_time(values.copy, repeats)
+        say(f"{n:,} float32 values: numpy copy {4 * n / copy_s / 1e9:.1f} GB/s")
+        for spec in specs:
+            codec, rng = make_codec(spec), np.random.default_rng(seed)
+            payload = codec.encode(values, rng)
+            decoded = codec.decode(payload, values.shape)
+            encode_s = _best_time(partial(codec.encode, values, rng), repeats)
+            decode_s = _best_time(partial(codec.decode, payload, values.shape), repeats)
+            rows.append(
+                {
+                    "codec": codec.spec,
+                    "values": n,
+                    "ratio": round(4 * n / len(payload), 2),
+                    "rel_error": round(float(np.linalg.norm(decoded - values) / np.linalg.norm(values)), 5),
+                    "encode_vs_copy": round(copy_s / encode_s, 3),
+                    "decode_vs_copy": round(copy_s / decode_s, 3),
+                }
+            )
+            r = rows[-1]
+            say(f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
+                f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy")  # fmt: skip
+    return {"codecs": rows}

@@ -171,6 +171,20 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_codec(args: argparse.Namespace) -> int:
+    from edgeps.bench import bench_codecs
+    from schemas.codecs import make_codec
+
+    specs = args.codecs.split(",")
+    for spec in specs:
+        make_codec(spec)  # fail before measuring anything
+    sizes = [int(float(s.rstrip("Mm")) * (1 << 20)) if s[-1] in "Mm" else int(s) for s in args.sizes.split(",")]
+    report = bench_codecs(specs, sizes, repeats=args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -232,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument("--out", help="real runs: keep data, logs and broker files here")
     pace.set_defaults(func=cmd_bench_pace)
 
+    codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
+    codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
+    codec.add_argument("--sizes", default="1M,4M", help="tensor sizes in float32 values (M = 2**20)")
+    codec.add_argument("--repeats", type=int, default=5, help="timings per measurement; the fastest counts")
+    codec.add_argument("--json", help="write the report as JSON here")
+    codec.set_defaults(func=cmd_bench_codec)
+
     data = sub.add_parser("data", help="write a held-out set and non-IID device shards")
     data.add_argument("--out", required=True)
     data.add_argument("--devices", type=int, default=8)
@@ -253,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         return args.func(args)
-    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:  # CodecError is a ValueError
         logging.getLogger("edgeps").error("%s (after %.1f s)", exc, time.monotonic() - started)
         return 2
 
