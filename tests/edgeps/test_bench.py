@@ -43,3 +43,13 @@ def test_table_marks_unreached_targets() -> None:
 
 def test_cli_refuses_an_unknown_pace_before_running(capsys) -> None:
     assert main(["bench", "pace", "--paces", "bsp,warp"]) == 2
+
+
+def test_bench_codec_reports_every_codec_against_copy(tmp_path) -> None:
+    assert main(["bench", "codec", "--sizes", "4096", "--repeats", "1", "--json", str(tmp_path / "c.json")]) == 0
+    rows = json.loads((tmp_path / "c.json").read_text())["codecs"]
+    assert [r["codec"] for r in rows] == ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:16", "topk:0.01"]
+    fp32 = rows[0]
+    assert fp32["ratio"] == 1.0 and fp32["rel_error"] == 0.0
+    assert all(r["encode_vs_copy"] > 0 and r["decode_vs_copy"] > 0 for r in rows)
+    assert next(r for r in rows if r["codec"] == "topk:0.01")["ratio"] > 50
