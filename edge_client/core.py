@@ -13,6 +13,7 @@ import numpy as np
 from edge_client.trainer import Trainer
 from learning.data import Dataset
 from learning.model import Params
+from schemas.codecs import ErrorFeedback, make_codec
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 from schemas.messages import Barrier, Control, DeviceStatus, MessageError, Notice
 from schemas.topics import Publish, Topics
@@ -39,6 +40,7 @@ class DeviceCore:
         self.trainer = trainer
         self.rng = np.random.default_rng(seed)
         self.control: Control | None = None
+        self.feedback = ErrorFeedback(make_codec("fp32"))
         self.server_version = -1
         self.base_version = -1
         self._anchor: Params | None = None
@@ -98,6 +100,8 @@ class DeviceCore:
                 self.on_params(decode_frame(payload))
             elif kind == "ctrl" and payload:
                 self.control = Control.from_bytes(payload)
+                if self.control.codec != self.feedback.codec.spec:  # the residual carries over
+                    self.feedback.codec = make_codec(self.control.codec)
             elif kind == "barrier" and payload:
                 barrier = Barrier.from_bytes(payload)
                 self.slowest_clock = barrier.slowest_clock
@@ -153,7 +157,7 @@ class DeviceCore:
         frame = Frame(
             kind=FrameKind.COMMIT,
             base_version=self.base_version,
-            tensors=delta,
+            tensors=self.feedback.compensate(delta),
             device=self.device,
             seq=self.seq,
             samples=self.samples,
@@ -164,4 +168,4 @@ class DeviceCore:
         self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}
         self.waiting = self.control.wait_for_params
-        return Publish(self.topics.grad(self.device), encode_frame(frame), qos=1)
+        return Publish(self.topics.grad(self.device), encode_frame(frame, self.rng), qos=1)

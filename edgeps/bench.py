@@ -19,17 +19,19 @@ def _fmt_time(value: float | None) -> str:
 
 
 def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
-    """The comparison table, one row per pace, with each time-to-target as a ratio to bsp's."""
-    bsp = next((r["time_to_target"] for r in runs if r["pace"] == "bsp"), None)
+    """The comparison table, one row per run, each time-to-target as a ratio to the first row's."""
+    first = runs[0]["time_to_target"] if runs else None
+    width = max(8, *(len(r.get("run", r["pace"])) for r in runs))
     head = (
-        f"{'pace':<8} {'to target, ' + unit:>20} {'vs bsp':>7} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
+        f"{'run':<{width}} {'to target, ' + unit:>20} {'vs 1st':>7} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
         f"{'idle':>6} {'commits':>8} {'MB up':>8} {'MB down':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in runs:
-        ratio = f"{bsp / r['time_to_target']:.2f}x" if bsp and r["time_to_target"] else "-"
+        ratio = f"{first / r['time_to_target']:.2f}x" if first and r["time_to_target"] else "-"
         lines.append(
-            f"{r['pace']:<8} {_fmt_time(r['time_to_target']):>20} {ratio:>7} {r['best_accuracy']:>9.4f} "
+            f"{r.get('run', r['pace']):<{width}} {_fmt_time(r['time_to_target']):>20} {ratio:>7} "
+            f"{r['best_accuracy']:>9.4f} "
             f"{r['final_accuracy']:>9.4f} {r.get('plateau_accuracy', r['final_accuracy']):>8.4f} "
             f"{r['idle_fraction']:>6.3f} {r['commits']:>8} "
             f"{r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}"
@@ -56,17 +58,19 @@ def plot_pace(curves: dict[str, list[tuple[float, float]]], target: float, path:
     plt.close(fig)
 
 
-def bench_pace_sim(scenario: Scenario, paces: list[str], say=print) -> dict[str, Any]:
-    """Simulate each pace on the same data, seed and fleet; return the report."""
+def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | None = None, say=print) -> dict[str, Any]:
+    """Simulate each pace (for each commit codec) on the same data, seed and fleet; return the report."""
     data = scenario_data(scenario)
     runs, curves = [], {}
-    for n, pace in enumerate(paces, 1):
-        say(f"[{n}/{len(paces)}] {pace}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
+    plan = [(pace, codec) for codec in (codecs or [scenario.codec]) for pace in paces]
+    for n, (pace, codec) in enumerate(plan, 1):
+        label = f"{pace}/{codec}" if codecs else pace
+        say(f"[{n}/{len(plan)}] {label}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
         started = time.monotonic()
-        result = Simulation(scenario, pace, data).run()
-        summary = result.summary()
+        result = Simulation(replace_scenario(scenario, codec=codec), pace, data).run()
+        summary = {"run": label, **result.summary(), "codec": codec}
         runs.append(summary)
-        curves[summary["pace"]] = result.curve
+        curves[label] = result.curve
         say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
             f"({time.monotonic() - started:.1f} s)")  # fmt: skip
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
@@ -133,13 +137,14 @@ def run_bench_pace(
     json_path: str | None,
     plot_path: Path,
     out: Path | None = None,
+    codecs: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run, print the table, write the PNG (and JSON); return the report."""
     if real:
         with tempfile.TemporaryDirectory(prefix="edgeps-bench-") as tmp:
             report = bench_pace_real(scenario, paces, out or Path(tmp))
     else:
-        report = bench_pace_sim(scenario, paces)
+        report = bench_pace_sim(scenario, paces, codecs)
     unit = "wall s" if real else "virtual s"
     print()
     print(format_pace_table(report["runs"], unit))

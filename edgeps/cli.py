@@ -65,6 +65,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         min_devices=args.min_devices,
+        codec=args.codec,
         duration_s=args.duration,
         round_deadline_s=args.round_deadline,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
@@ -148,6 +149,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench_pace(args: argparse.Namespace) -> int:
     from edgeps.bench import DEFAULT_PACES, real_scenario, replace_scenario, run_bench_pace
     from edgeps.simulator import Scenario
+    from schemas.codecs import make_codec
 
     if not args.verbose:  # the table and the progress lines say it all
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -164,10 +166,16 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
         "lr": args.lr,
     }
     scenario = replace_scenario(base, **{k: v for k, v in changes.items() if v is not None})
-    paces = args.paces.split(",") if args.paces else list(DEFAULT_PACES if not args.real else ("bsp", "acbsp"))
+    if args.codec and args.real:
+        raise ValueError("--codec sweeps run in the simulator; drop --real")
+    default = ("acbsp",) if args.codec else ("bsp", "acbsp") if args.real else DEFAULT_PACES
+    paces = args.paces.split(",") if args.paces else list(default)
     for pace in paces:
         make_pace(pace)  # fail before running anything
-    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), Path(args.out) if args.out else None)
+    for codec in args.codec or []:
+        make_codec(codec)
+    out = Path(args.out) if args.out else None
+    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec)
     return 0
 
 
@@ -207,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
     ps.add_argument("--duration", type=float, help="finish after this many seconds (default: after --rounds)")
     ps.add_argument("--round-deadline", type=float, default=30.0, help="bsp/acbsp: seconds before a late device leaves")
+    ps.add_argument("--codec", default="fp32", help="codec of the devices' commits: fp32, fp16, int8, sign, ...")
     ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.set_defaults(func=cmd_ps)
@@ -241,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument("--push-every", type=int)
     pace.add_argument("--lr", type=float)
     pace.add_argument("--seed", type=int)
+    pace.add_argument(
+        "--codec", action="append", help="commit codec to sweep (repeatable; default pace then acbsp), e.g. sign"
+    )
     pace.add_argument("--json", help="write the report as JSON here")
     pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
     pace.add_argument("--out", help="real runs: keep data, logs and broker files here")

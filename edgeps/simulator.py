@@ -46,6 +46,7 @@ class Scenario(BaseModel):
     push_every: int = Field(10, ge=1)
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
+    codec: str = Field("fp32", description="codec of the devices' commits")
     round_deadline_s: float = Field(5.0, gt=0)
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
@@ -148,6 +149,7 @@ class Simulation:
             push_every=scenario.push_every,
             lr=scenario.lr,
             batch_size=scenario.batch_size,
+            codec=scenario.codec,
             min_devices=scenario.devices,
             round_deadline_s=scenario.round_deadline_s,
             duration_s=scenario.duration_s,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.codecs import make_codec
 
 
 class ServerConfig(BaseModel):
@@ -16,6 +18,13 @@ class ServerConfig(BaseModel):
     push_every: int = Field(10, ge=1, description="local steps per commit")
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
+    codec: str = Field("fp32", description="codec devices use for their commits")
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, spec: str) -> str:
+        return make_codec(spec).spec
+
     duration_s: float | None = Field(None, gt=0, description="finish the job this long after it started")
     min_devices: int = Field(
         1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"

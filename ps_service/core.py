@@ -229,6 +229,7 @@ class ServerCore:
             push_every=self.config.push_every,
             lr=self.config.lr,
             batch_size=self.config.batch_size,
+            codec=self.config.codec,
             wait_for_params=self.pace.wait_for_params,
             staleness_bound=self.pace.staleness_bound,
             one_commit_per_version=self.pace.one_commit_per_version,

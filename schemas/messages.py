@@ -9,8 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from schemas.codecs import make_codec
 from schemas.topics import NAME_PATTERN
 
 DeviceId = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
@@ -61,7 +62,7 @@ class Control(Message):
     push_every: int = Field(ge=1, le=100_000, description="local steps per commit")
     lr: float = Field(gt=0, le=100)
     batch_size: int = Field(ge=1, le=65_536)
-    codec: Literal["fp32"] = "fp32"
+    codec: str = Field("fp32", description="codec spec for commit tensors, e.g. fp32, sign, topk:0.01")
     wait_for_params: bool = Field(
         description="after a commit, idle until parameters newer than the commit's base arrive (bsp)"
     )
@@ -72,6 +73,11 @@ class Control(Message):
     staleness_bound: int | None = Field(
         None, ge=0, description="ssp: do not run more than this many commits ahead of the barrier's slowest_clock"
     )
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, spec: str) -> str:
+        return make_codec(spec).spec  # CodecError is a ValueError: pydantic reports it
 
 
 class Barrier(Message):
