@@ -142,3 +142,18 @@ def test_acbsp_device_commits_once_per_version_and_carries_the_rest() -> None:
     (commit,) = device.step()  # the carried 5 steps plus this one go out on version 1
     frame = decode_frame(commit.payload)
     assert (frame.base_version, frame.steps, frame.seq) == (1, 6, 2)
+
+
+def test_commits_use_the_control_codec_and_keep_what_it_dropped() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    ctrl = Control(device="d1", push_every=1, lr=0.1, batch_size=8, wait_for_params=False, codec="sign")
+    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    before = {k: v.copy() for k, v in device._local.items()}
+    (commit,) = device.step()
+    frame = decode_frame(commit.payload)
+    assert frame.codec == "sign"
+    for name, values in frame.tensors.items():  # sent + held back = the true delta
+        true_delta = device._local[name] - before[name]
+        np.testing.assert_allclose(values + device.feedback.residual[name], true_delta, atol=1e-6)
+    assert len(commit.payload) < 0.1 * len(params_frame(0))
