@@ -43,12 +43,14 @@ class DeviceCore:
         self.feedback = ErrorFeedback(make_codec("fp32"))
         self.server_version = -1
         self.base_version = -1
-        self._anchor: Params | None = None
+        self._anchor: Params | None = None  # where uncommitted progress is measured from
+        self._anchor_base: Params | None = None  # the replica of version server_version
         self._local: Params | None = None
         self.steps = 0
         self.samples = 0
         self.seq = 0
         self.waiting = False
+        self.gap = False  # a delta did not follow on from our replica: resync from the snapshot
         self.committed_on = -1  # the base version of our last commit
         self.slowest_clock = 0
         self.finished = False
@@ -59,8 +61,12 @@ class DeviceCore:
 
     # ---------------------------------------------------------------- topics
     def subscriptions(self) -> list[str]:
+        """Topics to be subscribed to now. With compressed pulls the retained snapshot is read
+        only to start or to recover from a gap; deltas carry every other version."""
         t = self.topics
-        return [t.params, t.ctrl(self.device), t.barrier, t.notice(self.device)]
+        deltas = self.control is not None and self.control.pull_codec != "fp32"
+        snapshot = [t.params] if not deltas or self.server_version < 0 or self.gap else []
+        return [*snapshot, t.delta, t.ctrl(self.device), t.barrier, t.notice(self.device)]
 
     def status(self, state: str) -> Publish:
         """The retained status message (``online`` hello, or ``offline`` for the last will)."""
@@ -96,7 +102,7 @@ class DeviceCore:
         """Feed one inbound message; bad ones are logged and ignored."""
         try:
             kind, _ = self.topics.parse(topic)
-            if kind == "params":
+            if kind in ("params", "delta"):
                 self.on_params(decode_frame(payload))
             elif kind == "ctrl" and payload:
                 self.control = Control.from_bytes(payload)
@@ -114,16 +120,38 @@ class DeviceCore:
             log.warning("ignored bad message on %s: %s", topic, exc)
 
     def on_params(self, frame: Frame) -> None:
-        """A newer global version: adopt it, carrying uncommitted progress over."""
-        if frame.kind != FrameKind.PARAMS or frame.base_version <= self.server_version:
-            return
-        self.server_version = frame.base_version
-        if self._local is None or self._anchor is None or self.waiting:
-            self._local = {name: values.copy() for name, values in frame.tensors.items()}
+        """A snapshot or a delta of a newer version: update the replica and adopt it."""
+        if frame.base_version <= self.server_version:
+            return  # an old or repeated version
+        if frame.kind == FrameKind.DELTA:
+            if frame.seq != self.server_version or self._anchor is None:
+                self.gap = True
+                log.warning("delta %d->%d does not follow our version %d: resync", frame.seq, frame.base_version,
+                            self.server_version)  # fmt: skip
+                return
+            replica = {name: self._anchor_base[name] + frame.tensors[name] for name in self._anchor_base}
+        elif frame.kind == FrameKind.PARAMS:
+            replica = frame.tensors
+            self.gap = False
         else:
-            self._local = {name: frame.tensors[name] + (self._local[name] - self._anchor[name]) for name in self._local}
-        self._anchor = frame.tensors
-        self.base_version = frame.base_version
+            return
+        self._adopt(frame.base_version, replica)
+
+    @property
+    def replica(self) -> Params | None:
+        """The newest global version this device holds (bit-identical to the server's broadcast view)."""
+        return self._anchor_base
+
+    def _adopt(self, version: int, replica: Params) -> None:
+        """Train on ``replica`` from now on, carrying uncommitted progress over."""
+        self.server_version = version
+        self._anchor_base = replica
+        if self._local is None or self._anchor is None or self.waiting:
+            self._local = {name: values.copy() for name, values in replica.items()}
+        else:
+            self._local = {name: replica[name] + (self._local[name] - self._anchor[name]) for name in self._local}
+        self._anchor = replica
+        self.base_version = version
         self.waiting = False
 
     # ------------------------------------------------------------------ work

@@ -48,6 +48,7 @@ def run_device(
         if inbound is not None:
             core.on_message(inbound.topic, inbound.payload)
             transport.ack(inbound)
+            transport.subscribe_only(core.subscriptions())  # e.g. read the snapshot once, then deltas
         elif core.ready:
             started = clock()
             for message in core.step():

@@ -47,6 +47,7 @@ class Scenario(BaseModel):
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
     codec: str = Field("fp32", description="codec of the devices' commits")
+    pull_codec: str = Field("fp32", description="fp32: parameter snapshots; else compressed deltas")
     round_deadline_s: float = Field(5.0, gt=0)
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
@@ -150,6 +151,7 @@ class Simulation:
             lr=scenario.lr,
             batch_size=scenario.batch_size,
             codec=scenario.codec,
+            pull_codec=scenario.pull_codec,
             min_devices=scenario.devices,
             round_deadline_s=scenario.round_deadline_s,
             duration_s=scenario.duration_s,
@@ -167,10 +169,8 @@ class Simulation:
         self._stepping = [False] * len(self.devices)
         self._idle_since: list[float | None] = [None] * len(self.devices)
         self._idle = [0.0] * len(self.devices)
-        self._subscribers: dict[str, list[int]] = {}
-        for i, device in enumerate(self.devices):
-            for topic in device.subscriptions():
-                self._subscribers.setdefault(topic, []).append(i)
+        self._subscribed = [set(device.subscriptions()) for device in self.devices]
+        self._retained: dict[str, Publish] = {}
         self._curve: list[tuple[float, float]] = []
         self.now = 0.0
 
@@ -180,11 +180,17 @@ class Simulation:
 
     def _server_publishes(self, messages: list[Publish]) -> None:
         for message in messages:
-            for i in self._subscribers.get(message.topic, []):
-                profile = self.profiles[i]
-                start = max(self.now, self._down_free[i])
-                self._down_free[i] = start + profile.transfer_s(len(message.payload), up=False)
-                self._at(self._down_free[i] + profile.latency_s, lambda i=i, m=message: self._device_receives(i, m))
+            if message.retain:
+                self._retained[message.topic] = message
+            for i, topics in enumerate(self._subscribed):
+                if message.topic in topics:
+                    self._send_down(i, message)
+
+    def _send_down(self, i: int, message: Publish) -> None:
+        profile = self.profiles[i]
+        start = max(self.now, self._down_free[i])
+        self._down_free[i] = start + profile.transfer_s(len(message.payload), up=False)
+        self._at(self._down_free[i] + profile.latency_s, lambda: self._device_receives(i, message))
 
     def _device_publishes(self, i: int, messages: list[Publish]) -> None:
         profile = self.profiles[i]
@@ -197,7 +203,14 @@ class Simulation:
         self._server_publishes(self.server.on_message(message.topic, message.payload, self.now))
 
     def _device_receives(self, i: int, message: Publish) -> None:
+        if message.topic not in self._subscribed[i]:
+            return  # unsubscribed while it was on its way
         self.devices[i].on_message(message.topic, message.payload)
+        wanted = set(self.devices[i].subscriptions())
+        for topic in wanted - self._subscribed[i]:  # a new subscription gets the retained message
+            if topic in self._retained:
+                self._send_down(i, self._retained[topic])
+        self._subscribed[i] = wanted
         self._kick(i)
 
     def _kick(self, i: int) -> None:

@@ -55,6 +55,10 @@ class Transport(ABC):
         """Queue ``message`` for delivery (QoS and retain as it says)."""
 
     @abstractmethod
+    def subscribe_only(self, topics: list[str]) -> None:
+        """Make ``topics`` the subscriptions (QoS 1), now and after every reconnect."""
+
+    @abstractmethod
     def receive(self, timeout: float) -> Inbound | None:
         """The next inbound message, or None after ``timeout`` seconds."""
 
@@ -141,6 +145,15 @@ class MqttTransport(Transport):
             with self._pending_lock:
                 self._pending = [i for i in self._pending if not i.is_published()]
                 self._pending.append(info)
+
+    def subscribe_only(self, topics: list[str]) -> None:
+        added = [t for t in topics if t not in self._subscriptions]
+        removed = [t for t in self._subscriptions if t not in topics]
+        self._subscriptions = list(topics)
+        if added:
+            self._client.subscribe([(t, 1) for t in added])
+        if removed:
+            self._client.unsubscribe(removed)
 
     def receive(self, timeout: float) -> Inbound | None:
         try:

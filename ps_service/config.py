@@ -19,8 +19,9 @@ class ServerConfig(BaseModel):
     lr: float = Field(0.2, gt=0)
     batch_size: int = Field(32, ge=1)
     codec: str = Field("fp32", description="codec devices use for their commits")
+    pull_codec: str = Field("fp32", description="fp32: broadcast snapshots; else compressed deltas in this codec")
 
-    @field_validator("codec")
+    @field_validator("codec", "pull_codec")
     @classmethod
     def _known_codec(cls, spec: str) -> str:
         return make_codec(spec).spec

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from learning.model import Params
 from ps_service.aggregate import aggregate
+from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
 from ps_service.pace import make_pace
@@ -49,6 +50,7 @@ class ServerCore:
         self.config = config
         self.topics = Topics(config.job)
         self.store = ParameterStore(params)
+        self.broadcaster = Broadcaster(self.topics, config.pull_codec)
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
         self.evaluator = evaluator
@@ -100,6 +102,8 @@ class ServerCore:
         if not self.registry.set_online(device, status.samples):
             return []
         log.info("device %s online (%d samples)", device, status.samples)
+        if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
+            self.traffic.bytes_down += len(self.broadcaster.snapshot)
         out = [self._control(device)]
         if not self.quorum and len(self.registry.active()) >= self.config.min_devices:
             self.quorum = True
@@ -200,11 +204,11 @@ class ServerCore:
 
     def _broadcast_version(self, now: float) -> list[Publish]:
         self._unbroadcast = 0
-        frame = self.store.snapshot_frame()
-        self.traffic.bytes_down += len(frame) * len(self.registry.active())
+        messages, per_device = self.broadcaster.publish(self.store)
+        self.traffic.bytes_down += per_device * len(self.registry.active())
         if self.store.version >= self.config.rounds:
             self.finished = True
-        out = [Publish(self.topics.params, frame, qos=1, retain=True), self._barrier(), self._metrics(now)]
+        out = [*messages, self._barrier(), self._metrics(now)]
         if self.finished:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
         return out
@@ -230,6 +234,7 @@ class ServerCore:
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             codec=self.config.codec,
+            pull_codec=self.config.pull_codec,
             wait_for_params=self.pace.wait_for_params,
             staleness_bound=self.pace.staleness_bound,
             one_commit_per_version=self.pace.one_commit_per_version,

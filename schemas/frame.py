@@ -34,7 +34,8 @@ _CRC = struct.Struct("<I")
 
 class FrameKind(IntEnum):
     COMMIT = 1
-    PARAMS = 2
+    PARAMS = 2  # a full snapshot of version ``base_version``
+    DELTA = 3  # version ``base_version`` = version ``seq`` + these tensors
 
 
 class FrameError(ValueError):

@@ -74,7 +74,11 @@ class Control(Message):
         None, ge=0, description="ssp: do not run more than this many commits ahead of the barrier's slowest_clock"
     )
 
-    @field_validator("codec")
+    pull_codec: str = Field(
+        "fp32", description="fp32: every version comes as a snapshot on params; else as a delta in this codec"
+    )
+
+    @field_validator("codec", "pull_codec")
     @classmethod
     def _known_codec(cls, spec: str) -> str:
         return make_codec(spec).spec  # CodecError is a ValueError: pydantic reports it

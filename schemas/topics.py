@@ -61,6 +61,11 @@ class Topics:
         return f"{self.prefix}/params"
 
     @property
+    def delta(self) -> str:
+        """PS -> devices, not retained: compressed change from one broadcast version to the next."""
+        return f"{self.prefix}/delta"
+
+    @property
     def barrier(self) -> str:
         """PS -> devices, retained: round and barrier state."""
         return f"{self.prefix}/barrier"
@@ -95,7 +100,7 @@ class Topics:
         if not topic.startswith(head):
             raise ValueError(f"topic {topic!r} is not under {head!r}")
         parts = topic[len(head) :].split("/")
-        if len(parts) == 1 and parts[0] in ("params", "barrier", "metrics", "cmd", "model"):
+        if len(parts) == 1 and parts[0] in ("params", "delta", "barrier", "metrics", "cmd", "model"):
             return parts[0], None
         if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice"):
             return parts[0], check_name(parts[1], "device id")

@@ -1,0 +1,61 @@
+"""How each new version reaches the devices: full snapshots, or compressed deltas without drift.
+
+With a lossy pull codec the server keeps the *broadcast view* B: exactly what every device
+holds. A broadcast sends D = decode(encode(x - B)) and sets B = B + D, the same float32
+addition each device performs, so every replica of version v is bit-identical to B_v.
+What the codec dropped stays in x - B and goes out with the next delta (server-side
+error feedback). The full snapshot of B is kept retained for devices that join late or
+notice a gap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learning.model import Params
+from ps_service.store import ParameterStore
+from schemas.codecs import make_codec
+from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
+from schemas.topics import Publish, Topics
+
+
+class Broadcaster:
+    """Turns the store's current version into the messages devices receive."""
+
+    def __init__(self, topics: Topics, pull_codec: str = "fp32", seed: int = 0) -> None:
+        self.topics = topics
+        self.codec = make_codec(pull_codec).spec
+        self.deltas = self.codec != "fp32"
+        self.view: Params | None = None
+        self.view_version = -1
+        self.snapshot = b""
+        self._rng = np.random.default_rng(seed)
+
+    def publish(self, store: ParameterStore) -> tuple[list[Publish], int]:
+        """The messages for the store's current version, and the bytes each device receives."""
+        if not self.deltas:
+            self.snapshot = store.snapshot_frame()
+            return [Publish(self.topics.params, self.snapshot, qos=1, retain=True)], len(self.snapshot)
+        out = []
+        per_device = 0
+        if self.view is None:
+            self.view = store.params()
+        else:
+            x = store.view()
+            change = {name: x[name] - self.view[name] for name in x}
+            frame = Frame(
+                kind=FrameKind.DELTA,
+                base_version=store.version,
+                seq=self.view_version,
+                tensors=change,
+                codec=self.codec,
+            )
+            payload = encode_frame(frame, self._rng)
+            sent = decode_frame(payload).tensors  # exactly what the devices will add
+            self.view = {name: self.view[name] + sent[name] for name in self.view}
+            out.append(Publish(self.topics.delta, payload, qos=1))
+            per_device = len(payload)
+        self.view_version = store.version
+        self.snapshot = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=store.version, tensors=self.view))
+        out.append(Publish(self.topics.params, self.snapshot, qos=1, retain=True))
+        return out, per_device or len(self.snapshot)
