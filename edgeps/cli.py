@@ -31,6 +31,8 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--hidden", default="64", help="hidden layer sizes, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--codec", default="fp32", help="devices' commit codec: fp32, fp16, int8, sign, ternary, ...")
+    parser.add_argument("--pull-codec", default="fp32", help="fp32: parameter snapshots; else deltas, e.g. ternary")
 
 
 def _address(args: argparse.Namespace) -> BrokerAddress:
@@ -66,6 +68,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         min_devices=args.min_devices,
         codec=args.codec,
+        pull_codec=args.pull_codec,
         duration_s=args.duration,
         round_deadline_s=args.round_deadline,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
@@ -137,6 +140,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         hidden=args.hidden,
         seed=args.seed,
+        codec=args.codec,
+        pull_codec=args.pull_codec,
         job=args.job,
         out=Path(args.out),
         broker=args.broker,
@@ -164,6 +169,7 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
         "duration_s": args.duration,
         "push_every": args.push_every,
         "lr": args.lr,
+        "pull_codec": args.pull_codec,
     }
     scenario = replace_scenario(base, **{k: v for k, v in changes.items() if v is not None})
     if args.codec and args.real:
@@ -215,7 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
     ps.add_argument("--duration", type=float, help="finish after this many seconds (default: after --rounds)")
     ps.add_argument("--round-deadline", type=float, default=30.0, help="bsp/acbsp: seconds before a late device leaves")
-    ps.add_argument("--codec", default="fp32", help="codec of the devices' commits: fp32, fp16, int8, sign, ...")
     ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.set_defaults(func=cmd_ps)
@@ -253,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument(
         "--codec", action="append", help="commit codec to sweep (repeatable; default pace then acbsp), e.g. sign"
     )
+    pace.add_argument("--pull-codec", help="parameter deltas in this codec for every run (default: fp32 snapshots)")
     pace.add_argument("--json", help="write the report as JSON here")
     pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
     pace.add_argument("--out", help="real runs: keep data, logs and broker files here")

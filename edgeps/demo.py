@@ -33,6 +33,8 @@ class DemoSettings:
     batch_size: int = 32
     hidden: str = "64"
     seed: int = 0
+    codec: str = "fp32"
+    pull_codec: str = "fp32"
     job: str = "demo"
     out: Path = Path("edgeps-demo")
     broker: str | None = None
@@ -102,6 +104,7 @@ def run_local_job(
             "--batch-size", str(settings.batch_size), "--hidden", settings.hidden, "--seed", str(settings.seed),
             "--eval-data", str(shards.holdout), "--report", str(server_report),
             "--min-devices", str(settings.devices), "--round-deadline", str(settings.round_deadline_s),
+            "--codec", settings.codec, "--pull-codec", settings.pull_codec,
         ]  # fmt: skip
         if settings.duration_s:
             server_args += ["--duration", str(settings.duration_s)]

@@ -51,6 +51,7 @@ class ServerCore:
         self.topics = Topics(config.job)
         self.store = ParameterStore(params)
         self.broadcaster = Broadcaster(self.topics, config.pull_codec)
+        self.codec = config.codec  # the commit codec; operators may change it during a run
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
         self.evaluator = evaluator
@@ -172,6 +173,9 @@ class ServerCore:
         if command.cmd == "resume":
             self.paused = False
             return self._maybe_aggregate(now) or [self._barrier()]
+        if command.cmd == "set_codec" and command.codec is not None:
+            self.codec = command.codec
+            return [self._control(device) for device in sorted(self.registry.active())]
         return self._finish(now)
 
     # -------------------------------------------------------------- internals
@@ -233,7 +237,7 @@ class ServerCore:
             push_every=self.config.push_every,
             lr=self.config.lr,
             batch_size=self.config.batch_size,
-            codec=self.config.codec,
+            codec=self.codec,
             pull_codec=self.config.pull_codec,
             wait_for_params=self.pace.wait_for_params,
             staleness_bound=self.pace.staleness_bound,

@@ -9,7 +9,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from schemas.codecs import make_codec
 from schemas.topics import NAME_PATTERN
@@ -145,5 +153,17 @@ class Metrics(Message):
 class Command(Message):
     """``cmd``: an operator's order to the server."""
 
-    cmd: Literal["pause", "resume", "stop"]
+    cmd: Literal["pause", "resume", "stop", "set_codec"]
     reason: str = Field("", max_length=256)
+    codec: str | None = Field(None, description="set_codec: the commit codec devices switch to")
+
+    @field_validator("codec")
+    @classmethod
+    def _known_codec(cls, spec: str | None) -> str | None:
+        return None if spec is None else make_codec(spec).spec
+
+    @model_validator(mode="after")
+    def _codec_for_set_codec(self) -> Command:
+        if (self.cmd == "set_codec") != (self.codec is not None):
+            raise ValueError("set_codec needs codec, and only set_codec takes one")
+        return self

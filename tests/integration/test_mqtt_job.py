@@ -205,3 +205,27 @@ def test_clients_reconnect_and_say_hello_again_after_a_broker_restart(tmp_path) 
     finally:
         device.close()
         second.stop()
+
+
+def test_compressed_job_over_mosquitto_keeps_replicas_bit_identical(mosquitto, tmp_path) -> None:
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=3, alpha=0.5, seed=0)
+    server, server_thread, _ = start_server(
+        address, Dataset.load(shards.holdout), job="zip", rounds=20, codec="sign", pull_codec="ternary", min_devices=3
+    )
+    devices = [
+        DeviceCore("zip", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
+    ]
+    threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in devices]
+    for thread in threads:
+        thread.start()
+    server_thread.join(timeout=120)
+    for thread in threads:
+        thread.join(timeout=30)
+    assert server.finished and server.store.version == 20
+    assert dict(server.traffic.rejected) == {} and max(m.accuracy for m in server.history) > 0.8
+    view = server.broadcaster.view
+    for device in devices:  # whoever holds the last version holds exactly the server's broadcast view
+        if device.server_version == server.broadcaster.view_version:
+            assert all(device.replica[k].tobytes() == view[k].tobytes() for k in view)
+    assert any(d.server_version == server.broadcaster.view_version for d in devices)

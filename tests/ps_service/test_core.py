@@ -261,3 +261,26 @@ def test_stopping_publishes_the_final_model_even_between_broadcasts() -> None:
     out = server.on_message(server.topics.cmd, Command(cmd="stop").to_bytes(), 2.0)
     assert decode_frame(by_topic(out, server.topics.params)[0].payload).base_version == 1
     assert Barrier.from_bytes(by_topic(out, server.topics.barrier)[0].payload).state == "finished"
+
+
+def test_operators_switch_the_commit_codec_during_a_run() -> None:
+    server = small_server()
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    out = server.on_message(server.topics.cmd, Command(cmd="set_codec", codec="sign").to_bytes(), 1.0)
+    controls = [Control.from_bytes(p.payload) for p in out if "/ctrl/" in p.topic]
+    assert [(c.device, c.codec) for c in controls] == [("a", "sign"), ("b", "sign")]
+    # A sign-coded commit is then accepted like any other.
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1, codec="sign"), 2.0)
+    assert server.pace.committed() == ["a"]
+
+
+@pytest.mark.parametrize(
+    "payload", [b'{"cmd": "set_codec"}', b'{"cmd": "set_codec", "codec": "zip"}', b'{"cmd": "pause", "codec": "sign"}']
+)
+def test_invalid_codec_commands_change_nothing(payload) -> None:
+    server = small_server()
+    server.start(0.0)
+    assert server.on_message(server.topics.cmd, payload, 1.0) == []
+    assert server.codec == "fp32" and server.traffic.rejected["invalid_command"] == 1
