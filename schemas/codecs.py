@@ -73,8 +73,8 @@ def _bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
     for block in (x[:full].reshape(-1, BUCKET), x[full:].reshape(1, -1) if full < n else None):
         if block is None or block.size == 0:
             continue
-        if how == "max":
-            parts.append(np.max(np.abs(block), axis=1))
+        if how == "max":  # two reductions, no |x| temporary
+            parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)))
         elif how == "mean":
             parts.append(np.mean(np.abs(block), axis=1))
         else:
@@ -92,6 +92,40 @@ def _inverse(scales: np.ndarray, numerator: float = 1.0) -> np.ndarray:
 def _per_value(scales: np.ndarray, n: int) -> np.ndarray:
     """Each bucket's scale repeated for its values."""
     return np.repeat(scales, BUCKET)[:n]
+
+
+def _scale_buckets(values: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Each bucket of ``values`` (float32, flat) times its scale, into ``out`` (default: in place)."""
+    out = values if out is None else out
+    full = len(values) // BUCKET * BUCKET
+    if full:
+        np.multiply(
+            values[:full].reshape(-1, BUCKET), scales[: full // BUCKET, None], out=out[:full].reshape(-1, BUCKET)
+        )
+    if full < len(values):
+        np.multiply(values[full:], scales[-1], out=out[full:])
+    return out
+
+
+def _table(codes_per_byte: int, bits: int, value_of) -> np.ndarray:
+    """A 256-row lookup: row b holds the float32 values of the codes packed in byte b."""
+    mask = (1 << bits) - 1
+    return np.array(
+        [[value_of((b >> (bits * i)) & mask) for i in range(codes_per_byte)] for b in range(256)], dtype=np.float32
+    )
+
+
+# Decoding tables: one gather per payload byte instead of per-value arithmetic.
+_SIGN_TABLE = _table(8, 1, lambda c: -1.0 if c else 1.0)
+_TERNARY_TABLE = _table(4, 2, lambda c: (0.0, 1.0, -1.0, 0.0)[c])
+_TERNARY_INVALID = np.array([any(((b >> (2 * i)) & 3) == 3 for i in range(4)) for b in range(256)])
+
+
+def _gather(table: np.ndarray, raw: np.ndarray, n: int) -> np.ndarray:
+    """Rows of ``table`` for each byte of ``raw``, flattened to the first ``n`` values."""
+    if table.shape[1] == 1:  # one code per byte: a flat gather is faster
+        return table[:, 0].take(raw[:n])
+    return table.take(raw, axis=0).reshape(-1)[:n]
 
 
 def pack_bits(codes: np.ndarray, bits: int) -> bytes:
@@ -164,17 +198,17 @@ class Int8(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = _flat(values)
         scales = _bucket_reduce(x, "max") / np.float32(127)
-        inv = _inverse(scales)
-        q = np.rint(x * _per_value(inv, len(x))).astype(np.int8)
-        return scales.astype("<f4").tobytes() + q.tobytes()
+        scaled = _scale_buckets(x, _inverse(scales), out=np.empty_like(x))
+        np.rint(scaled, out=scaled)
+        return scales.astype("<f4").tobytes() + scaled.astype(np.int8).tobytes()
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         n = _count(shape)
         nb = _buckets(n)
         _expect(payload, 4 * nb + n, "int8")
-        scales = np.frombuffer(payload, dtype="<f4", count=nb)
+        scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
         q = np.frombuffer(payload, dtype=np.int8, offset=4 * nb, count=n)
-        return (q * _per_value(scales.astype(np.float32), n)).astype(np.float32).reshape(shape)
+        return _scale_buckets(q.astype(np.float32), scales).reshape(shape)
 
 
 class Sign(Codec):
@@ -193,9 +227,8 @@ class Sign(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, 1), "sign")
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        negative = unpack_bits(memoryview(payload)[4 * nb :], 1, n)
-        signs = np.float32(1) - np.float32(2) * negative.astype(np.float32)
-        return (signs * _per_value(scales, n)).reshape(shape)
+        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
+        return _scale_buckets(_gather(_SIGN_TABLE, raw, n).copy(), scales).reshape(shape)
 
 
 class Ternary(Codec):
@@ -219,11 +252,10 @@ class Ternary(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, 2), "ternary")
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        codes = unpack_bits(memoryview(payload)[4 * nb :], 2, n)
-        if (codes == 3).any():
+        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
+        if _TERNARY_INVALID.take(raw).any():
             raise CodecError("ternary code 3 is not defined")
-        lookup = np.array([0, 1, -1, 0], dtype=np.float32)
-        return (lookup[codes] * _per_value(scales, n)).reshape(shape)
+        return _scale_buckets(_gather(_TERNARY_TABLE, raw, n).copy(), scales).reshape(shape)
 
 
 class Qsgd(Codec):
@@ -240,6 +272,17 @@ class Qsgd(Codec):
         self.levels = levels
         self.arg = float(levels)
         self.bits = 2 if levels <= 1 else 4 if levels <= 7 else 8
+        top = 1 << (self.bits - 1)
+
+        def value(code: int) -> float:
+            level = code & (top - 1)
+            return (-1.0 if code & top else 1.0) * level / levels
+
+        per = 8 // self.bits
+        self._decode_table = _table(per, self.bits, value)
+        self._invalid = np.array(
+            [any(((b >> (self.bits * i)) & (top - 1)) > levels for i in range(per)) for b in range(256)]
+        )
 
     @property
     def spec(self) -> str:
@@ -261,13 +304,10 @@ class Qsgd(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, self.bits), self.spec)
         norms = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        codes = unpack_bits(memoryview(payload)[4 * nb :], self.bits, n)
-        top = np.uint8(1 << (self.bits - 1))
-        level = (codes & (top - np.uint8(1))).astype(np.float32)
-        if (level > self.levels).any():
+        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
+        if self._invalid.take(raw).any():
             raise CodecError(f"qsgd level above {self.levels}")
-        signs = np.where(codes & top, np.float32(-1), np.float32(1))
-        return (signs * level * _per_value(norms / np.float32(self.levels), n)).astype(np.float32).reshape(shape)
+        return _scale_buckets(_gather(self._decode_table, raw, n).copy(), norms).reshape(shape)
 
 
 class TopK(Codec):
