@@ -64,11 +64,13 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
     runs, curves = [], {}
     plan = [(pace, codec) for codec in (codecs or [scenario.codec]) for pace in paces]
     for n, (pace, codec) in enumerate(plan, 1):
-        label = f"{pace}/{codec}" if codecs else pace
+        label = f"{pace} {codec}" if codecs else pace
+        push, _, pull = codec.partition("/")  # PUSH or PUSH/PULL
         say(f"[{n}/{len(plan)}] {label}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
         started = time.monotonic()
-        result = Simulation(replace_scenario(scenario, codec=codec), pace, data).run()
-        summary = {"run": label, **result.summary(), "codec": codec}
+        run_scenario = replace_scenario(scenario, codec=push, pull_codec=pull or scenario.pull_codec)
+        result = Simulation(run_scenario, pace, data).run()
+        summary = {"run": label, **result.summary(), "codec": push, "pull_codec": run_scenario.pull_codec}
         runs.append(summary)
         curves[label] = result.curve
         say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "

@@ -178,8 +178,9 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
     paces = args.paces.split(",") if args.paces else list(default)
     for pace in paces:
         make_pace(pace)  # fail before running anything
-    for codec in args.codec or []:
-        make_codec(codec)
+    for spec in args.codec or []:
+        for codec in spec.split("/"):
+            make_codec(codec)
     out = Path(args.out) if args.out else None
     run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec)
     return 0
@@ -256,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument("--lr", type=float)
     pace.add_argument("--seed", type=int)
     pace.add_argument(
-        "--codec", action="append", help="commit codec to sweep (repeatable; default pace then acbsp), e.g. sign"
+        "--codec",
+        action="append",
+        help="PUSH or PUSH/PULL codecs to sweep (repeatable; default pace then acbsp), e.g. sign or fp32/ternary",
     )
     pace.add_argument("--pull-codec", help="parameter deltas in this codec for every run (default: fp32 snapshots)")
     pace.add_argument("--json", help="write the report as JSON here")

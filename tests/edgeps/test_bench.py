@@ -53,3 +53,16 @@ def test_bench_codec_reports_every_codec_against_copy(tmp_path) -> None:
     assert fp32["ratio"] == 1.0 and fp32["rel_error"] == 0.0
     assert all(r["encode_vs_copy"] > 0 and r["decode_vs_copy"] > 0 for r in rows)
     assert next(r for r in rows if r["codec"] == "topk:0.01")["ratio"] > 50
+
+
+def test_bench_pace_sweeps_push_and_pull_codecs(tmp_path) -> None:
+    scenario = Scenario(devices=3, duration_s=1.0, hidden=(16,), sample_s=0.5, target=0.5)
+    report = run_bench_pace(
+        scenario, ["acbsp"], real=False, json_path=None, plot_path=tmp_path / "c.png", codecs=["fp32", "sign/ternary"]
+    )
+    runs = report["runs"]
+    assert [(r["run"], r["codec"], r["pull_codec"]) for r in runs] == [
+        ("acbsp fp32", "fp32", "fp32"),
+        ("acbsp sign/ternary", "sign", "ternary"),
+    ]
+    assert runs[1]["bytes_up"] * 10 < runs[0]["bytes_up"] and runs[1]["bytes_down"] * 4 < runs[0]["bytes_down"]
