@@ -89,11 +89,6 @@ def _inverse(scales: np.ndarray, numerator: float = 1.0) -> np.ndarray:
     return out
 
 
-def _per_value(scales: np.ndarray, n: int) -> np.ndarray:
-    """Each bucket's scale repeated for its values."""
-    return np.repeat(scales, BUCKET)[:n]
-
-
 def _scale_buckets(values: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Each bucket of ``values`` (float32, flat) times its scale, into ``out`` (default: in place)."""
     out = values if out is None else out
@@ -107,25 +102,10 @@ def _scale_buckets(values: np.ndarray, scales: np.ndarray, out: np.ndarray | Non
     return out
 
 
-def _table(codes_per_byte: int, bits: int, value_of) -> np.ndarray:
-    """A 256-row lookup: row b holds the float32 values of the codes packed in byte b."""
-    mask = (1 << bits) - 1
-    return np.array(
-        [[value_of((b >> (bits * i)) & mask) for i in range(codes_per_byte)] for b in range(256)], dtype=np.float32
-    )
-
-
-# Decoding tables: one gather per payload byte instead of per-value arithmetic.
-_SIGN_TABLE = _table(8, 1, lambda c: -1.0 if c else 1.0)
-_TERNARY_TABLE = _table(4, 2, lambda c: (0.0, 1.0, -1.0, 0.0)[c])
-_TERNARY_INVALID = np.array([any(((b >> (2 * i)) & 3) == 3 for i in range(4)) for b in range(256)])
-
-
-def _gather(table: np.ndarray, raw: np.ndarray, n: int) -> np.ndarray:
-    """Rows of ``table`` for each byte of ``raw``, flattened to the first ``n`` values."""
-    if table.shape[1] == 1:  # one code per byte: a flat gather is faster
-        return table[:, 0].take(raw[:n])
-    return table.take(raw, axis=0).reshape(-1)[:n]
+def _bits(payload: bytes | memoryview, offset: int, n: int) -> np.ndarray:
+    """``n`` bits packed little-endian from ``offset``, as a writable int8 array of 0 and 1."""
+    raw = np.frombuffer(payload, dtype=np.uint8, offset=offset, count=packed_size(n, 1))
+    return np.unpackbits(raw, count=n, bitorder="little").view(np.int8)
 
 
 def pack_bits(codes: np.ndarray, bits: int) -> bytes:
@@ -227,13 +207,16 @@ class Sign(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, 1), "sign")
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
-        return _scale_buckets(_gather(_SIGN_TABLE, raw, n).copy(), scales).reshape(shape)
+        signs = _bits(payload, 4 * nb, n)  # 0 or 1, as int8
+        signs *= np.int8(-2)
+        signs += np.int8(1)  # +1 or -1
+        return _scale_buckets(signs, scales, out=np.empty(n, np.float32)).reshape(shape)
 
 
 class Ternary(Codec):
     """TernGrad: per bucket a float32 scale s = max |x|; each value becomes s * sign(x) with
-    probability |x| / s, else 0 (unbiased). Codes of 2 bits: 0 = zero, 1 = +s, 2 = -s."""
+    probability |x| / s, else 0 (unbiased). Two bit planes of n bits each: first "kept"
+    (1 = nonzero), then "negative" (1 = -s; ignored where not kept)."""
 
     id = 4
     name = "ternary"
@@ -242,26 +225,33 @@ class Ternary(Codec):
         rng = rng or np.random.default_rng()
         x = _flat(values)
         scales = _bucket_reduce(x, "max")
-        inv = _inverse(scales)
-        keep = rng.random(len(x), dtype=np.float32) < np.abs(x) * _per_value(inv, len(x))
-        codes = keep.astype(np.uint8) * np.where(x < 0, np.uint8(2), np.uint8(1))
-        return scales.astype("<f4").tobytes() + pack_bits(codes, 2)
+        probability = _scale_buckets(np.abs(x), _inverse(scales))
+        kept = rng.random(len(x), dtype=np.float32) < probability
+        return (
+            scales.astype("<f4").tobytes()
+            + np.packbits(kept, bitorder="little").tobytes()
+            + np.packbits(kept & (x < 0), bitorder="little").tobytes()
+        )
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         n = _count(shape)
         nb = _buckets(n)
-        _expect(payload, 4 * nb + packed_size(n, 2), "ternary")
+        plane = packed_size(n, 1)
+        _expect(payload, 4 * nb + 2 * plane, "ternary")
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
-        if _TERNARY_INVALID.take(raw).any():
-            raise CodecError("ternary code 3 is not defined")
-        return _scale_buckets(_gather(_TERNARY_TABLE, raw, n).copy(), scales).reshape(shape)
+        kept = _bits(payload, 4 * nb, n)
+        negative = _bits(payload, 4 * nb + plane, n)
+        negative *= np.int8(-2)
+        negative += np.int8(1)
+        kept *= negative  # 0, +1 or -1
+        return _scale_buckets(kept, scales, out=np.empty(n, np.float32)).reshape(shape)
 
 
 class Qsgd(Codec):
     """QSGD with s levels: per bucket a float32 L2 norm; each value becomes
-    norm * sign(x) * l / s, l in 0..s drawn so that the result is unbiased. Sign-magnitude
-    codes (sign in the top bit) of 2, 4 or 8 bits: the fewest that hold s."""
+    norm * sign(x) * l / s, l in 0..s drawn so that the result is unbiased. Codes are the
+    signed level sign(x) * l in two's complement: int8 for s > 7, 4-bit nibbles for s <= 7
+    (first value in the low nibble), 2 bits for s = 1."""
 
     id = 5
     name = "qsgd"
@@ -272,17 +262,6 @@ class Qsgd(Codec):
         self.levels = levels
         self.arg = float(levels)
         self.bits = 2 if levels <= 1 else 4 if levels <= 7 else 8
-        top = 1 << (self.bits - 1)
-
-        def value(code: int) -> float:
-            level = code & (top - 1)
-            return (-1.0 if code & top else 1.0) * level / levels
-
-        per = 8 // self.bits
-        self._decode_table = _table(per, self.bits, value)
-        self._invalid = np.array(
-            [any(((b >> (self.bits * i)) & (top - 1)) > levels for i in range(per)) for b in range(256)]
-        )
 
     @property
     def spec(self) -> str:
@@ -292,11 +271,12 @@ class Qsgd(Codec):
         rng = rng or np.random.default_rng()
         x = _flat(values)
         norms = _bucket_reduce(x, "l2")
-        inv = _inverse(norms, self.levels)
-        scaled = np.abs(x) * _per_value(inv, len(x))
+        scaled = _scale_buckets(np.abs(x), _inverse(norms, self.levels))
+        scaled += rng.random(len(x), dtype=np.float32)
         # min(): float rounding can put |x| * s / norm a hair above s
-        level = np.minimum(np.floor(scaled + rng.random(len(x), dtype=np.float32)), self.levels).astype(np.uint8)
-        codes = level | ((x < 0).astype(np.uint8) << np.uint8(self.bits - 1))
+        level = np.minimum(np.floor(scaled), self.levels).astype(np.int8)
+        np.negative(level, out=level, where=x < 0)
+        codes = level.view(np.uint8) & np.uint8((1 << self.bits) - 1)
         return norms.astype("<f4").tobytes() + pack_bits(codes, self.bits)
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
@@ -304,10 +284,15 @@ class Qsgd(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, self.bits), self.spec)
         norms = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nb)
-        if self._invalid.take(raw).any():
-            raise CodecError(f"qsgd level above {self.levels}")
-        return _scale_buckets(_gather(self._decode_table, raw, n).copy(), norms).reshape(shape)
+        codes = unpack_bits(memoryview(payload)[4 * nb :], self.bits, n)
+        if self.bits == 8:
+            level = codes.view(np.int8)
+        else:  # sign-extend the narrow two's complement codes
+            top = np.uint8(1 << (self.bits - 1))
+            level = ((codes ^ top) - top).view(np.int8)
+        if level.size and (level.min() < -self.levels or level.max() > self.levels):
+            raise CodecError(f"qsgd level beyond +-{self.levels}")
+        return _scale_buckets(level, norms / np.float32(self.levels), out=np.empty(n, np.float32)).reshape(shape)
 
 
 class TopK(Codec):
