@@ -383,11 +383,6 @@ def codec_from_header(codec_id: int, arg: float) -> Codec:
     return cls()
 
 
-def codec_by_name(name: str) -> Codec:
-    """Alias of ``make_codec`` (kept for readability at call sites that pass a bare name)."""
-    return make_codec(name)
-
-
 class ErrorFeedback:
     """Error feedback for a biased codec (after EF-SGD): what the codec dropped from one
     tensor is added to the next one of the same name, so nothing is lost, only delayed."""
