@@ -45,20 +45,24 @@ def start_server(
     return core, thread, stop
 
 
-def test_bsp_job_over_mosquitto_trains_digits(mosquitto, tmp_path) -> None:
+def run_job(mosquitto, tmp_path, devices: int, **config) -> tuple[ServerCore, list[DeviceCore]]:
+    """A server and ``devices`` device threads on digits shards, run until the job ends."""
     address = BrokerAddress(mosquitto.host, mosquitto.port)
-    shards = prepare_shards(load_digits(), tmp_path, devices=4, alpha=0.5, seed=0)
-    server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), job="it", rounds=25, lr=0.2)
-    devices = [
-        DeviceCore("it", f"dev-{i}", Dataset.load(path), NumpyTrainer(), seed=i)
-        for i, path in enumerate(shards.devices)
-    ]
-    threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in devices]
+    shards = prepare_shards(load_digits(), tmp_path, devices=devices, alpha=0.5, seed=0)
+    server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), **config)
+    job = config["job"]
+    cores = [DeviceCore(job, f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)]
+    threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in cores]
     for thread in threads:
         thread.start()
     server_thread.join(timeout=120)
     for thread in threads:
         thread.join(timeout=30)
+    return server, cores
+
+
+def test_bsp_job_over_mosquitto_trains_digits(mosquitto, tmp_path) -> None:
+    server, devices = run_job(mosquitto, tmp_path, 4, job="it", rounds=25, lr=0.2)
     assert server.finished and server.store.version == 25
     assert max(m.accuracy for m in server.history) > 0.85
     assert server.traffic.applied == 4 * 25 and dict(server.traffic.rejected) == {}
@@ -208,20 +212,8 @@ def test_clients_reconnect_and_say_hello_again_after_a_broker_restart(tmp_path) 
 
 
 def test_compressed_job_over_mosquitto_keeps_replicas_bit_identical(mosquitto, tmp_path) -> None:
-    address = BrokerAddress(mosquitto.host, mosquitto.port)
-    shards = prepare_shards(load_digits(), tmp_path, devices=3, alpha=0.5, seed=0)
-    server, server_thread, _ = start_server(
-        address, Dataset.load(shards.holdout), job="zip", rounds=20, codec="sign", pull_codec="ternary", min_devices=3
-    )
-    devices = [
-        DeviceCore("zip", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
-    ]
-    threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in devices]
-    for thread in threads:
-        thread.start()
-    server_thread.join(timeout=120)
-    for thread in threads:
-        thread.join(timeout=30)
+    config = {"job": "zip", "rounds": 20, "codec": "sign", "pull_codec": "ternary", "min_devices": 3}
+    server, devices = run_job(mosquitto, tmp_path, 3, **config)
     assert server.finished and server.store.version == 20
     assert dict(server.traffic.rejected) == {} and max(m.accuracy for m in server.history) > 0.8
     view = server.broadcaster.view
