@@ -215,8 +215,8 @@ class Sign(Codec):
 
 class Ternary(Codec):
     """TernGrad: per bucket a float32 scale s = max |x|; each value becomes s * sign(x) with
-    probability |x| / s, else 0 (unbiased). Two bit planes of n bits each: first "kept"
-    (1 = nonzero), then "negative" (1 = -s; ignored where not kept)."""
+    probability |x| / s, else 0 (unbiased). Two bit planes of n bits each: first
+    "positive" (1 = +s), then "negative" (1 = -s); a value with both bits set is invalid."""
 
     id = 4
     name = "ternary"
@@ -227,10 +227,11 @@ class Ternary(Codec):
         scales = _bucket_reduce(x, "max")
         probability = _scale_buckets(np.abs(x), _inverse(scales))
         kept = rng.random(len(x), dtype=np.float32) < probability
+        negative = x < 0
         return (
             scales.astype("<f4").tobytes()
-            + np.packbits(kept, bitorder="little").tobytes()
-            + np.packbits(kept & (x < 0), bitorder="little").tobytes()
+            + np.packbits(kept & ~negative, bitorder="little").tobytes()
+            + np.packbits(kept & negative, bitorder="little").tobytes()
         )
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
@@ -239,12 +240,16 @@ class Ternary(Codec):
         plane = packed_size(n, 1)
         _expect(payload, 4 * nb + 2 * plane, "ternary")
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
-        kept = _bits(payload, 4 * nb, n)
+        positive = _bits(payload, 4 * nb, n)
         negative = _bits(payload, 4 * nb + plane, n)
-        negative *= np.int8(-2)
-        negative += np.int8(1)
-        kept *= negative  # 0, +1 or -1
-        return _scale_buckets(kept, scales, out=np.empty(n, np.float32)).reshape(shape)
+        positive -= negative  # 0, +1 or -1; 0 also where both are set, which is refused below
+        both = np.bitwise_and(
+            np.frombuffer(payload, np.uint8, count=plane, offset=4 * nb),
+            np.frombuffer(payload, np.uint8, count=plane, offset=4 * nb + plane),
+        )
+        if both.any():
+            raise CodecError("ternary value both positive and negative")
+        return _scale_buckets(positive, scales, out=np.empty(n, np.float32)).reshape(shape)
 
 
 class Qsgd(Codec):
