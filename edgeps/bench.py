@@ -171,13 +171,15 @@ def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
     return Scenario.model_validate({**base.model_dump(), **changes})
 
 
-def _best_time(fn, repeats: int) -> float:
-    """The fastest of ``repeats`` runs of ``fn``, in seconds (the least disturbed by a shared machine)."""
-    best = float("inf")
+def _best_times(fns: list, repeats: int) -> list[float]:
+    """The fastest of ``repeats`` runs of each function, in seconds, the functions taking turns
+    so that a shared machine's slow spells hit them all alike."""
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
+        for i, fn in enumerate(fns):
+            started = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - started)
     return best
 
 
@@ -191,14 +193,14 @@ def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int
     rows = []
     for n in sizes:
         values = np.random.default_rng(seed).normal(size=n).astype(np.float32)
-        copy_s = _best_time(values.copy, repeats)
-        say(f"{n:,} float32 values: numpy copy {4 * n / copy_s / 1e9:.1f} GB/s")
+        say(f"{n:,} float32 values:")
         for spec in specs:
             codec, rng = make_codec(spec), np.random.default_rng(seed)
             payload = codec.encode(values, rng)
             decoded = codec.decode(payload, values.shape)
-            encode_s = _best_time(partial(codec.encode, values, rng), repeats)
-            decode_s = _best_time(partial(codec.decode, payload, values.shape), repeats)
+            copy_s, encode_s, decode_s = _best_times(
+                [values.copy, partial(codec.encode, values, rng), partial(codec.decode, payload, values.shape)], repeats
+            )
             rows.append(
                 {
                     "codec": codec.spec,
@@ -211,5 +213,6 @@ def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int
             )
             r = rows[-1]
             say(f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
-                f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy")  # fmt: skip
+                f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy  "
+                f"(copy {4 * n / copy_s / 1e9:.1f} GB/s)")  # fmt: skip
     return {"codecs": rows}

@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
     codec.add_argument("--sizes", default="1M,4M", help="tensor sizes in float32 values (M = 2**20)")
-    codec.add_argument("--repeats", type=int, default=5, help="timings per measurement; the fastest counts")
+    codec.add_argument("--repeats", type=int, default=9, help="timings per measurement; the fastest counts")
     codec.add_argument("--json", help="write the report as JSON here")
     codec.set_defaults(func=cmd_bench_codec)
 
