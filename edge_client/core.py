@@ -41,10 +41,9 @@ class DeviceCore:
         self.rng = np.random.default_rng(seed)
         self.control: Control | None = None
         self.feedback = ErrorFeedback(make_codec("fp32"))
-        self.server_version = -1
-        self.base_version = -1
+        self.server_version = -1  # the newest global version held, the base of the next commit
+        self._replica: Params | None = None  # that version, bit for bit as the server broadcast it
         self._anchor: Params | None = None  # where uncommitted progress is measured from
-        self._anchor_base: Params | None = None  # the replica of version server_version
         self._local: Params | None = None
         self.steps = 0
         self.samples = 0
@@ -124,12 +123,12 @@ class DeviceCore:
         if frame.base_version <= self.server_version:
             return  # an old or repeated version
         if frame.kind == FrameKind.DELTA:
-            if frame.seq != self.server_version or self._anchor is None:
+            if frame.seq != self.server_version or self._replica is None:
                 self.gap = True
                 log.warning("delta %d->%d does not follow our version %d: resync", frame.seq, frame.base_version,
                             self.server_version)  # fmt: skip
                 return
-            replica = {name: self._anchor_base[name] + frame.tensors[name] for name in self._anchor_base}
+            replica = {name: self._replica[name] + frame.tensors[name] for name in self._replica}
         elif frame.kind == FrameKind.PARAMS:
             replica = frame.tensors
             self.gap = False
@@ -140,18 +139,22 @@ class DeviceCore:
     @property
     def replica(self) -> Params | None:
         """The newest global version this device holds (bit-identical to the server's broadcast view)."""
-        return self._anchor_base
+        return self._replica
+
+    @property
+    def base_version(self) -> int:
+        """The version the next commit is based on: the newest one held."""
+        return self.server_version
 
     def _adopt(self, version: int, replica: Params) -> None:
         """Train on ``replica`` from now on, carrying uncommitted progress over."""
         self.server_version = version
-        self._anchor_base = replica
+        self._replica = replica
         if self._local is None or self._anchor is None or self.waiting:
             self._local = {name: values.copy() for name, values in replica.items()}
         else:
             self._local = {name: replica[name] + (self._local[name] - self._anchor[name]) for name in self._local}
         self._anchor = replica
-        self.base_version = version
         self.waiting = False
 
     # ------------------------------------------------------------------ work
