@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import socket
@@ -109,7 +110,14 @@ def start_broker(
         kind = "amqtt"
     else:
         conf = workdir / "mosquitto.conf"
-        conf.write_text(render_config(port, host, workdir))
+        text = render_config(port, host, workdir)
+        if os.geteuid() == 0:
+            # Started as root, Mosquitto would drop to the 'mosquitto' user, which cannot write
+            # the database into our folders: sessions and queued messages would silently not
+            # survive a restart. A local broker run by root stays root; deployments use their
+            # own service account and config.
+            text += "\n# added by edgeps: started as root, keep the identity that owns the data folder\nuser root\n"
+        conf.write_text(text)
         cmd = [mosquitto, "-c", str(conf)]
         kind = "mosquitto"
     stderr = open(workdir / f"{kind}.log", "ab")  # noqa: SIM115 - owned by the child process

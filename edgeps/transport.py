@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -93,8 +92,11 @@ class MqttTransport(Transport):
         self._inbox: queue.Queue[Inbound] = queue.Queue()
         self._subscriptions = subscriptions
         self._hello = hello
-        self._pending: list[mqtt.MQTTMessageInfo] = []
-        self._pending_lock = threading.Lock()  # publish() runs on the caller's and paho's threads
+        # QoS 1 publishes not yet acknowledged by the broker. paho keeps them across a
+        # disconnection and sends them after reconnecting; on_publish tells us when each lands.
+        self._unacked: set[int] = set()
+        self._acked_early: set[int] = set()  # PUBACKs that beat publish() to recording their mid
+        self._unacked_changed = threading.Condition()
         self.connected = threading.Event()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -111,6 +113,7 @@ class MqttTransport(Transport):
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_publish = self._on_publish
         self._client = client
         client.connect_async(broker.host, broker.port, keepalive=10)
         client.loop_start()
@@ -140,11 +143,21 @@ class MqttTransport(Transport):
         self._inbox.put(Inbound(message.topic, bytes(message.payload), message.mid, message.qos))
 
     def publish(self, message: Publish) -> None:
+        # Not under our lock: paho may hold its own while it calls on_publish.
         info = self._client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
-        if message.qos > 0:
-            with self._pending_lock:
-                self._pending = [i for i in self._pending if not i.is_published()]
-                self._pending.append(info)
+        with self._unacked_changed:
+            if info.mid in self._acked_early or message.qos == 0:  # QoS 0 is never acknowledged
+                self._acked_early.discard(info.mid)
+            else:
+                self._unacked.add(info.mid)
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        with self._unacked_changed:
+            if mid in self._unacked:
+                self._unacked.discard(mid)
+            else:
+                self._acked_early.add(mid)
+            self._unacked_changed.notify_all()
 
     def subscribe_only(self, topics: list[str]) -> None:
         added = [t for t in topics if t not in self._subscriptions]
@@ -169,13 +182,8 @@ class MqttTransport(Transport):
         try:
             if last is not None:
                 self.publish(last)
-            deadline = time.monotonic() + timeout
-            with self._pending_lock:
-                pending = list(self._pending)
-            for info in pending:  # deliver what is queued before leaving
-                if not self.connected.is_set():
-                    break
-                info.wait_for_publish(timeout=max(0.0, deadline - time.monotonic()))
+            with self._unacked_changed:  # deliver what is queued before leaving
+                self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
             self._client.disconnect()
         finally:
             self._client.loop_stop()

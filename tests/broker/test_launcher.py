@@ -65,3 +65,24 @@ def test_retained_message_reaches_a_late_subscriber(mosquitto) -> None:
     sub = MqttTransport(address, "late", ["edgeps/j/params"], persistent=False)
     assert next_message(sub).payload == b"snapshot"
     sub.close()
+
+
+def test_sessions_and_queued_messages_survive_a_broker_restart(tmp_path) -> None:
+    broker = start_broker(workdir=tmp_path / "b", embedded=False)
+    address = BrokerAddress(broker.host, broker.port)
+    away = MqttTransport(address, "persistent-sink", ["keep/#"], persistent=True)
+    away.wait_connected(10)
+    away.close()
+    broker.stop()
+    assert (tmp_path / "b" / "mosquitto.db").exists()  # the broker could write its database
+    broker = start_broker(port=address.port, workdir=tmp_path / "b", embedded=False)
+    try:
+        source = MqttTransport(address, "source", [], persistent=False)
+        source.wait_connected(10)
+        source.close(last=Publish("keep/x", b"kept for you", qos=1))
+        # The subscription of the absent client survived the restart, so the message waited for it.
+        back = MqttTransport(address, "persistent-sink", ["keep/#"], persistent=True)
+        assert next_message(back).payload == b"kept for you"
+        back.close()
+    finally:
+        broker.stop()
