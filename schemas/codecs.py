@@ -138,34 +138,37 @@ def packed_size(n: int, bits: int) -> int:
     return -(-n * bits // 8)
 
 
-class Fp32(Codec):
-    """Raw IEEE-754 float32, little-endian, C order. Lossless."""
+class _PlainFloat(Codec):
+    """Each value as an IEEE-754 float of ``wire`` type, little-endian, C order."""
+
+    wire: str
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        return np.ascontiguousarray(values, dtype=self.wire).tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        _expect(payload, np.dtype(self.wire).itemsize * _count(shape), self.name)
+        return np.frombuffer(payload, dtype=self.wire).astype(np.float32).reshape(shape)
+
+
+class Fp32(_PlainFloat):
+    """Raw IEEE-754 float32. Lossless."""
 
     id = 0
     name = "fp32"
-
-    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
-        return np.ascontiguousarray(values, dtype="<f4").tobytes()
-
-    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
-        _expect(payload, 4 * _count(shape), "fp32")
-        return np.frombuffer(payload, dtype="<f4").astype(np.float32).reshape(shape)
+    wire = "<f4"
 
 
-class Fp16(Codec):
-    """IEEE-754 binary16, little-endian (values beyond ±65504 saturate to ±inf: refused upstream)."""
+class Fp16(_PlainFloat):
+    """IEEE-754 binary16. Values beyond ±65504 are clipped to it rather than becoming ±inf."""
 
     id = 1
     name = "fp16"
+    wire = "<f2"
     biased = True
 
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
-        x = np.clip(_flat(values), -65504.0, 65504.0)
-        return x.astype("<f2").tobytes()
-
-    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
-        _expect(payload, 2 * _count(shape), "fp16")
-        return np.frombuffer(payload, dtype="<f2").astype(np.float32).reshape(shape)
+        return super().encode(np.clip(_flat(values), -65504.0, 65504.0))
 
 
 class Int8(Codec):
