@@ -188,8 +188,10 @@ def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int
     and decode throughput as a ratio to numpy's copy of the same array, timed in the same run."""
     import numpy as np
 
-    from schemas.codecs import make_codec
+    from schemas.codecs import compiled, make_codec
 
+    loops = "compiled (schemas._kernels)" if compiled() else "numpy (schemas._kernels not built)"
+    say(f"codec loops: {loops}")
     rows = []
     for n in sizes:
         values = np.random.default_rng(seed).normal(size=n).astype(np.float32)
@@ -215,4 +217,4 @@ def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int
             say(f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
                 f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy  "
                 f"(copy {4 * n / copy_s / 1e9:.1f} GB/s)")  # fmt: skip
-    return {"codecs": rows}
+    return {"compiled": compiled(), "codecs": rows}

@@ -2,7 +2,9 @@
 
 Every codec has a wire id and, for the parameterised ones, a float argument; both travel
 in the frame header, so a receiver needs nothing else to decode. docs/PROTOCOL.md gives
-each byte layout. All work is vectorised with numpy; no Python loop runs per value.
+each byte layout. All work is vectorised with numpy; no Python loop runs per value. Where
+the optional compiled module ``schemas._kernels`` was built, the hot loops (int8 and sign
+encode, every decoder but fp32's and topk's) run there instead, giving the same floats.
 
 Biased codecs (``biased = True``) are meant to be used with error feedback: the sender
 keeps what the codec dropped and adds it to its next tensor (see ``ErrorFeedback``).
@@ -11,9 +13,17 @@ keeps what the codec dropped and adds it to its next tensor (see ``ErrorFeedback
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
 
 import numpy as np
+
+try:  # compiled loops for the hot codecs (schemas/_kernels.c); the numpy code below gives the same results
+    from schemas import _kernels
+except ImportError:  # built without a C compiler
+    _kernels = None
+if sys.byteorder != "little":  # the loops read the little-endian wire format as native numbers
+    _kernels = None
 
 BUCKET = 512  # values per scale in int8, sign, ternary and qsgd
 
@@ -73,8 +83,8 @@ def _bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
     for block in (x[:full].reshape(-1, BUCKET), x[full:].reshape(1, -1) if full < n else None):
         if block is None or block.size == 0:
             continue
-        if how == "max":  # two reductions, no |x| temporary
-            parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)))
+        if how == "max":  # two reductions, no |x| temporary; + 0 turns a -0 maximum into 0
+            parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)) + np.float32(0))
         elif how == "mean":
             parts.append(np.mean(np.abs(block), axis=1))
         else:
@@ -170,6 +180,14 @@ class Fp16(_PlainFloat):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         return super().encode(np.clip(_flat(values), -65504.0, 65504.0))
 
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        if _kernels is None:
+            return super().decode(payload, shape)
+        _expect(payload, 2 * _count(shape), self.name)
+        out = np.empty(_count(shape), np.float32)
+        _kernels.fp16_decode(payload, out)
+        return out.reshape(shape)
+
 
 class Int8(Codec):
     """Per bucket of 512 values: a float32 scale (max |x| / 127), then one int8 per value."""
@@ -180,7 +198,15 @@ class Int8(Codec):
 
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = _flat(values)
+        if _kernels is not None:
+            out = bytearray(4 * _buckets(len(x)) + len(x))
+            scales, codes = memoryview(out)[: 4 * _buckets(len(x))], memoryview(out)[4 * _buckets(len(x)) :]
+            if not _kernels.int8_encode(x, scales, codes, BUCKET):
+                raise CodecError("int8 cannot encode non-finite values")
+            return bytes(out)
         scales = _bucket_reduce(x, "max") / np.float32(127)
+        if not np.isfinite(scales).all():
+            raise CodecError("int8 cannot encode non-finite values")
         scaled = _scale_buckets(x, _inverse(scales), out=np.empty_like(x))
         np.rint(scaled, out=scaled)
         return scales.astype("<f4").tobytes() + scaled.astype(np.int8).tobytes()
@@ -189,6 +215,10 @@ class Int8(Codec):
         n = _count(shape)
         nb = _buckets(n)
         _expect(payload, 4 * nb + n, "int8")
+        if _kernels is not None:
+            out = np.empty(n, np.float32)
+            _kernels.int8_decode(memoryview(payload)[: 4 * nb], memoryview(payload)[4 * nb :], out, BUCKET)
+            return out.reshape(shape)
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
         q = np.frombuffer(payload, dtype=np.int8, offset=4 * nb, count=n)
         return _scale_buckets(q.astype(np.float32), scales).reshape(shape)
@@ -203,12 +233,21 @@ class Sign(Codec):
 
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = _flat(values)
+        if _kernels is not None:
+            nb = _buckets(len(x))
+            out = bytearray(4 * nb + packed_size(len(x), 1))
+            _kernels.sign_encode(x, memoryview(out)[: 4 * nb], memoryview(out)[4 * nb :], BUCKET)
+            return bytes(out)
         return _bucket_reduce(x, "mean").astype("<f4").tobytes() + np.packbits(x < 0, bitorder="little").tobytes()
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         n = _count(shape)
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, 1), "sign")
+        if _kernels is not None:
+            out = np.empty(n, np.float32)
+            _kernels.sign_decode(memoryview(payload)[: 4 * nb], memoryview(payload)[4 * nb :], out, BUCKET)
+            return out.reshape(shape)
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
         signs = _bits(payload, 4 * nb, n)  # 0 or 1, as int8
         signs *= np.int8(-2)
@@ -242,6 +281,12 @@ class Ternary(Codec):
         nb = _buckets(n)
         plane = packed_size(n, 1)
         _expect(payload, 4 * nb + 2 * plane, "ternary")
+        if _kernels is not None:
+            out, view = np.empty(n, np.float32), memoryview(payload)
+            planes = view[4 * nb : 4 * nb + plane], view[4 * nb + plane :]
+            if not _kernels.ternary_decode(view[: 4 * nb], *planes, out, BUCKET):
+                raise CodecError("ternary value both positive and negative")
+            return out.reshape(shape)
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
         positive = _bits(payload, 4 * nb, n)
         negative = _bits(payload, 4 * nb + plane, n)
@@ -292,6 +337,12 @@ class Qsgd(Codec):
         nb = _buckets(n)
         _expect(payload, 4 * nb + packed_size(n, self.bits), self.spec)
         norms = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
+        if _kernels is not None:
+            out = np.empty(n, np.float32)
+            steps = norms / np.float32(self.levels)
+            if not _kernels.qsgd_decode(steps, memoryview(payload)[4 * nb :], self.bits, self.levels, out, BUCKET):
+                raise CodecError(f"qsgd level beyond +-{self.levels}")
+            return out.reshape(shape)
         codes = unpack_bits(memoryview(payload)[4 * nb :], self.bits, n)
         if self.bits == 8:
             level = codes.view(np.int8)
@@ -375,6 +426,11 @@ def make_codec(spec: str) -> Codec:
     except ValueError as exc:
         raise CodecError(f"bad codec spec {spec!r}: {exc}") from None
     raise CodecError(f"unknown codec {spec!r}; known: {', '.join(CODECS)}")
+
+
+def compiled() -> bool:
+    """Whether the compiled loops of ``schemas._kernels`` are in use (else numpy's)."""
+    return _kernels is not None
 
 
 def codec_from_header(codec_id: int, arg: float) -> Codec:

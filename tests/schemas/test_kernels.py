@@ -1,0 +1,124 @@
+"""The compiled codec loops (schemas/_kernels.c) against the numpy versions they replace:
+the same payload decodes to the same floats, bit for bit, and the same input encodes to the
+same bytes (sign's scales, summed in another order, to within float rounding)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from schemas import codecs
+from schemas.codecs import BUCKET, CodecError, make_codec
+
+pytestmark = pytest.mark.skipif(not codecs.compiled(), reason="schemas._kernels was not built (no C compiler)")
+
+DECODED = ["fp16", "int8", "sign", "ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127"]
+values = hnp.arrays(
+    np.float32,
+    st.integers(0, 3 * BUCKET + 13),
+    elements=st.floats(-1e4, 1e4, width=32) | st.sampled_from([0.0, -0.0, 1e-40, -3e-39, 6e-8]),
+)
+
+
+@contextlib.contextmanager
+def numpy_only():
+    kernels, codecs._kernels = codecs._kernels, None
+    try:
+        yield
+    finally:
+        codecs._kernels = kernels
+
+
+def both(call):
+    """(compiled result, numpy result), each a value or the CodecError raised."""
+    results = []
+    for context in (contextlib.nullcontext(), numpy_only()):
+        with context:
+            try:
+                results.append(call())
+            except CodecError as exc:
+                results.append(exc)
+    return results
+
+
+def same_floats(a: np.ndarray, b: np.ndarray) -> bool:
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype == np.float32
+        and a.view(np.uint32).tobytes() == b.view(np.uint32).tobytes()
+    )
+
+
+@pytest.mark.parametrize("spec", DECODED)
+@settings(max_examples=60, deadline=None)
+@given(x=values, seed=st.integers(0, 2**32 - 1))
+def test_decoders_give_the_same_bits(spec, x, seed) -> None:
+    codec = make_codec(spec)
+    with numpy_only():
+        payload = codec.encode(x, np.random.default_rng(seed))
+    compiled, plain = both(lambda: codec.decode(payload, x.shape))
+    assert same_floats(compiled, plain)
+
+
+def test_fp16_decodes_every_half_like_numpy() -> None:
+    halves = np.arange(65536, dtype=np.uint16).tobytes()
+    compiled, plain = both(lambda: make_codec("fp16").decode(halves, (65536,)))
+    nan = np.isnan(plain)
+    assert (np.isnan(compiled) == nan).all()
+    assert same_floats(compiled[~nan], plain[~nan])
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=values)
+def test_int8_encodes_the_same_bytes(x) -> None:
+    compiled, plain = both(lambda: make_codec("int8").encode(x))
+    assert compiled == plain
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=values)
+def test_sign_encodes_the_same_bits_and_scales(x) -> None:
+    compiled, plain = both(lambda: make_codec("sign").encode(x))
+    nb = -(-len(x) // BUCKET)
+    assert compiled[4 * nb :] == plain[4 * nb :]
+    np.testing.assert_allclose(np.frombuffer(compiled, "<f4", nb), np.frombuffer(plain, "<f4", nb), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_int8_refuses_non_finite_values_either_way(bad) -> None:
+    x = np.ones(2 * BUCKET + 3, np.float32)
+    x[BUCKET + 1] = bad
+    compiled, plain = both(lambda: make_codec("int8").encode(x))
+    assert isinstance(compiled, CodecError) and isinstance(plain, CodecError)
+
+
+@pytest.mark.parametrize("spec", ["ternary", "qsgd:1", "qsgd:4", "qsgd:16"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_invalid_codes_are_refused_either_way(spec, data) -> None:
+    """Payloads of the right length with arbitrary bits: both refuse, or both give the same floats."""
+    n = data.draw(st.integers(1, 2 * BUCKET + 9))
+    size = len(make_codec(spec).encode(np.zeros(n, np.float32), np.random.default_rng(0)))
+    scales = np.frombuffer(data.draw(st.binary(min_size=4, max_size=4)) * -(-n // BUCKET), np.uint8)
+    body = data.draw(st.binary(min_size=size - len(scales), max_size=size - len(scales)))
+    payload = scales.tobytes() + body
+    compiled, plain = both(lambda: make_codec(spec).decode(payload, (n,)))
+    if isinstance(plain, CodecError):
+        assert isinstance(compiled, CodecError)
+    else:
+        nan = np.isnan(plain)
+        assert (np.isnan(compiled) == nan).all() and same_floats(compiled[~nan], plain[~nan])
+
+
+def test_kernels_refuse_short_buffers() -> None:
+    from schemas import _kernels
+
+    with pytest.raises(ValueError, match="need"):
+        _kernels.int8_decode(b"\0" * 4, b"\0" * 600, bytearray(16), BUCKET)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        _kernels.sign_decode(b"\0" * 4, b"\0", bytearray(32), 5)
