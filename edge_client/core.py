@@ -21,6 +21,9 @@ from schemas.topics import Publish, Topics
 log = logging.getLogger("edgeps.device")
 
 
+SPEED_SAMPLES = 3  # local steps timed before a device first reports its speed
+
+
 class DeviceCore:
     """One device's training state machine.
 
@@ -57,6 +60,9 @@ class DeviceCore:
         self.notices: list[Notice] = []
         self.busy_s = 0.0
         self.idle_s = 0.0
+        self.step_s: float | None = None  # the speed last reported to the server
+        self._timed_steps = 0
+        self._mean_step_s: float | None = None
 
     # ---------------------------------------------------------------- topics
     def subscriptions(self) -> list[str]:
@@ -76,6 +82,7 @@ class DeviceCore:
             backend=self.trainer.name,
             busy_s=round(self.busy_s, 6),
             idle_s=round(self.idle_s, 6),
+            step_s=self.step_s,
         )
         return Publish(self.topics.status(self.device), body.to_bytes(), qos=1, retain=True)
 
@@ -173,6 +180,23 @@ class DeviceCore:
         if self.steps < self.control.push_every or self.holding:
             return []
         return [self._commit()]
+
+    def timed_step(self, seconds: float) -> list[Publish]:
+        """The driver timed a local step. After the first ``SPEED_SAMPLES`` steps, and whenever
+        the smoothed time drifts by a quarter from the last report, the retained online status
+        goes out again with ``step_s``: the server balances push_every with it from the first
+        round on, instead of learning speeds from commits that a slow device may take long to make."""
+        if not seconds > 0:
+            return []
+        self._timed_steps += 1
+        mean = self._mean_step_s
+        self._mean_step_s = seconds if mean is None else 0.8 * mean + 0.2 * seconds
+        if self._timed_steps < SPEED_SAMPLES:
+            return []
+        if self.step_s is not None and abs(self._mean_step_s - self.step_s) <= 0.25 * self.step_s:
+            return []
+        self.step_s = round(self._mean_step_s, 6)
+        return [self.status("online")]
 
     @property
     def holding(self) -> bool:

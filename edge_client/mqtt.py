@@ -55,6 +55,8 @@ def run_device(
                 transport.publish(message)
             elapsed = clock() - started
             time.sleep(max(0.0, profile.step_time(elapsed) - elapsed))
+            for message in core.timed_step(clock() - started):
+                transport.publish(message)
         now = clock()
         if training:
             core.busy_s += now - mark

@@ -33,6 +33,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--codec", default="fp32", help="devices' commit codec: fp32, fp16, int8, sign, ternary, ...")
     parser.add_argument("--pull-codec", default="fp32", help="fp32: parameter snapshots; else deltas, e.g. ternary")
+    parser.add_argument("--frequency", default="fixed", help="push_every policy: fixed, adacomm or trend")
+    parser.add_argument("--push-every-min", type=int, default=1, help="adacomm/trend: lowest push_every")
+    parser.add_argument("--push-every-max", type=int, default=160, help="adacomm/trend: highest push_every")
+    parser.add_argument("--balance", action="store_true", help="per-device push_every from measured step rates")
+    parser.add_argument("--eval-every", type=int, default=1, help="evaluate every this many versions")
+    parser.add_argument("--eval-sample", type=int, help="evaluate on a fixed sample of this many held-out rows")
 
 
 def _address(args: argparse.Namespace) -> BrokerAddress:
@@ -72,8 +78,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         round_deadline_s=args.round_deadline,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
+        frequency=args.frequency,
+        push_every_min=args.push_every_min,
+        push_every_max=args.push_every_max,
+        balance=args.balance,
+        eval_every=args.eval_every,
+        eval_sample=args.eval_sample,
     )
-    core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout))
+    core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout, args.eval_sample, args.seed))
     transport = connect_server(core, _address(args))
     logging.getLogger("edgeps").info(
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
@@ -142,6 +154,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         codec=args.codec,
         pull_codec=args.pull_codec,
+        frequency=args.frequency,
+        push_every_min=args.push_every_min,
+        push_every_max=args.push_every_max,
+        balance=args.balance,
+        eval_every=args.eval_every,
+        eval_sample=args.eval_sample,
         job=args.job,
         out=Path(args.out),
         broker=args.broker,
@@ -183,6 +201,25 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
             make_codec(codec)
     out = Path(args.out) if args.out else None
     run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec)
+    return 0
+
+
+def cmd_bench_freq(args: argparse.Namespace) -> int:
+    from edgeps.bench import replace_scenario, run_bench_freq
+    from edgeps.simulator import Scenario
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    changes = {
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "push_every": args.push_every,
+        "push_every_min": args.push_every_min,
+        "push_every_max": args.push_every_max,
+        "target": args.target,
+    }
+    scenario = replace_scenario(Scenario(), **{k: v for k, v in changes.items() if v is not None})
+    run_bench_freq(scenario, args.json, Path(args.plot))
     return 0
 
 
@@ -266,6 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
     pace.add_argument("--out", help="real runs: keep data, logs and broker files here")
     pace.set_defaults(func=cmd_bench_pace)
+
+    freq = bench.add_parser("freq", help="push_every policies fixed, adacomm and trend on the pace scenario (acbsp)")
+    freq.add_argument("--seed", type=int)
+    freq.add_argument("--duration", type=float, help="virtual seconds per run, default 30")
+    freq.add_argument("--target", type=float, help="target accuracy, default 0.90")
+    freq.add_argument("--push-every", type=int, help="fixed's push_every, default 10")
+    freq.add_argument("--push-every-min", type=int, help="adacomm/trend lower bound, default 1")
+    freq.add_argument("--push-every-max", type=int, help="adacomm/trend upper bound, default 160")
+    freq.add_argument("--json", help="write the report as JSON here")
+    freq.add_argument("--plot", default="bench-freq.png", help="PNG of accuracy and push_every against time")
+    freq.set_defaults(func=cmd_bench_freq)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")

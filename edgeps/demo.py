@@ -35,6 +35,12 @@ class DemoSettings:
     seed: int = 0
     codec: str = "fp32"
     pull_codec: str = "fp32"
+    frequency: str = "fixed"
+    push_every_min: int = 1
+    push_every_max: int = 160
+    balance: bool = False
+    eval_every: int = 1
+    eval_sample: int | None = None
     job: str = "demo"
     out: Path = Path("edgeps-demo")
     broker: str | None = None
@@ -105,7 +111,13 @@ def run_local_job(
             "--eval-data", str(shards.holdout), "--report", str(server_report),
             "--min-devices", str(settings.devices), "--round-deadline", str(settings.round_deadline_s),
             "--codec", settings.codec, "--pull-codec", settings.pull_codec,
+            "--frequency", settings.frequency, "--push-every-min", str(settings.push_every_min),
+            "--push-every-max", str(settings.push_every_max), "--eval-every", str(settings.eval_every),
         ]  # fmt: skip
+        if settings.balance:
+            server_args.append("--balance")
+        if settings.eval_sample:
+            server_args += ["--eval-sample", str(settings.eval_sample)]
         if settings.duration_s:
             server_args += ["--duration", str(settings.duration_s)]
         server = _spawn(server_args, logs / f"{settings.job}-ps.log")

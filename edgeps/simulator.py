@@ -49,6 +49,10 @@ class Scenario(BaseModel):
     codec: str = Field("fp32", description="codec of the devices' commits")
     pull_codec: str = Field("fp32", description="fp32: parameter snapshots; else compressed deltas")
     round_deadline_s: float = Field(5.0, gt=0)
+    frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
+    push_every_min: int = Field(1, ge=1)
+    push_every_max: int = Field(160, ge=1)
+    balance: bool = Field(False, description="per-device push_every from each device's step rate")
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
     sample_s: float = Field(
@@ -95,6 +99,13 @@ class RunResult:
     target: float
     #: (virtual seconds, held-out accuracy of the server's model) on the scenario's sampling grid.
     curve: list[tuple[float, float]] = field(default_factory=list)
+    #: On the same grid: (commits received, bytes up + down, mean push_every of the online devices).
+    traffic: list[tuple[int, int, float]] = field(default_factory=list)
+
+    def at_target(self) -> tuple[int, int] | None:
+        """(commits, bytes) by the first sample at the target accuracy; None if never reached."""
+        samples = zip(self.curve, self.traffic, strict=True)
+        return next(((c, b) for (_, a), (c, b, _) in samples if a >= self.target), None)
 
     @property
     def best_accuracy(self) -> float:
@@ -155,8 +166,13 @@ class Simulation:
             min_devices=scenario.devices,
             round_deadline_s=scenario.round_deadline_s,
             duration_s=scenario.duration_s,
+            frequency=scenario.frequency,
+            push_every_min=scenario.push_every_min,
+            push_every_max=scenario.push_every_max,
+            balance=scenario.balance,
         )
         self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout))
+        self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
             DeviceCore(self.JOB, f"dev-{i:02d}", shard, NumpyTrainer(), seed=scenario.seed * 1000 + i)
@@ -172,6 +188,7 @@ class Simulation:
         self._subscribed = [set(device.subscriptions()) for device in self.devices]
         self._retained: dict[str, Publish] = {}
         self._curve: list[tuple[float, float]] = []
+        self._traffic: list[tuple[int, int, float]] = []
         self.now = 0.0
 
     # ------------------------------------------------------------- plumbing
@@ -231,6 +248,7 @@ class Simulation:
         device = self.devices[i]
         if device.ready:
             self._device_publishes(i, device.step())
+            self._device_publishes(i, device.timed_step(self.profiles[i].step_time()))
         self._kick(i)
 
     def _sample(self) -> None:
@@ -238,8 +256,11 @@ class Simulation:
 
         (Judging by the server's own per-version metrics would favour paces that make
         more versions: the best of more noisy evaluations is higher.)"""
-        accuracy, _ = self.server.evaluator(self.server.store.view())
+        accuracy, _ = self.judge(self.server.store.view())
         self._curve.append((round(self.now, 6), accuracy))
+        traffic, assigned = self.server.traffic, self.server.frequency.assigned
+        push_every = sum(assigned.values()) / len(assigned) if assigned else float(self.server.frequency.base)
+        self._traffic.append((traffic.commits, traffic.bytes_up + traffic.bytes_down, push_every))
         if not self.server.finished:
             self._at(self.now + self.scenario.sample_s, self._sample)
 
@@ -279,4 +300,5 @@ class Simulation:
             run_s=end,
             target=self.scenario.target,
             curve=self._curve,
+            traffic=self._traffic,
         )

@@ -34,4 +34,19 @@ class ServerConfig(BaseModel):
         30.0, gt=0, description="bsp/acbsp: devices not committed this long after a round began leave the barrier"
     )
     max_commit_bytes: int = Field(8 << 20, ge=1024)
+    frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
+    push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
+    push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")
+    balance: bool = Field(False, description="per-device push_every in proportion to each device's step rate")
+    eval_every: int = Field(1, ge=1, description="evaluate the global model every this many broadcast versions")
+    eval_sample: int | None = Field(None, ge=1, description="evaluate on a fixed sample of this many held-out rows")
+
+    @field_validator("frequency")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        from ps_service.frequency import make_policy
+
+        make_policy(name, 1)
+        return name
+
     allowed_devices: frozenset[str] | None = None

@@ -15,6 +15,7 @@ from ps_service.aggregate import aggregate
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
+from ps_service.frequency import Bounds, FrequencyController, make_policy
 from ps_service.pace import make_pace
 from ps_service.registry import DeviceRegistry
 from ps_service.store import ParameterStore
@@ -55,6 +56,12 @@ class ServerCore:
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
         self.evaluator = evaluator
+        self.frequency = FrequencyController(
+            make_policy(config.frequency, config.push_every),
+            Bounds(config.push_every_min, max(config.push_every_min, config.push_every_max)),
+            config.balance,
+        )
+        self._evaluation: tuple[int, float, float] | None = None  # (version, accuracy, loss)
         self.traffic = Traffic()
         self.history: list[Metrics] = []
         self.paused = False
@@ -100,8 +107,10 @@ class ServerCore:
             return self._device_left(device, now)
         if not self.registry.permits(device):
             return self._reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
-        if not self.registry.set_online(device, status.samples):
-            return []
+        if status.step_s is not None:
+            self.frequency.balancer.on_report(device, status.step_s)
+        if not self.registry.set_online(device, status.samples):  # already online: a speed report
+            return self._reassign() if status.step_s is not None else []
         log.info("device %s online (%d samples)", device, status.samples)
         if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
             self.traffic.bytes_down += len(self.broadcaster.snapshot)
@@ -130,6 +139,7 @@ class ServerCore:
             )
         except Rejection as rejection:
             return self._reject(device, rejection)
+        self.frequency.balancer.on_commit(device, update.steps, now)
         self.pace.add(update)
         if device in self.stragglers:  # a late device rejoins with this commit
             self.stragglers.discard(device)
@@ -176,13 +186,39 @@ class ServerCore:
         if command.cmd == "set_codec" and command.codec is not None:
             self.codec = command.codec
             return [self._control(device) for device in sorted(self.registry.active())]
+        if command.cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
+            return self._frequency_command(command)
         return self._finish(now)
+
+    def _frequency_command(self, command: Command) -> list[Publish]:
+        frequency = self.frequency
+        if command.cmd == "freeze_frequency":
+            frequency.freeze()
+        elif command.cmd == "unfreeze_frequency":
+            frequency.unfreeze()
+        else:
+            try:
+                frequency.set_bounds(command.low, command.high)
+            except ValueError as exc:  # e.g. a new low above the bound already in force
+                self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
+                log.warning("rejected command: %s", exc)
+                return []
+            if command.policy is not None and command.policy != frequency.policy.name:
+                frequency.set_policy(make_policy(command.policy, self.config.push_every))
+        return self._reassign()
+
+    def _reassign(self) -> list[Publish]:
+        """Control messages for the devices whose push_every changed."""
+        before = dict(self.frequency.assigned)
+        after = self.frequency.assign(sorted(self.registry.active()))
+        return [self._control(device) for device, value in after.items() if before.get(device) != value]
 
     # -------------------------------------------------------------- internals
     def _device_left(self, device: str, now: float) -> list[Publish]:
         self.stragglers.discard(device)
         if not self.registry.set_offline(device):
             return []
+        self.frequency.balancer.forget(device)
         log.info("device %s offline: it leaves the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
 
@@ -212,7 +248,11 @@ class ServerCore:
         self.traffic.bytes_down += per_device * len(self.registry.active())
         if self.store.version >= self.config.rounds:
             self.finished = True
-        out = [*messages, self._barrier(), self._metrics(now)]
+        if self.pace.wait_for_params:  # waiting devices train again from here
+            for device in self.registry.active():
+                self.frequency.balancer.on_ready(device, now)
+        metrics = self._metrics(now)  # evaluates, and the policy observes the evaluation
+        out = [*messages, *([] if self.finished else self._reassign()), self._barrier(), metrics]
         if self.finished:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
         return out
@@ -234,7 +274,7 @@ class ServerCore:
     def _control(self, device: str) -> Publish:
         control = Control(
             device=device,
-            push_every=self.config.push_every,
+            push_every=self.frequency.push_every(device),
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             codec=self.codec,
@@ -260,8 +300,19 @@ class ServerCore:
         )
         return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)
 
+    def _evaluate(self, now: float) -> tuple[int, float, float]:
+        """The latest evaluation, made afresh every ``eval_every`` versions and at the end."""
+        version = self.store.version
+        due = self._evaluation is None or version - self._evaluation[0] >= self.config.eval_every or self.finished
+        if due and (self._evaluation is None or self._evaluation[0] != version):
+            accuracy, loss = self.evaluator(self.store.view())
+            self._evaluation = (version, accuracy, loss)
+            self.frequency.observe(now - self._started, accuracy, loss)
+        assert self._evaluation is not None
+        return self._evaluation
+
     def _metrics(self, now: float) -> Publish:
-        accuracy, loss = self.evaluator(self.store.view())
+        evaluated, accuracy, loss = self._evaluate(now)
         metrics = Metrics(
             job=self.config.job,
             version=self.store.version,
@@ -277,6 +328,11 @@ class ServerCore:
             devices_online=len(self.registry.active()),
             elapsed_s=round(now - self._started, 6),
             finished=self.finished,
+            evaluated_version=evaluated,
+            eval_s=round(self.evaluator.seconds, 6),
+            frequency=self.frequency.policy.name if self.frequency.frozen is None else "frozen",
+            trend=self.frequency.policy.trend,
+            push_every={d: self.frequency.push_every(d) for d in sorted(self.registry.active())},
         )
         if not self.history or self.history[-1].version != metrics.version or metrics.finished:
             self.history.append(metrics)

@@ -25,6 +25,7 @@ from schemas.topics import NAME_PATTERN
 DeviceId = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
 
 MAX_JSON_BYTES = 64 * 1024
+FREQUENCY_POLICIES = ("fixed", "adacomm", "trend")
 
 
 class Message(BaseModel):
@@ -61,6 +62,9 @@ class DeviceStatus(Message):
     backend: str = Field("numpy", max_length=32)
     busy_s: float = Field(0.0, ge=0, description="seconds spent training so far (in the offline status: the total)")
     idle_s: float = Field(0.0, ge=0, description="seconds spent waiting for parameters or the staleness bound")
+    step_s: float | None = Field(
+        None, gt=0, le=3600, description="measured compute seconds per local step (sent again when it drifts)"
+    )
 
 
 class Control(Message):
@@ -148,22 +152,48 @@ class Metrics(Message):
     devices_online: int
     elapsed_s: float = Field(description="seconds since the job started (its start quorum)")
     finished: bool = False
+    evaluated_version: int = Field(0, description="the version accuracy and loss were measured on (every eval_every)")
+    eval_s: float = Field(0.0, ge=0, description="server seconds spent evaluating so far")
+    frequency: str = Field("fixed", description="the push_every policy in force")
+    trend: float | None = Field(None, description="trend policy: share of the remaining error closed over its window")
+    push_every: dict[str, int] = Field(default_factory=dict, description="push_every per online device")
 
 
 class Command(Message):
-    """``cmd``: an operator's order to the server."""
+    """``cmd``: an operator's order to the server.
 
-    cmd: Literal["pause", "resume", "stop", "set_codec"]
+    ``set_frequency`` picks the push_every ``policy`` and/or its bounds ``low`` and ``high``;
+    ``freeze_frequency`` holds the current base push_every until ``unfreeze_frequency``."""
+
+    cmd: Literal["pause", "resume", "stop", "set_codec", "set_frequency", "freeze_frequency", "unfreeze_frequency"]
     reason: str = Field("", max_length=256)
     codec: str | None = Field(None, description="set_codec: the commit codec devices switch to")
+    policy: str | None = Field(None, description="set_frequency: fixed, adacomm or trend")
+    low: int | None = Field(None, ge=1, le=100_000, description="set_frequency: lowest push_every")
+    high: int | None = Field(None, ge=1, le=100_000, description="set_frequency: highest push_every")
 
     @field_validator("codec")
     @classmethod
     def _known_codec(cls, spec: str | None) -> str | None:
         return None if spec is None else make_codec(spec).spec
 
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str | None) -> str | None:
+        if name is not None and name not in FREQUENCY_POLICIES:
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(FREQUENCY_POLICIES)}")
+        return name
+
     @model_validator(mode="after")
-    def _codec_for_set_codec(self) -> Command:
+    def _arguments_fit_the_command(self) -> Command:
         if (self.cmd == "set_codec") != (self.codec is not None):
             raise ValueError("set_codec needs codec, and only set_codec takes one")
+        frequency_args = (self.policy, self.low, self.high)
+        if self.cmd == "set_frequency":
+            if all(arg is None for arg in frequency_args):
+                raise ValueError("set_frequency needs policy, low or high")
+            if self.low is not None and self.high is not None and self.low > self.high:
+                raise ValueError("set_frequency: low is above high")
+        elif any(arg is not None for arg in frequency_args):
+            raise ValueError("only set_frequency takes policy, low or high")
         return self

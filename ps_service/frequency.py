@@ -1,0 +1,286 @@
+"""How often devices commit: a fleet-wide ``push_every`` from the global model's evaluations,
+and a per-device adjustment on top from each device's measured step rate.
+
+Pure logic: evaluations and commits come in with their time, push_every values go out;
+the server core turns changes into control messages.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.messages import FREQUENCY_POLICIES
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range push_every may move in."""
+
+    low: int = 1
+    high: int = 160
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(f"push_every bounds need 1 <= low <= high, got {self.low}..{self.high}")
+
+    def clip(self, value: float) -> int:
+        return int(min(self.high, max(self.low, round(value))))
+
+
+class FrequencyPolicy(ABC):
+    """Sets the fleet's base push_every (local steps per commit) from evaluations of the
+    global model. ``observe`` is called once per evaluation; ``value`` is read after it."""
+
+    name: str
+
+    @abstractmethod
+    def observe(self, now: float, accuracy: float, loss: float) -> None:
+        """An evaluation of the global model at time ``now`` (seconds)."""
+
+    @abstractmethod
+    def value(self, bounds: Bounds) -> int:
+        """The base push_every now, within ``bounds``."""
+
+    @property
+    def trend(self) -> float | None:
+        """The policy's view of the accuracy trend, for metrics (None if it has none)."""
+        return None
+
+
+class Fixed(FrequencyPolicy):
+    """push_every never changes."""
+
+    name = "fixed"
+
+    def __init__(self, push_every: int) -> None:
+        self.push_every = push_every
+
+    def observe(self, now: float, accuracy: float, loss: float) -> None:
+        pass
+
+    def value(self, bounds: Bounds) -> int:
+        return bounds.clip(self.push_every)
+
+
+class AdaComm(FrequencyPolicy):
+    """After ADACOMM (Wang & Joshi, 2019): start with infrequent averaging, tau_0 = the upper
+    bound, and shrink it as the loss falls: tau = ceil(sqrt(loss / loss_0) * tau_0)."""
+
+    name = "adacomm"
+
+    def __init__(self) -> None:
+        self.initial_loss: float | None = None
+        self.loss: float | None = None
+
+    def observe(self, now: float, accuracy: float, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        if self.initial_loss is None:
+            self.initial_loss = loss
+        self.loss = loss
+
+    def value(self, bounds: Bounds) -> int:
+        if self.initial_loss is None or self.loss is None or self.initial_loss <= 0:
+            return bounds.high
+        return bounds.clip(math.ceil(math.sqrt(max(self.loss, 0.0) / self.initial_loss) * bounds.high))
+
+
+class Trend(FrequencyPolicy):
+    """The paper's policy: fit a line to held-out accuracy over the last ``window`` evaluations
+    and read how much of the remaining error it closes over that span (the *gain*). While the
+    model improves fast (gain >= ``steep``) local work pays: commit rarely, push_every doubles.
+    When it flattens (gain <= ``flat``) drift costs more than messages: push_every halves.
+    Hysteresis: between the two thresholds nothing moves; a move needs ``patience``
+    evaluations in a row agreeing; after a move the window restarts, so the next move is
+    judged on evidence gathered at the new setting. Starts at ``start`` (default: the upper
+    bound, where the first evaluations find the model improving fastest)."""
+
+    name = "trend"
+
+    def __init__(
+        self,
+        window: int = 3,
+        steep: float = 0.3,
+        flat: float = 0.1,
+        patience: int = 1,
+        start: int | None = None,
+    ) -> None:
+        if window < 2 or patience < 1 or not 0 <= flat < steep:
+            raise ValueError("trend needs window >= 2, patience >= 1 and 0 <= flat < steep")
+        self.window, self.steep, self.flat, self.patience = window, steep, flat, patience
+        self.start = start
+        self.points: list[tuple[float, float]] = []
+        self.level: int | None = None  # the current push_every, once bounds are known
+        self.votes = 0  # consecutive agreeing signals: > 0 towards up, < 0 towards down
+        self._gain: float | None = None
+
+    @property
+    def trend(self) -> float | None:
+        return self._gain
+
+    def observe(self, now: float, accuracy: float, loss: float) -> None:
+        if not math.isfinite(accuracy):
+            return
+        self.points = [*self.points, (now, accuracy)][-self.window :]
+        self._gain = self.gain(self.points)
+        if self._gain is None:
+            return
+        signal = 1 if self._gain >= self.steep else -1 if self._gain <= self.flat else 0
+        self.votes = 0 if signal == 0 else self.votes + signal if self.votes * signal > 0 else signal
+
+    @staticmethod
+    def gain(points: list[tuple[float, float]]) -> float | None:
+        """Share of the remaining error (1 - accuracy) that the fitted line closes over the
+        span of ``points``; None for fewer than 2 points or no elapsed time."""
+        if len(points) < 2:
+            return None
+        t = np.array([p[0] for p in points])
+        a = np.array([p[1] for p in points])
+        span = float(t[-1] - t[0])
+        if span <= 0:
+            return None
+        slope = float(np.polyfit(t - t[0], a, 1)[0])
+        return slope * span / max(1.0 - float(a.mean()), 0.01)
+
+    def value(self, bounds: Bounds) -> int:
+        if self.level is None:
+            self.level = bounds.clip(self.start if self.start is not None else bounds.high)
+        if len(self.points) >= self.window and abs(self.votes) >= self.patience:
+            moved = bounds.clip(self.level * 2 if self.votes > 0 else self.level / 2)
+            if moved != self.level:
+                self.level = moved
+                self.points = self.points[-1:]  # judge the new setting on its own evidence
+            self.votes = 0
+        self.level = bounds.clip(self.level)
+        return self.level
+
+
+POLICIES = FREQUENCY_POLICIES
+
+
+def make_policy(name: str, push_every: int) -> FrequencyPolicy:
+    """``fixed`` (at ``push_every``), ``adacomm`` or ``trend``."""
+    if name == "fixed":
+        return Fixed(push_every)
+    if name == "adacomm":
+        return AdaComm()
+    if name == "trend":
+        return Trend()
+    raise ValueError(f"unknown frequency policy {name!r}; known: {', '.join(POLICIES)}")
+
+
+@dataclass
+class StepRate:
+    """A device's local steps per second, smoothed over its commits."""
+
+    ready_at: float | None = None  # when it could start training towards its next commit
+    rate: float | None = None
+    history: list[float] = field(default_factory=list)
+
+    def commit(self, steps: int, now: float, smoothing: float = 0.5) -> None:
+        if self.ready_at is not None and now > self.ready_at:
+            sample = steps / (now - self.ready_at)
+            self.rate = sample if self.rate is None else (1 - smoothing) * self.rate + smoothing * sample
+        self.ready_at = now
+
+
+class Balancer:
+    """Per-device adjustment after ADSP's commit-rate balancing: a device gets push_every in
+    proportion to its step rate, so that the slowest commits as often as the fastest and does
+    not hold the barrier; the fastest keep the base value (they are never throttled). A
+    device's value changes only when it moves by at least ``tolerance`` (relative), so that
+    measurement noise does not rewrite its control message every round. A device's rate is
+    what it reports (its timed steps, in its status), else what its commits show; until
+    either is known it gets the base value."""
+
+    def __init__(self, tolerance: float = 0.25) -> None:
+        self.tolerance = tolerance
+        self.rates: dict[str, StepRate] = {}
+        self.reported: dict[str, float] = {}  # steps per second, from the devices' own timing
+        self.current: dict[str, int] = {}
+
+    def on_commit(self, device: str, steps: int, now: float) -> None:
+        self.rates.setdefault(device, StepRate()).commit(steps, now)
+
+    def on_ready(self, device: str, now: float) -> None:
+        """``device`` may train again from ``now`` (it was waiting for parameters)."""
+        self.rates.setdefault(device, StepRate()).ready_at = now
+
+    def on_report(self, device: str, step_s: float) -> None:
+        """``device`` timed its local steps at ``step_s`` seconds each."""
+        self.reported[device] = 1.0 / step_s
+
+    def rate(self, device: str) -> float | None:
+        """Steps per second: as the device reported it, else as measured from its commits."""
+        if device in self.reported:
+            return self.reported[device]
+        return self.rates[device].rate if device in self.rates else None
+
+    def forget(self, device: str) -> None:
+        self.rates.pop(device, None)
+        self.reported.pop(device, None)
+        self.current.pop(device, None)
+
+    def assign(self, devices: list[str], base: int, bounds: Bounds) -> dict[str, int]:
+        fastest = max((r for r in map(self.rate, devices) if r), default=None)
+        out = {}
+        for device in devices:
+            rate = self.rate(device)
+            # not measured yet: the base value
+            wanted = base if not rate else max(bounds.low, min(base, round(base * rate / fastest)))
+            current = self.current.get(device)
+            if current is None or abs(wanted - current) >= self.tolerance * current or wanted == base:
+                current = wanted
+            self.current[device] = current
+            out[device] = current
+        return out
+
+
+class FrequencyController:
+    """The policy, the bounds, the per-device balancing and the operator's levers together."""
+
+    def __init__(self, policy: FrequencyPolicy, bounds: Bounds, balance: bool) -> None:
+        self.policy, self.bounds, self.balance = policy, bounds, balance
+        self.balancer = Balancer()
+        self.frozen: int | None = None  # the base push_every an operator froze
+        self.assigned: dict[str, int] = {}
+
+    def observe(self, now: float, accuracy: float, loss: float) -> None:
+        self.policy.observe(now, accuracy, loss)
+
+    @property
+    def base(self) -> int:
+        return self.frozen if self.frozen is not None else self.policy.value(self.bounds)
+
+    def freeze(self) -> None:
+        self.frozen = self.base
+
+    def unfreeze(self) -> None:
+        self.frozen = None
+
+    def set_bounds(self, low: int | None, high: int | None) -> None:
+        self.bounds = Bounds(self.bounds.low if low is None else low, self.bounds.high if high is None else high)
+        if self.frozen is not None:
+            self.frozen = self.bounds.clip(self.frozen)
+
+    def set_policy(self, policy: FrequencyPolicy) -> None:
+        self.policy = policy
+
+    def push_every(self, device: str) -> int:
+        """The push_every ``device`` has, or gets when it comes online."""
+        if device in self.assigned:
+            return self.assigned[device]
+        return self.base
+
+    def assign(self, devices: list[str]) -> dict[str, int]:
+        """push_every per device; also remembered in ``assigned``."""
+        base = self.base
+        if self.balance:
+            self.assigned = self.balancer.assign(devices, base, self.bounds)
+        else:
+            self.assigned = dict.fromkeys(devices, base)
+        return dict(self.assigned)
