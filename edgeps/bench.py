@@ -163,11 +163,14 @@ def run_bench_pace(
 
 
 #: The frequency bench's runs: (label, scenario changes). fixed keeps the scenario's push_every;
-#: adacomm and trend move within the scenario's bounds; trend adds the per-device balancing.
+#: adacomm and trend move within the scenario's bounds; trend adds the per-device adjustment.
+#: The last two rows separate the policy from the adjustment.
 FREQ_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("fixed", {"frequency": "fixed"}),
     ("adacomm", {"frequency": "adacomm"}),
-    ("trend", {"frequency": "trend", "balance": True}),
+    ("trend", {"frequency": "trend", "balance": "release"}),
+    ("trend/steps", {"frequency": "trend", "balance": "steps"}),
+    ("adacomm/release", {"frequency": "adacomm", "balance": "release"}),
 )
 
 
@@ -205,7 +208,7 @@ def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] 
 def format_freq_table(runs: list[dict[str, Any]]) -> str:
     first = runs[0]["commits_to_target"] if runs else None
     head = (
-        f"{'policy':<10} {'commits to target':>18} {'vs 1st':>7} {'MB to target':>13} {'to target, s':>13} "
+        f"{'policy':<16} {'commits to target':>18} {'vs 1st':>7} {'MB to target':>13} {'to target, s':>13} "
         f"{'best acc':>9} {'plateau':>8} {'commits':>8} {'eval s':>7}"
     )
     lines = [head, "-" * len(head)]
@@ -214,7 +217,7 @@ def format_freq_table(runs: list[dict[str, Any]]) -> str:
         saving = f"{commits / first - 1:+.0%}" if first and commits else "-"
         mb = "never" if r["bytes_to_target"] is None else f"{r['bytes_to_target'] / 1e6:.2f}"
         lines.append(
-            f"{r['policy']:<10} {commits if commits is not None else 'never':>18} {saving:>7} {mb:>13} "
+            f"{r['policy']:<16} {commits if commits is not None else 'never':>18} {saving:>7} {mb:>13} "
             f"{_fmt_time(r['time_to_target']):>13} {r['best_accuracy']:>9.4f} {r['plateau_accuracy']:>8.4f} "
             f"{r['commits']:>8} {r['eval_s']:>7.2f}"
         )

@@ -36,7 +36,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frequency", default="fixed", help="push_every policy: fixed, adacomm or trend")
     parser.add_argument("--push-every-min", type=int, default=1, help="adacomm/trend: lowest push_every")
     parser.add_argument("--push-every-max", type=int, default=160, help="adacomm/trend: highest push_every")
-    parser.add_argument("--balance", action="store_true", help="per-device push_every from measured step rates")
+    parser.add_argument(
+        "--balance",
+        choices=("off", "steps", "release"),
+        default="off",
+        help="per device: push_every in proportion to step rate (steps), or slow devices leave the barrier (release)",
+    )
     parser.add_argument("--eval-every", type=int, default=1, help="evaluate every this many versions")
     parser.add_argument("--eval-sample", type=int, help="evaluate on a fixed sample of this many held-out rows")
 

@@ -38,7 +38,7 @@ class DemoSettings:
     frequency: str = "fixed"
     push_every_min: int = 1
     push_every_max: int = 160
-    balance: bool = False
+    balance: str = "off"
     eval_every: int = 1
     eval_sample: int | None = None
     job: str = "demo"
@@ -113,9 +113,8 @@ def run_local_job(
             "--codec", settings.codec, "--pull-codec", settings.pull_codec,
             "--frequency", settings.frequency, "--push-every-min", str(settings.push_every_min),
             "--push-every-max", str(settings.push_every_max), "--eval-every", str(settings.eval_every),
+            "--balance", settings.balance,
         ]  # fmt: skip
-        if settings.balance:
-            server_args.append("--balance")
         if settings.eval_sample:
             server_args += ["--eval-sample", str(settings.eval_sample)]
         if settings.duration_s:

@@ -12,6 +12,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,7 +53,7 @@ class Scenario(BaseModel):
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1)
     push_every_max: int = Field(160, ge=1)
-    balance: bool = Field(False, description="per-device push_every from each device's step rate")
+    balance: Literal["off", "steps", "release"] = Field("off", description="per-device adjustment, see ServerConfig")
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
     sample_s: float = Field(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.codecs import make_codec
@@ -37,7 +39,11 @@ class ServerConfig(BaseModel):
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
     push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")
-    balance: bool = Field(False, description="per-device push_every in proportion to each device's step rate")
+    balance: Literal["off", "steps", "release"] = Field(
+        "off",
+        description="per device: steps = push_every in proportion to its step rate; release = a device much "
+        "slower than the median leaves the barrier and commits at its own pace",
+    )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every this many broadcast versions")
     eval_sample: int | None = Field(None, ge=1, description="evaluate on a fixed sample of this many held-out rows")
 

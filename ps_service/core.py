@@ -110,7 +110,9 @@ class ServerCore:
         if status.step_s is not None:
             self.frequency.balancer.on_report(device, status.step_s)
         if not self.registry.set_online(device, status.samples):  # already online: a speed report
-            return self._reassign() if status.step_s is not None else []
+            if status.step_s is None:
+                return []
+            return self._reassign() + self._release(now)
         log.info("device %s online (%d samples)", device, status.samples)
         if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
             self.traffic.bytes_down += len(self.broadcaster.snapshot)
@@ -207,18 +209,30 @@ class ServerCore:
                 frequency.set_policy(make_policy(command.policy, self.config.push_every))
         return self._reassign()
 
+    def _release(self, now: float) -> list[Publish]:
+        """Release balancing: stop waiting for devices much slower than the rest."""
+        if not self.pace.wait_for_barrier or not self.quorum or self.finished:
+            return []
+        released = self.frequency.released(sorted(self.registry.active())) - self.stragglers
+        if not released:
+            return []
+        log.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
+        self.stragglers.update(released)
+        return self._maybe_aggregate(now)
+
     def _reassign(self) -> list[Publish]:
         """Control messages for the devices whose push_every changed."""
-        before = dict(self.frequency.assigned)
-        after = self.frequency.assign(sorted(self.registry.active()))
-        return [self._control(device) for device, value in after.items() if before.get(device) != value]
+        devices = sorted(self.registry.active())
+        before = {device: self.frequency.push_every(device) for device in devices}  # what each was told
+        after = self.frequency.assign(devices)
+        return [self._control(device) for device, value in after.items() if before[device] != value]
 
     # -------------------------------------------------------------- internals
     def _device_left(self, device: str, now: float) -> list[Publish]:
         self.stragglers.discard(device)
         if not self.registry.set_offline(device):
             return []
-        self.frequency.balancer.forget(device)
+        self.frequency.forget(device)
         log.info("device %s offline: it leaves the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
 
@@ -252,7 +266,10 @@ class ServerCore:
             for device in self.registry.active():
                 self.frequency.balancer.on_ready(device, now)
         metrics = self._metrics(now)  # evaluates, and the policy observes the evaluation
-        out = [*messages, *([] if self.finished else self._reassign()), self._barrier(), metrics]
+        changed = [] if self.finished else self._reassign()
+        if self.pace.wait_for_barrier and not self.finished:  # the new round waits only for those it should
+            self.stragglers.update(self.frequency.released(sorted(self.registry.active())))
+        out = [*messages, *changed, self._barrier(), metrics]
         if self.finished:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
         return out

@@ -150,7 +150,7 @@ class Trend(FrequencyPolicy):
         if self.level is None:
             self.level = bounds.clip(self.start if self.start is not None else bounds.high)
         if len(self.points) >= self.window and abs(self.votes) >= self.patience:
-            moved = bounds.clip(self.level * 2 if self.votes > 0 else self.level / 2)
+            moved = bounds.clip(self.level * 2 if self.votes > 0 else math.ceil(self.level / 2))
             if moved != self.level:
                 self.level = moved
                 self.points = self.points[-1:]  # judge the new setting on its own evidence
@@ -189,16 +189,28 @@ class StepRate:
 
 
 class Balancer:
-    """Per-device adjustment after ADSP's commit-rate balancing: a device gets push_every in
-    proportion to its step rate, so that the slowest commits as often as the fastest and does
-    not hold the barrier; the fastest keep the base value (they are never throttled). A
-    device's value changes only when it moves by at least ``tolerance`` (relative), so that
-    measurement noise does not rewrite its control message every round. A device's rate is
-    what it reports (its timed steps, in its status), else what its commits show; until
-    either is known it gets the base value."""
+    """Per-device adjustment after ADSP: slow devices must not hold the barrier, fast devices
+    must not be throttled. Two ways, chosen by ``mode``:
 
-    def __init__(self, tolerance: float = 0.25) -> None:
-        self.tolerance = tolerance
+    * ``steps``: a device gets push_every in proportion to its step rate, so that the slowest
+      commits as often as the fastest; the fastest keep the base value. A value changes only
+      when it moves by at least ``tolerance`` (relative), so that measurement noise does not
+      rewrite a control message every round.
+    * ``release``: every device keeps the base push_every; a device expected to need more
+      than ``factor`` times the median device's time for its next commit leaves the barrier
+      (as if past the round deadline) and commits at its own pace, its commit joining the
+      round open when it arrives, with its staleness weight. Fewer commits, and no short
+      slow-device commits stretched to the round's step count by the aggregation.
+
+    A device's rate is what it reports (its timed steps, in its status), else what its
+    commits show; until either is known it is treated as a fast one."""
+
+    MODES = ("off", "steps", "release")
+
+    def __init__(self, mode: str = "off", tolerance: float = 0.25, factor: float = 2.0) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"unknown balance mode {mode!r}; known: {', '.join(self.MODES)}")
+        self.mode, self.tolerance, self.factor = mode, tolerance, factor
         self.rates: dict[str, StepRate] = {}
         self.reported: dict[str, float] = {}  # steps per second, from the devices' own timing
         self.current: dict[str, int] = {}
@@ -226,12 +238,14 @@ class Balancer:
         self.current.pop(device, None)
 
     def assign(self, devices: list[str], base: int, bounds: Bounds) -> dict[str, int]:
+        """push_every per device."""
+        if self.mode != "steps":
+            return dict.fromkeys(devices, base)
         fastest = max((r for r in map(self.rate, devices) if r), default=None)
         out = {}
         for device in devices:
             rate = self.rate(device)
-            # not measured yet: the base value
-            wanted = base if not rate else max(bounds.low, min(base, round(base * rate / fastest)))
+            wanted = base if not rate or not fastest else max(bounds.low, min(base, round(base * rate / fastest)))
             current = self.current.get(device)
             if current is None or abs(wanted - current) >= self.tolerance * current or wanted == base:
                 current = wanted
@@ -239,13 +253,23 @@ class Balancer:
             out[device] = current
         return out
 
+    def released(self, push_every: dict[str, int]) -> set[str]:
+        """``release`` mode: the devices the barrier should not wait for."""
+        if self.mode != "release":
+            return set()
+        expected = {d: p / rate for d, p in push_every.items() if (rate := self.rate(d))}
+        if len(expected) < 2:
+            return set()
+        median = float(np.median(list(expected.values())))
+        return {d for d, t in expected.items() if t > self.factor * median}
+
 
 class FrequencyController:
     """The policy, the bounds, the per-device balancing and the operator's levers together."""
 
-    def __init__(self, policy: FrequencyPolicy, bounds: Bounds, balance: bool) -> None:
-        self.policy, self.bounds, self.balance = policy, bounds, balance
-        self.balancer = Balancer()
+    def __init__(self, policy: FrequencyPolicy, bounds: Bounds, balance: str = "off") -> None:
+        self.policy, self.bounds = policy, bounds
+        self.balancer = Balancer(balance)
         self.frozen: int | None = None  # the base push_every an operator froze
         self.assigned: dict[str, int] = {}
 
@@ -271,16 +295,19 @@ class FrequencyController:
         self.policy = policy
 
     def push_every(self, device: str) -> int:
-        """The push_every ``device`` has, or gets when it comes online."""
-        if device in self.assigned:
-            return self.assigned[device]
-        return self.base
+        """The push_every ``device`` was given; a device new to the controller gets the base value."""
+        return self.assigned.setdefault(device, self.base)
 
     def assign(self, devices: list[str]) -> dict[str, int]:
         """push_every per device; also remembered in ``assigned``."""
-        base = self.base
-        if self.balance:
-            self.assigned = self.balancer.assign(devices, base, self.bounds)
-        else:
-            self.assigned = dict.fromkeys(devices, base)
+        self.assigned = self.balancer.assign(devices, self.base, self.bounds)
         return dict(self.assigned)
+
+    def released(self, devices: list[str]) -> set[str]:
+        """Devices the round should not wait for (``release`` balancing)."""
+        return self.balancer.released({d: self.push_every(d) for d in devices})
+
+    def forget(self, device: str) -> None:
+        """``device`` went offline: it starts afresh when it returns."""
+        self.balancer.forget(device)
+        self.assigned.pop(device, None)

@@ -36,7 +36,8 @@ def blobs(n: int = 200, features: int = 8, classes: int = 3, seed: int = 0) -> D
 
 def small_server(pace: str = "bsp", rounds: int = 5, **overrides: object) -> ServerCore:
     data = blobs()
-    config = ServerConfig(job="t", pace=pace, rounds=rounds, push_every=2, lr=0.1, batch_size=16, **overrides)
+    settings: dict = {"push_every": 2, "lr": 0.1, "batch_size": 16, **overrides}
+    config = ServerConfig(job="t", pace=pace, rounds=rounds, **settings)
     return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data))
 
 

@@ -157,3 +157,19 @@ def test_commits_use_the_control_codec_and_keep_what_it_dropped() -> None:
         true_delta = device._local[name] - before[name]
         np.testing.assert_allclose(values + device.feedback.residual[name], true_delta, atol=1e-6)
     assert len(commit.payload) < 0.25 * len(params_frame(0))  # a tiny model: headers weigh in
+
+
+def test_a_device_reports_its_speed_after_a_few_steps_and_again_only_when_it_drifts() -> None:
+    from edge_client.core import SPEED_SAMPLES
+    from schemas.messages import DeviceStatus
+
+    device = small_device("d")
+    reports = [device.timed_step(0.02) for _ in range(SPEED_SAMPLES + 5)]
+    assert [len(r) for r in reports] == [0] * (SPEED_SAMPLES - 1) + [1] + [0] * 5
+    status = DeviceStatus.from_bytes(reports[SPEED_SAMPLES - 1][0].payload)
+    assert status.state == "online" and status.step_s == pytest.approx(0.02)
+    assert reports[SPEED_SAMPLES - 1][0].retain
+    slower = [device.timed_step(0.05) for _ in range(20)]  # the device slows down (thermal throttling, say)
+    assert 1 <= sum(len(r) for r in slower) <= 4  # a few reports as the smoothed time moves, not one per step
+    assert device.step_s == pytest.approx(0.05, rel=0.25)
+    assert device.timed_step(0.0) == [] and device.timed_step(float("nan")) == []
