@@ -67,3 +67,18 @@ def test_bench_pace_sweeps_push_and_pull_codecs(tmp_path) -> None:
     ]
     assert runs[1]["bytes_up"] * 10 < runs[0]["bytes_up"]
     assert runs[1]["bytes_down"] < runs[0]["bytes_down"]  # 1 s: the joins' full snapshots dominate
+
+
+def test_bench_freq_writes_table_plot_and_json(tmp_path, capsys) -> None:
+    from edgeps.bench import run_bench_freq
+
+    scenario = Scenario(devices=4, duration_s=2.0, hidden=(16,), sample_s=0.5, target=0.5, push_every_max=20)
+    run_bench_freq(scenario, json_path=str(tmp_path / "f.json"), plot_path=tmp_path / "f.png")
+    report = json.loads((tmp_path / "f.json").read_text())
+    keys = {"policy", "commits_to_target", "bytes_to_target", "time_to_target", "best_accuracy"}
+    assert [r["policy"] for r in report["runs"]][:3] == ["fixed", "adacomm", "trend"]
+    assert all(keys <= set(r) for r in report["runs"])
+    fixed = report["runs"][0]
+    assert fixed["commits_to_target"] is None or 0 < fixed["commits_to_target"] <= fixed["commits"]
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    assert "commits to target" in capsys.readouterr().out

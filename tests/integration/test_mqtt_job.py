@@ -251,3 +251,47 @@ def test_a_job_survives_a_broker_restart_without_losing_or_repeating_a_commit(tm
     assert server.traffic.applied == 3 * 40  # every round got each device's commit, once
     # QoS 1 is at-least-once: a commit in flight at the restart may come again; it is refused.
     assert set(server.traffic.rejected) <= {"replayed"} and all(d.finished for d in cores)
+
+
+def test_frequency_over_mosquitto_balances_a_slow_device_and_obeys_the_operator(mosquitto, tmp_path) -> None:
+    from edge_client.profile import DeviceProfile
+    from schemas.messages import Command
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=3, alpha=0.5, seed=0)
+    config = {"job": "freq", "pace": "acbsp", "rounds": 400, "min_devices": 3, "frequency": "trend"}
+    server, thread, stop = start_server(
+        address, Dataset.load(shards.holdout), push_every_max=40, balance="steps", **config
+    )
+    cores = [
+        DeviceCore("freq", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
+    ]
+    profiles = [DeviceProfile(step_s=0.002), DeviceProfile(step_s=0.002), DeviceProfile(step_s=0.002, slowdown=4)]
+    runners = [
+        threading.Thread(target=run_device, args=(d, connect_device(d, address), p), daemon=True)
+        for d, p in zip(cores, profiles, strict=True)
+    ]
+    for runner in runners:
+        runner.start()
+    operator = MqttTransport(address, "operator", [])
+    operator.wait_connected(10)
+    try:
+        fast, slow = cores[0], cores[2]
+        wait_until(lambda: server.store.version >= 3, timeout=30, what="three versions")
+        # the slow device reported its speed and got fewer steps per commit than a fast one
+        wait_until(lambda: slow.control.push_every < fast.control.push_every, timeout=10, what="balancing")
+        operator.publish(Publish(server.topics.cmd, Command(cmd="set_frequency", policy="fixed").to_bytes(), qos=1))
+        operator.publish(Publish(server.topics.cmd, Command(cmd="set_frequency", low=7, high=7).to_bytes(), qos=1))
+        wait_until(lambda: all(d.control.push_every == 7 for d in cores), timeout=10, what="the operator's value")
+        version = server.store.version
+        wait_until(lambda: server.store.version >= version + 3, timeout=30, what="training to go on")
+        assert server.history[-1].push_every == {d.device: 7 for d in cores} and server.history[-1].frequency == "fixed"
+        assert server.traffic.rejected == {}
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for core in cores:
+            core.finished = True
+        for runner in runners:
+            runner.join(timeout=10)
+        operator.close()
