@@ -181,7 +181,8 @@ def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] 
     for n, (label, changes) in enumerate(runs, 1):
         say(f"[{n}/{len(runs)}] {label}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
         started = time.monotonic()
-        result = Simulation(replace_scenario(scenario, **changes), "acbsp", data).run()
+        simulation = Simulation(replace_scenario(scenario, **changes), "acbsp", data)
+        result = simulation.run()
         at_target = result.at_target()
         rows.append(
             {
@@ -194,7 +195,7 @@ def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] 
                 "commits": result.commits,
                 "bytes": result.bytes_up + result.bytes_down,
                 "eval_s": result.history[-1].eval_s,
-                "evaluations": result.history[-1].evaluated_version and len(result.history),
+                "evaluations": simulation.server.evaluator.calls,
                 **changes,
             }
         )
