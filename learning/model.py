@@ -1,13 +1,19 @@
-"""The numpy reference model: a ReLU MLP with softmax cross-entropy.
+"""The numpy reference models: a ReLU MLP, and a small CNN in front of one, with softmax
+cross-entropy.
 
 Parameters are a flat, ordered dict of float32 arrays named ``dense{i}.w`` (in, out)
-and ``dense{i}.b`` (out,); the layer sizes follow from their shapes, so a device learns
-the architecture from the first parameter frame it receives.
+and ``dense{i}.b`` (out,); the CNN adds ``conv0.w`` (k*k, channels) and ``conv0.b``
+(channels,): a k x k valid convolution over the square input image, as a matrix
+product with the image's k x k patches (im2col), then ReLU, flattened position by
+position (channels fastest) into the MLP. The architecture follows from the shapes, so a
+device learns it from the first parameter frame it receives.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 
 import numpy as np
 
@@ -24,6 +30,57 @@ def init_mlp(sizes: list[int], seed: int) -> Params:
         params[f"dense{i}.w"] = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
         params[f"dense{i}.b"] = np.zeros(fan_out, dtype=np.float32)
     return params
+
+
+def init_cnn(side: int, kernel: int, channels: int, hidden: list[int], classes: int, seed: int) -> Params:
+    """A k x k convolution with ``channels`` filters over a side x side image, then an MLP."""
+    if not 1 <= kernel <= side or channels < 1:
+        raise ValueError(f"a {kernel}x{kernel} kernel with {channels} channels does not fit a {side}x{side} image")
+    rng = np.random.default_rng(seed + 1_000_003)
+    out = side - kernel + 1
+    conv = {
+        "conv0.w": (rng.standard_normal((kernel * kernel, channels)) * np.sqrt(2.0 / kernel**2)).astype(np.float32),
+        "conv0.b": np.zeros(channels, dtype=np.float32),
+    }
+    return {**conv, **init_mlp([out * out * channels, *hidden, classes], seed)}
+
+
+def architecture(params: Params) -> str:
+    """``cnn`` if the parameters hold a convolution, else ``mlp``."""
+    return "cnn" if "conv0.w" in params else "mlp"
+
+
+def conv_geometry(params: Params, features: int) -> tuple[int, int, int]:
+    """(image side, kernel, channels) of a CNN on ``features`` inputs; ValueError if inconsistent."""
+    w = params["conv0.w"]
+    side, kernel = math.isqrt(features), math.isqrt(w.shape[0])
+    if side * side != features or kernel * kernel != w.shape[0] or not 1 <= kernel <= side:
+        raise ValueError(f"conv0.w {w.shape} does not convolve a square image of {features} values")
+    channels = w.shape[1]
+    if params["conv0.b"].shape != (channels,) or params["dense0.w"].shape[0] != (side - kernel + 1) ** 2 * channels:
+        raise ValueError("conv0.b or dense0.w does not match conv0.w")
+    return side, kernel, channels
+
+
+@functools.cache
+def patch_index(side: int, kernel: int) -> np.ndarray:
+    """(positions, k*k) indices into a flattened side x side image: each valid k x k patch, row-major."""
+    out = side - kernel + 1
+    rows, cols = np.divmod(np.arange(out * out), out)
+    di, dj = np.divmod(np.arange(kernel * kernel), kernel)
+    return ((rows[:, None] + di[None, :]) * side + cols[:, None] + dj[None, :]).astype(np.int32)
+
+
+def _dense(params: Params) -> Params:
+    return {name: value for name, value in params.items() if name.startswith("dense")}
+
+
+def _conv_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(patches (n, positions, k*k), activations (n, positions, channels), flattened features)."""
+    side, kernel, _ = conv_geometry(params, x.shape[1])
+    patches = x[:, patch_index(side, kernel)]
+    activations = np.maximum(patches @ params["conv0.w"] + params["conv0.b"], 0.0)
+    return patches, activations, activations.reshape(len(x), -1)
 
 
 def mlp_sizes(params: Params) -> list[int]:
@@ -44,12 +101,12 @@ def mlp_sizes(params: Params) -> list[int]:
 
 
 def _layers(params: Params) -> int:
-    return len(params) // 2
+    return sum(1 for name in params if name.startswith("dense") and name.endswith(".w"))
 
 
 def forward(params: Params, x: np.ndarray) -> np.ndarray:
     """Logits for a batch ``x`` of shape (n, features)."""
-    h = x
+    h = _conv_forward(params, x)[2] if architecture(params) == "cnn" else x
     last = _layers(params) - 1
     for i in range(last + 1):
         h = h @ params[f"dense{i}.w"] + params[f"dense{i}.b"]
@@ -65,9 +122,13 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
     """Mean softmax cross-entropy over the batch and its gradient for every parameter."""
+    cnn = architecture(params) == "cnn"
+    if cnn:
+        patches, conv_out, h = _conv_forward(params, x)
+    else:
+        h = x
     last = _layers(params) - 1
-    activations = [x]
-    h = x
+    activations = [h]
     for i in range(last + 1):
         h = h @ params[f"dense{i}.w"] + params[f"dense{i}.b"]
         if i < last:
@@ -85,6 +146,10 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float,
         grads[f"dense{i}.b"] = delta.sum(axis=0).astype(np.float32)
         if i > 0:
             delta = (delta @ params[f"dense{i}.w"].T) * (activations[i] > 0)
+    if cnn:  # back through the flattening, the ReLU and the patch product
+        delta = (delta @ params["dense0.w"].T).reshape(conv_out.shape) * (conv_out > 0)
+        grads["conv0.w"] = np.einsum("npk,npc->kc", patches, delta).astype(np.float32)
+        grads["conv0.b"] = delta.sum(axis=(0, 1)).astype(np.float32)
     return loss, {name: grads[name] for name in params}
 
 

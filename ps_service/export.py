@@ -1,0 +1,122 @@
+"""The server builds the devices' trainer with TensorFlow and exports it as TFLite.
+
+Two stateless signatures, parameters passed in as inputs so that a device needs no
+variables or checkpoints:
+
+* ``loss_and_grads(<params>, x, y)`` -> ``loss`` and one gradient per parameter, for a
+  batch of exactly ``batch_size`` rows (TensorFlow's gradients of broadcasting ops need
+  shape arithmetic that TFLite's builtins lack when the batch is dynamic);
+* ``predict(<params>, x)`` -> ``logits``, for any number of rows.
+
+Only TFLite builtin ops: ReLU's gradient is written by hand (TF's ReluGrad does not
+convert), and the CNN's convolution is a gather of k x k patches times a matrix (im2col),
+whose weight gradient is a matrix product (TF's Conv2DBackpropFilter does not convert).
+The arithmetic is learning.model's, so the two backends agree to float rounding.
+
+Needs the ``tf`` extra (tensorflow-cpu); imported only when an artifact is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+
+import numpy as np
+
+from learning.model import Params, architecture, conv_geometry, patch_index
+from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
+
+
+def model_features(params: Params) -> int:
+    """Input features of a parameter set (the CNN's image is square)."""
+    if architecture(params) == "mlp":
+        return int(params["dense0.w"].shape[0])
+    kernel, channels = math.isqrt(params["conv0.w"].shape[0]), params["conv0.w"].shape[1]
+    out = math.isqrt(params["dense0.w"].shape[0] // channels)
+    features = (out + kernel - 1) ** 2
+    conv_geometry(params, features)  # ValueError if the shapes do not fit together
+    return features
+
+
+def build_tflite(params: Params, batch_size: int) -> bytes:
+    """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    names = list(params)
+    features = model_features(params)
+    classes = int(params[f"dense{sum(n.startswith('dense') for n in names) // 2 - 1}.b"].shape[0])
+    cnn = architecture(params) == "cnn"
+    if cnn:
+        side, kernel, channels = conv_geometry(params, features)
+        index = tf.constant(patch_index(side, kernel))
+        positions = index.shape[0]
+
+    @tf.custom_gradient
+    def relu(h):
+        def grad(upstream):
+            return upstream * tf.cast(h > 0, tf.float32)
+
+        return tf.maximum(h, 0.0), grad
+
+    def logits(p: dict, x):
+        h = x
+        if cnn:
+            patches = tf.reshape(tf.gather(x, index, axis=1), [-1, kernel * kernel])
+            conv = tf.reshape(tf.matmul(patches, p["conv0.w"]), [-1, positions, channels]) + p["conv0.b"]
+            h = tf.reshape(relu(conv), [-1, positions * channels])
+        layers = sum(name.startswith("dense") for name in p) // 2
+        for i in range(layers):
+            h = tf.matmul(h, p[f"dense{i}.w"]) + p[f"dense{i}.b"]
+            if i < layers - 1:
+                h = relu(h)
+        return h
+
+    specs = [tf.TensorSpec(params[n].shape, tf.float32, name=n.replace(".", "_")) for n in names]
+    train_x = tf.TensorSpec([batch_size, features], tf.float32, name="x")
+    train_y = tf.TensorSpec([batch_size], tf.int32, name="y")
+    any_x = tf.TensorSpec([None, features], tf.float32, name="x")
+
+    class Trainer(tf.Module):
+        @tf.function(input_signature=[*specs, train_x, train_y])
+        def loss_and_grads(self, *args):
+            p, x, y = dict(zip(names, args[:-2], strict=True)), args[-2], args[-1]
+            with tf.GradientTape() as tape:
+                tape.watch(list(p.values()))
+                z = logits(p, x)
+                log_probs = z - tf.reduce_logsumexp(z, axis=1, keepdims=True)
+                loss = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, classes) * log_probs, axis=1))
+            grads = tape.gradient(loss, [p[n] for n in names])
+            return {"loss": loss, **{n.replace(".", "_"): g for n, g in zip(names, grads, strict=True)}}
+
+        @tf.function(input_signature=[*specs, any_x])
+        def predict(self, *args):
+            return {"logits": logits(dict(zip(names, args[:-1], strict=True)), args[-1])}
+
+    module = Trainer()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [module.loss_and_grads.get_concrete_function(), module.predict.get_concrete_function()], module
+    )
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex: a plain runtime runs it
+    return converter.convert()
+
+
+def build_artifact(params: Params, batch_size: int, version: int = 1) -> bytes:
+    """The artifact payload for ``edgeps/{job}/model``: metadata and the verified flatbuffer."""
+    import tensorflow as tf
+
+    tflite = build_tflite(params, batch_size)
+    layers = sum(n.startswith("dense") for n in params) // 2
+    meta = ArtifactMeta(
+        arch=architecture(params),  # type: ignore[arg-type]
+        version=version,
+        params=[TensorSpec(name=n, shape=tuple(int(d) for d in v.shape)) for n, v in params.items()],
+        features=model_features(params),
+        classes=int(np.asarray(params[f"dense{layers - 1}.b"]).shape[0]),
+        batch_size=batch_size,
+        sha256=hashlib.sha256(tflite).hexdigest(),
+        size=len(tflite),
+        built_with=f"tensorflow {tf.__version__}",
+    )
+    return encode_artifact(meta, tflite)
