@@ -10,9 +10,11 @@ import logging
 
 import numpy as np
 
+from edge_client.tflite import TFLiteTrainer, TrainerError
 from edge_client.trainer import Trainer
 from learning.data import Dataset
 from learning.model import Params
+from schemas.artifact import ArtifactError, decode_artifact
 from schemas.codecs import ErrorFeedback, make_codec
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 from schemas.messages import Barrier, Control, DeviceStatus, MessageError, Notice
@@ -34,13 +36,27 @@ class DeviceCore:
     uncommitted progress while waiting, so this is plain adoption.
     """
 
-    def __init__(self, job: str, device: str, data: Dataset, trainer: Trainer, seed: int = 0) -> None:
+    def __init__(
+        self,
+        job: str,
+        device: str,
+        data: Dataset,
+        trainer: Trainer | None,
+        seed: int = 0,
+        use_artifact: bool = False,
+    ) -> None:
         if len(data) == 0:
             raise ValueError("a device needs training data")
+        if trainer is None and not use_artifact:
+            raise ValueError("a device needs a trainer, or the server's model artifact")
         self.topics = Topics(job)
         self.device = device
         self.data = data
-        self.trainer = trainer
+        self.trainer = trainer  # None until the model artifact arrives (tflite backend)
+        self.fallback = trainer  # auto backend: what to train with if the artifact's trainer fails
+        self.use_artifact = use_artifact  # subscribe to the model topic and train with its trainer
+        self.artifact: bytes | None = None  # the verified artifact in use
+        self.artifact_error: str | None = None
         self.rng = np.random.default_rng(seed)
         self.control: Control | None = None
         self.feedback = ErrorFeedback(make_codec("fp32"))
@@ -71,7 +87,8 @@ class DeviceCore:
         t = self.topics
         deltas = self.control is not None and self.control.pull_codec != "fp32"
         snapshot = [t.params] if not deltas or self.server_version < 0 or self.gap else []
-        return [*snapshot, t.delta, t.ctrl(self.device), t.barrier, t.notice(self.device)]
+        model = [t.model] if self.use_artifact else []
+        return [*snapshot, t.delta, t.ctrl(self.device), t.barrier, t.notice(self.device), *model]
 
     def status(self, state: str) -> Publish:
         """The retained status message (``online`` hello, or ``offline`` for the last will)."""
@@ -79,7 +96,7 @@ class DeviceCore:
             device=self.device,
             state=state,
             samples=len(self.data),
-            backend=self.trainer.name,
+            backend=self.trainer.name if self.trainer is not None else "waiting for model",
             busy_s=round(self.busy_s, 6),
             idle_s=round(self.idle_s, 6),
             step_s=self.step_s,
@@ -97,6 +114,7 @@ class DeviceCore:
         """Whether a local step may run now."""
         return (
             self.control is not None
+            and self.trainer is not None
             and self._local is not None
             and not self.waiting
             and not self.blocked
@@ -118,12 +136,36 @@ class DeviceCore:
                 barrier = Barrier.from_bytes(payload)
                 self.slowest_clock = barrier.slowest_clock
                 self.finished = barrier.state == "finished" or self.finished
+            elif kind == "model" and payload and self.use_artifact:
+                self.load_artifact(payload)
             elif kind == "notice":
                 notice = Notice.from_bytes(payload)
                 self.notices.append(notice)
                 log.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
         except (FrameError, MessageError, ValueError) as exc:
             log.warning("ignored bad message on %s: %s", topic, exc)
+
+    def load_artifact(self, payload: bytes) -> bool:
+        """Verify a model artifact and train with its TFLite trainer from the next step. A
+        tampered or unrunnable artifact is refused with the reason in ``artifact_error``; the
+        device keeps its current trainer (none under the tflite backend: it does not train)."""
+        if payload == self.artifact:
+            return True
+        try:
+            meta, tflite = decode_artifact(payload)
+            if self._replica is not None:
+                shapes = {name: tuple(value.shape) for name, value in self._replica.items()}
+                if shapes != {spec.name: spec.shape for spec in meta.params}:
+                    raise ArtifactError(f"artifact tensors differ from the job's parameters {shapes}")
+            trainer = TFLiteTrainer(meta, tflite)
+        except (ArtifactError, TrainerError) as exc:
+            self.artifact_error = str(exc)
+            log.error("refused the model artifact: %s", exc)
+            return False
+        self.trainer, self.artifact, self.artifact_error = trainer, payload, None
+        log.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version, meta.built_with,
+                 meta.sha256[:12])  # fmt: skip
+        return True
 
     def on_params(self, frame: Frame) -> None:
         """A snapshot or a delta of a newer version: update the replica and adopt it."""
@@ -169,9 +211,16 @@ class DeviceCore:
         """One local SGD step; returns the commit when ``push_every`` steps are done."""
         if not self.ready:
             raise RuntimeError("step() called while the device is not ready")
-        assert self.control is not None and self._local is not None
+        assert self.control is not None and self._local is not None and self.trainer is not None
         batch = self.rng.integers(0, len(self.data), size=min(self.control.batch_size, len(self.data)))
-        self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
+        try:
+            self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
+        except TrainerError as exc:  # e.g. the job's batch size or model is not the artifact's
+            if self.fallback is None or self.trainer is self.fallback:
+                raise
+            log.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
+            self.trainer, self.artifact_error = self.fallback, str(exc)
+            self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         lr = np.float32(self.control.lr)
         for name, g in grads.items():
             self._local[name] -= lr * g

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
+from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import DeviceCore
 from edge_client.profile import DeviceProfile
 from edgeps.transport import BrokerAddress, MqttTransport, Transport
@@ -31,15 +33,22 @@ def run_device(
     transport: Transport,
     profile: DeviceProfile | None = None,
     stop: threading.Event | None = None,
+    cache: Path | None = None,
 ) -> None:
     """Train until the server says the job is finished (or ``stop`` is set), then leave cleanly.
 
     ``profile`` emulates a device class: each local step takes
     ``max(its measured time, profile.step_s) * profile.slowdown`` seconds. Time spent unable to train (waiting for
     parameters or the staleness bound) is counted in ``core.idle_s``, training in
-    ``core.busy_s``; both go out in the final offline status.
+    ``core.busy_s``; both go out in the final offline status. With ``cache``, verified model
+    artifacts are kept there and the newest one that still verifies is used at start.
     """
     profile = profile or DeviceProfile()
+    if cache is not None and core.use_artifact:
+        for payload in cached_artifacts(cache):
+            if core.load_artifact(payload):
+                break
+    cached = core.artifact
     clock = time.perf_counter
     mark = clock()
     while not core.finished and not (stop is not None and stop.is_set()):
@@ -49,6 +58,9 @@ def run_device(
             core.on_message(inbound.topic, inbound.payload)
             transport.ack(inbound)
             transport.subscribe_only(core.subscriptions())  # e.g. read the snapshot once, then deltas
+            if cache is not None and core.artifact is not None and core.artifact is not cached:
+                save_artifact(cache, core.artifact)
+                cached = core.artifact
         elif core.ready:
             started = clock()
             for message in core.step():

@@ -33,8 +33,17 @@ class NumpyTrainer(Trainer):
         return model.loss_and_grads(params, x, y)
 
 
-def make_trainer(backend: str) -> Trainer:
-    """A trainer by backend name."""
+BACKENDS = ("numpy", "tflite", "auto")
+
+
+def make_trainer(backend: str) -> tuple[Trainer | None, bool]:
+    """(the trainer to start with, whether to take the server's model artifact) for a backend:
+    ``numpy``: the reference, no artifact; ``tflite``: only the artifact's trainer (no training
+    until it arrives); ``auto``: numpy until an artifact arrives that this device can run."""
     if backend == "numpy":
-        return NumpyTrainer()
-    raise ValueError(f"unknown trainer backend {backend!r}; known: ['numpy']")
+        return NumpyTrainer(), False
+    if backend == "tflite":
+        return None, True
+    if backend == "auto":
+        return NumpyTrainer(), True
+    raise ValueError(f"unknown trainer backend {backend!r}; known: {list(BACKENDS)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -30,6 +31,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--hidden", default="64", help="hidden layer sizes, comma-separated")
+    parser.add_argument("--arch", default="mlp", choices=["mlp", "cnn"], help="cnn: a 3x3 convolution before the MLP")
+    parser.add_argument("--channels", type=int, default=16, help="cnn: convolution filters")
+    parser.add_argument("--kernel", type=int, default=3, help="cnn: kernel side")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--codec", default="fp32", help="devices' commit codec: fp32, fp16, int8, sign, ternary, ...")
     parser.add_argument("--pull-codec", default="fp32", help="fp32: parameter snapshots; else deltas, e.g. ternary")
@@ -59,17 +63,32 @@ def _stop_on_signals() -> threading.Event:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     from learning.data import Dataset, load_digits, stratified_split
-    from learning.model import init_mlp
+    from learning.model import init_cnn, init_mlp
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
     from ps_service.mqtt import connect_server, serve
+    from schemas.artifact import decode_artifact
 
     if args.eval_data:
         holdout = Dataset.load(args.eval_data)
     else:
         _, holdout = stratified_split(load_digits(), 0.2, args.seed)
-    sizes = [holdout.x.shape[1], *[int(h) for h in args.hidden.split(",") if h], holdout.classes]
+    hidden = [int(h) for h in args.hidden.split(",") if h]
+    sizes = [holdout.x.shape[1], *hidden, holdout.classes]
+    if args.arch == "cnn":
+        side = math.isqrt(holdout.x.shape[1])
+        params = init_cnn(side, args.kernel, args.channels, hidden, holdout.classes, args.seed)
+    else:
+        params = init_mlp(sizes, args.seed)
+    artifact = None
+    if args.artifact:
+        artifact = Path(args.artifact).read_bytes()
+        decode_artifact(artifact)  # refuse a broken file before any device sees it
+    elif args.export_tflite:
+        from ps_service.export import build_artifact
+
+        artifact = build_artifact(params, args.batch_size)
     config = ServerConfig(
         job=args.job,
         pace=args.pace,
@@ -90,7 +109,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         eval_sample=args.eval_sample,
     )
-    core = ServerCore(config, init_mlp(sizes, args.seed), Evaluator(holdout, args.eval_sample, args.seed))
+    core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
     transport = connect_server(core, _address(args))
     logging.getLogger("edgeps").info(
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
@@ -111,11 +130,14 @@ def cmd_client(args: argparse.Namespace) -> int:
     from edge_client.trainer import make_trainer
     from learning.data import Dataset
 
-    core = DeviceCore(args.job, args.device, Dataset.load(args.data), make_trainer(args.backend), seed=args.seed)
+    trainer, use_artifact = make_trainer(args.backend)
+    data = Dataset.load(args.data)
+    core = DeviceCore(args.job, args.device, data, trainer, seed=args.seed, use_artifact=use_artifact)
     transport = connect_device(core, _address(args))
     logging.getLogger("edgeps").info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
     profile = DeviceProfile(slowdown=args.slowdown, step_s=args.step_time)
-    run_device(core, transport, profile, stop=_stop_on_signals())
+    cache = Path(args.cache) if args.cache else None
+    run_device(core, transport, profile, stop=_stop_on_signals(), cache=cache)
     logging.getLogger("edgeps").info("device %s done: %d commits", args.device, core.seq)
     return 0
 
@@ -165,6 +187,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         balance=args.balance,
         eval_every=args.eval_every,
         eval_sample=args.eval_sample,
+        backend=args.backend,
+        arch=args.arch,
+        channels=args.channels,
+        kernel=args.kernel,
         job=args.job,
         out=Path(args.out),
         broker=args.broker,
@@ -255,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", help="also write the report as JSON here")
     demo.add_argument("--broker", help="use this HOST:PORT instead of starting a broker")
     demo.add_argument("--embedded-broker", action="store_true", help="use the embedded amqtt broker")
+    demo.add_argument(
+        "--backend",
+        default="numpy",
+        choices=["numpy", "tflite", "auto"],
+        help="devices' trainer; tflite/auto: the server exports a TFLite trainer (needs the tf extra)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     ps = sub.add_parser("ps", help="run the parameter server against a broker")
@@ -266,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--round-deadline", type=float, default=30.0, help="bsp/acbsp: seconds before a late device leaves")
     ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
+    ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
+    ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.set_defaults(func=cmd_ps)
 
     client = sub.add_parser("client", help="run one edge device against a broker")
@@ -273,7 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--job", default="demo")
     client.add_argument("--device", required=True, help="device id (also its MQTT topic segment)")
     client.add_argument("--data", required=True, help="the device's training shard, .npz with x and y")
-    client.add_argument("--backend", default="numpy", choices=["numpy"])
+    client.add_argument(
+        "--backend",
+        default="numpy",
+        choices=["numpy", "tflite", "auto"],
+        help="numpy; tflite: the server's TFLite trainer (needs ai-edge-litert or tflite-runtime); "
+        "auto: numpy until a runnable artifact arrives",
+    )
+    client.add_argument("--cache", help="directory for verified model artifacts (tflite/auto)")
     client.add_argument("--slowdown", type=float, default=1.0, help="emulate a device this many times slower")
     client.add_argument("--step-time", type=float, default=0.0, help="emulated compute seconds per local step")
     client.add_argument("--seed", type=int, default=0)

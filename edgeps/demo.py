@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ class DemoSettings:
     balance: str = "off"
     eval_every: int = 1
     eval_sample: int | None = None
+    backend: str = "numpy"  # the devices' trainer: numpy, tflite or auto (the server then exports one)
+    arch: str = "mlp"
+    channels: int = 16
+    kernel: int = 3
     job: str = "demo"
     out: Path = Path("edgeps-demo")
     broker: str | None = None
@@ -113,8 +118,11 @@ def run_local_job(
             "--codec", settings.codec, "--pull-codec", settings.pull_codec,
             "--frequency", settings.frequency, "--push-every-min", str(settings.push_every_min),
             "--push-every-max", str(settings.push_every_max), "--eval-every", str(settings.eval_every),
-            "--balance", settings.balance,
+            "--balance", settings.balance, "--arch", settings.arch, "--channels", str(settings.channels),
+            "--kernel", str(settings.kernel),
         ]  # fmt: skip
+        if settings.backend != "numpy":
+            server_args.append("--export-tflite")
         if settings.eval_sample:
             server_args += ["--eval-sample", str(settings.eval_sample)]
         if settings.duration_s:
@@ -127,6 +135,7 @@ def run_local_job(
             device = [
                 "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
+                "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name),
             ]  # fmt: skip
             processes.append(_spawn(device, logs / f"{settings.job}-{name}.log"))
         if not quiet:
@@ -195,6 +204,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     settings_dict = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
     report = build_report(result.history, time.monotonic() - started, settings_dict)
     report["idle_fraction"] = round(result.idle_fraction, 4)
+    report["device_backends"] = dict(Counter(s.backend for s in result.statuses.values()))
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)

@@ -56,6 +56,9 @@ def format_report(report: dict[str, Any], max_rows: int = 25) -> str:
         f"bytes up        {_mb(report['bytes_up'])}",
         f"bytes down      {_mb(report['bytes_down'])}",
     ]
+    if report.get("device_backends"):
+        backends = ", ".join(f"{n} {name}" for name, n in sorted(report["device_backends"].items()))
+        lines.append(f"device trainers {backends}")
     return "\n".join(lines)
 
 

@@ -47,8 +47,16 @@ class Traffic:
 class ServerCore:
     """One training job's parameter server as a state machine."""
 
-    def __init__(self, config: ServerConfig, params: Params, evaluator: Evaluator, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        params: Params,
+        evaluator: Evaluator,
+        now: float = 0.0,
+        artifact: bytes | None = None,
+    ) -> None:
         self.config = config
+        self.artifact = artifact  # the devices' TFLite trainer (schemas/artifact.py), published retained
         self.topics = Topics(config.job)
         self.store = ParameterStore(params)
         self.broadcaster = Broadcaster(self.topics, config.pull_codec)
@@ -74,9 +82,11 @@ class ServerCore:
 
     # ----------------------------------------------------------------- events
     def start(self, now: float) -> list[Publish]:
-        """Publish version 0 (retained), its metrics and the barrier."""
+        """Publish the model artifact if any, version 0 (retained), its metrics and the barrier."""
         self._started = self.round_started = now
-        return self._broadcast_version(now)
+        # without an artifact, an empty retained message clears one an earlier run of this job left
+        model = Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)
+        return [model, *self._broadcast_version(now)]
 
     def on_message(self, topic: str, payload: bytes, now: float) -> list[Publish]:
         """Dispatch one inbound MQTT message; never raises for bad input."""

@@ -36,3 +36,16 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "bash .ci/run" in readme
     assert "python -m pytest" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_a_device_runs_without_tensorflow_or_scikit_learn() -> None:
+    """What `edgeps client` imports, in a fresh interpreter: none of the server's heavy packages."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, edge_client.core, edge_client.mqtt, edge_client.tflite, edge_client.cache, edgeps.cli;"
+        "heavy = [m for m in ('tensorflow', 'sklearn', 'matplotlib') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

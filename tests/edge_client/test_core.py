@@ -121,7 +121,7 @@ def test_bad_inbound_messages_are_ignored_and_notices_kept() -> None:
 
 
 def test_status_messages() -> None:
-    device = DeviceCore("t", "d1", blobs(), make_trainer("numpy"))
+    device = DeviceCore("t", "d1", blobs(), make_trainer("numpy")[0])
     hello, will = device.status("online"), device.status("offline")
     assert hello.retain and will.retain and hello.topic == will.topic == f"{T}/status/d1"
     with pytest.raises(ValueError):

@@ -7,10 +7,11 @@ import threading
 from threading import Event
 
 import numpy as np
+import pytest
 
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
-from edge_client.trainer import NumpyTrainer
+from edge_client.trainer import NumpyTrainer, make_trainer
 from edgeps.demo import DemoSettings, run_demo
 from edgeps.transport import BrokerAddress, MqttTransport
 from learning.data import Dataset, load_digits
@@ -27,10 +28,10 @@ from tests.helpers import commit_bytes, next_message, wait_until
 
 
 def start_server(
-    address: BrokerAddress, holdout: Dataset, **config
+    address: BrokerAddress, holdout: Dataset, artifact: bytes | None = None, **config
 ) -> tuple[ServerCore, threading.Thread, threading.Event]:
     sizes = [holdout.x.shape[1], 32, holdout.classes]
-    core = ServerCore(ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout))
+    core = ServerCore(ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout), artifact=artifact)
     transport = connect_server(core, address)
     stop = Event()
 
@@ -45,13 +46,19 @@ def start_server(
     return core, thread, stop
 
 
-def run_job(mosquitto, tmp_path, devices: int, **config) -> tuple[ServerCore, list[DeviceCore]]:
+def run_job(
+    mosquitto, tmp_path, devices: int, backend: str = "numpy", artifact: bytes | None = None, **config
+) -> tuple[ServerCore, list[DeviceCore]]:
     """A server and ``devices`` device threads on digits shards, run until the job ends."""
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path, devices=devices, alpha=0.5, seed=0)
-    server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), **config)
+    server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), artifact, **config)
     job = config["job"]
-    cores = [DeviceCore(job, f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)]
+    trainer, use_artifact = make_trainer(backend)
+    cores = [
+        DeviceCore(job, f"dev-{i}", Dataset.load(p), trainer, seed=i, use_artifact=use_artifact)
+        for i, p in enumerate(shards.devices)
+    ]
     threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in cores]
     for thread in threads:
         thread.start()
@@ -295,3 +302,21 @@ def test_frequency_over_mosquitto_balances_a_slow_device_and_obeys_the_operator(
         for runner in runners:
             runner.join(timeout=10)
         operator.close()
+
+
+def test_tflite_devices_train_as_well_as_numpy_ones_over_mosquitto(mosquitto, tmp_path) -> None:
+    pytest.importorskip("tensorflow", reason="the tf extra builds the artifact")
+    pytest.importorskip("ai_edge_litert", reason="the tflite extra runs it")
+    from ps_service.export import build_artifact
+
+    holdout_features, classes = 64, 10
+    artifact = build_artifact(init_mlp([holdout_features, 32, classes], seed=0), batch_size=32)
+    best = {}
+    for backend in ("numpy", "tflite"):
+        config = {"job": f"tfl-{backend}", "rounds": 30, "min_devices": 3, "lr": 0.2}
+        server, cores = run_job(mosquitto, tmp_path / backend, 3, backend, artifact, **config)
+        assert server.finished and server.traffic.applied == 90
+        assert all(core.trainer.name == backend for core in cores)
+        best[backend] = max(m.accuracy for m in server.history)
+    assert best["numpy"] > 0.85
+    assert abs(best["tflite"] - best["numpy"]) <= 0.01
