@@ -254,6 +254,19 @@ def cmd_bench_freq(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_footprint(args: argparse.Namespace) -> int:
+    from edgeps.footprint import bench_footprint, format_footprint
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = bench_footprint(rounds=args.rounds)
+    print()
+    print(format_footprint(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench import bench_codecs
     from schemas.codecs import make_codec
@@ -360,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     freq.add_argument("--json", help="write the report as JSON here")
     freq.add_argument("--plot", default="bench-freq.png", help="PNG of accuracy and push_every against time")
     freq.set_defaults(func=cmd_bench_freq)
+
+    footprint = bench.add_parser("footprint", help="a fresh device install: size on disk, client peak RSS per backend")
+    footprint.add_argument("--rounds", type=int, default=20, help="versions in each client's job")
+    footprint.add_argument("--json", help="write the report as JSON here")
+    footprint.set_defaults(func=cmd_bench_footprint)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
