@@ -85,10 +85,13 @@ def start_broker(
     workdir: Path | None = None,
     embedded: bool | None = None,
     timeout: float = 10.0,
+    template: Path = CONFIG,
 ) -> BrokerProcess:
     """Start Mosquitto with the project's config (or, if it is not installed, the embedded broker).
 
-    ``embedded=None`` picks Mosquitto when it is on PATH (or in /usr/sbin).
+    ``embedded=None`` picks Mosquitto when it is on PATH (or in /usr/sbin). ``template``: another
+    Mosquitto config to start from, e.g. the one ``edgeps broker init`` wrote (its first
+    listener and its persistence folder are moved to ``port`` and ``workdir``).
     """
     port = port or free_port(host)
     owned = None
@@ -110,7 +113,7 @@ def start_broker(
         kind = "amqtt"
     else:
         conf = workdir / "mosquitto.conf"
-        text = render_config(port, host, workdir)
+        text = render_config(port, host, workdir, template)
         if os.geteuid() == 0:
             # Started as root, Mosquitto would drop to the 'mosquitto' user, which cannot write
             # the database into our folders: sessions and queued messages would silently not

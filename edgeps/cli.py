@@ -21,6 +21,10 @@ def _broker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker")
     parser.add_argument("--username", default=os.environ.get("EDGEPS_USERNAME"), help="or $EDGEPS_USERNAME")
     parser.add_argument("--password", default=os.environ.get("EDGEPS_PASSWORD"), help="or $EDGEPS_PASSWORD")
+    parser.add_argument("--password-file", default=os.environ.get("EDGEPS_PASSWORD_FILE"), help="read it from here")
+    parser.add_argument("--tls-ca", default=os.environ.get("EDGEPS_TLS_CA"), help="CA certificate: use TLS")
+    parser.add_argument("--tls-cert", default=os.environ.get("EDGEPS_TLS_CERT"), help="client certificate")
+    parser.add_argument("--tls-key", default=os.environ.get("EDGEPS_TLS_KEY"), help="client certificate's key")
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +55,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _address(args: argparse.Namespace) -> BrokerAddress:
-    return BrokerAddress.parse(args.broker, args.username, args.password)
+    password = args.password
+    if args.password_file:
+        password = Path(args.password_file).read_text().strip()
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    return BrokerAddress.parse(args.broker, args.username, password, **tls)
 
 
 def _stop_on_signals() -> threading.Event:
@@ -145,6 +153,8 @@ def cmd_client(args: argparse.Namespace) -> int:
 def cmd_broker(args: argparse.Namespace) -> int:
     from broker.launcher import start_broker
 
+    if args.action == "init":
+        return cmd_broker_init(args)
     broker = start_broker(port=args.port, host=args.host, embedded=True if args.embedded else None)
     print(f"{broker.kind} listening on {broker.host}:{broker.port} (logs in {broker.workdir}); Ctrl-C stops it")
     stop = _stop_on_signals()
@@ -153,6 +163,33 @@ def cmd_broker(args: argparse.Namespace) -> int:
             pass
     finally:
         broker.stop()
+    return 0
+
+
+def cmd_broker_init(args: argparse.Namespace) -> int:
+    from broker.secure import init_secure_broker
+
+    if not args.directory or not args.devices:
+        raise ValueError("edgeps broker init DIR --devices dev-00,dev-01,... [--job J] [--operators op]")
+    setup = init_secure_broker(
+        Path(args.directory),
+        job=args.job,
+        devices=args.devices.split(","),
+        operators=args.operators.split(","),
+        server=args.server,
+        port=args.port if args.port != 1883 else 8883,
+        host=args.host if args.host != "127.0.0.1" else "0.0.0.0",
+        hostnames=tuple(args.hostnames.split(",")),
+        client_certs=args.client_certs,
+    )
+    d = setup.directory
+    print(f"wrote {setup.config}, passwd, acl, tls/ and credentials/ under {d} for job {args.job}")
+    print(f"start the broker:  mosquitto -c {setup.config}")
+    print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file "
+          f"{d / 'credentials' / (setup.server + '.password')} --tls-ca {d / 'tls' / 'ca.crt'} "
+          f"--devices {','.join(setup.devices)} ...")  # fmt: skip
+    print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file "
+          f"{d / 'credentials'}/DEVICE.password --tls-ca {d / 'tls' / 'ca.crt'} --device DEVICE ...")  # fmt: skip
     return 0
 
 
@@ -337,6 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--host", default="127.0.0.1")
     broker.add_argument("--port", type=int, default=1883)
     broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
+    broker.add_argument("action", nargs="?", default="run", choices=["run", "init"], help="init DIR: write a "
+                        "deployable setup (accounts, ACLs, TLS) instead of starting the local broker")  # fmt: skip
+    broker.add_argument("directory", nargs="?", help="init: where to write it")
+    broker.add_argument("--job", default="demo", help="init: the job the accounts are for")
+    broker.add_argument("--devices", help="init: comma-separated device ids (one account each)")
+    broker.add_argument("--operators", default="operator", help="init: comma-separated operator accounts")
+    broker.add_argument("--server", default="ps", help="init: the parameter server's account")
+    broker.add_argument("--hostnames", default="localhost,127.0.0.1", help="init: names in the broker's certificate")
+    broker.add_argument("--client-certs", action="store_true", help="init: issue and require client certificates")
     broker.set_defaults(func=cmd_broker)
 
     bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)

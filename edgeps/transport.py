@@ -36,14 +36,17 @@ class BrokerAddress:
     port: int = 1883
     username: str | None = None
     password: str | None = None
+    tls_ca: str | None = None  # CA certificate: connect over TLS and verify the broker with it
+    tls_cert: str | None = None  # this client's certificate and key, where the broker asks for one
+    tls_key: str | None = None
 
     @staticmethod
-    def parse(text: str, username: str | None = None, password: str | None = None) -> BrokerAddress:
+    def parse(text: str, username: str | None = None, password: str | None = None, **tls: str | None) -> BrokerAddress:
         """``HOST:PORT`` or ``HOST`` (port 1883)."""
         host, _, port = text.rpartition(":") if ":" in text else (text, "", "1883")
         if not host or not port.isdigit():
             raise ValueError(f"broker address must be HOST:PORT, got {text!r}")
-        return BrokerAddress(host, int(port), username, password)
+        return BrokerAddress(host, int(port), username, password, **tls)
 
 
 class Transport(ABC):
@@ -106,6 +109,8 @@ class MqttTransport(Transport):
         )
         if broker.username:
             client.username_pw_set(broker.username, broker.password)
+        if broker.tls_ca:
+            client.tls_set(ca_certs=broker.tls_ca, certfile=broker.tls_cert, keyfile=broker.tls_key)
         if will is not None:
             client.will_set(will.topic, will.payload, qos=will.qos, retain=will.retain)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
@@ -114,12 +119,15 @@ class MqttTransport(Transport):
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
+        self._subscribing: int | None = None  # the mid of the SUBSCRIBE sent on connecting
         self._client = client
         client.connect_async(broker.host, broker.port, keepalive=10)
         client.loop_start()
 
     def wait_connected(self, timeout: float) -> None:
-        """Block until the first connection is up; ConnectionError after ``timeout``."""
+        """Block until the first connection is up and its subscriptions confirmed; ConnectionError after
+        ``timeout``."""
         if not self.connected.wait(timeout):
             self._client.loop_stop()
             raise ConnectionError(f"no MQTT connection within {timeout:.0f} s")
@@ -128,11 +136,18 @@ class MqttTransport(Transport):
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
-        for topic in self._subscriptions:
-            client.subscribe(topic, qos=1)
+        if self._subscriptions:  # connected, for wait_connected, once the broker confirmed them
+            result, mid = client.subscribe([(topic, 1) for topic in self._subscriptions])
+            self._subscribing = mid if result == mqtt.MQTT_ERR_SUCCESS else None
         if self._hello is not None:
             self.publish(self._hello)
-        self.connected.set()
+        if not self._subscriptions or self._subscribing is None:
+            self.connected.set()
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        if mid == self._subscribing:
+            self._subscribing = None
+            self.connected.set()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         self.connected.clear()

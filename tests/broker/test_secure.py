@@ -1,0 +1,190 @@
+"""The deployable broker setup, enforced by a real Mosquitto started from the generated config."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from broker.launcher import start_broker
+from broker.secure import acl_rules, hash_password, init_secure_broker, make_ca
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from edgeps.transport import BrokerAddress, MqttTransport
+from learning.data import Dataset, load_digits
+from learning.model import init_mlp
+from learning.prepare import prepare_shards
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from ps_service.mqtt import connect_server, serve
+from schemas.topics import Publish, Topics
+from tests.helpers import wait_until
+
+JOB = "sec"
+T = Topics(JOB)
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    """A setup for devices a and b, one operator, and its Mosquitto (TLS, accounts, ACLs)."""
+    root = tmp_path_factory.mktemp("secure")
+    setup = init_secure_broker(root / "setup", JOB, devices=["dev-a", "dev-b"], operators=["op"])
+    broker = start_broker(workdir=root / "run", embedded=False, template=setup.config)
+    yield setup, broker
+    broker.stop()
+
+
+def address(secure, account: str | None, password: str | None = None, ca: str | None = None) -> BrokerAddress:
+    setup, broker = secure
+    if account is not None and password is None:
+        password = setup.passwords[account]
+    ca = ca or str(setup.directory / "tls" / "ca.crt")
+    return BrokerAddress(broker.host, broker.port, account, password, tls_ca=ca)
+
+
+def client(secure, account: str | None, subscriptions=(), **kw) -> MqttTransport:
+    transport = MqttTransport(address(secure, account, **kw), f"test-{account}", list(subscriptions), persistent=False)
+    transport.wait_connected(5)
+    return transport
+
+
+def refused(secure, account: str | None, **kw) -> bool:
+    transport = MqttTransport(address(secure, account, **kw), f"refused-{account}", [], persistent=False)
+    try:
+        transport.wait_connected(3)
+    except ConnectionError:
+        return True
+    transport.close()
+    return False
+
+
+def drain(transport: MqttTransport, seconds: float = 1.0) -> dict[str, bytes]:
+    """Every message that arrives within ``seconds``, by topic."""
+    seen = {}
+    while (message := transport.receive(timeout=seconds)) is not None:
+        seen[message.topic] = message.payload
+        transport.ack(message)
+    return seen
+
+
+def test_the_password_file_uses_mosquittos_format() -> None:
+    first, second = hash_password("secret"), hash_password("secret")
+    assert first.startswith("$7$101$") and first != second  # salted
+    assert hash_password("secret", b"0" * 12) == hash_password("secret", b"0" * 12)
+
+
+def test_wrong_passwords_and_anonymous_clients_are_refused(secure) -> None:
+    assert refused(secure, "dev-a", password="not-it")
+    assert refused(secure, None)  # anonymous access is off
+    assert refused(secure, "nobody", password="x")
+    assert not refused(secure, "dev-a")
+
+
+def test_a_broker_certificate_from_another_ca_is_refused(secure, tmp_path) -> None:
+    make_ca(tmp_path)  # a CA the broker's certificate was not signed by
+    assert refused(secure, "dev-a", ca=str(tmp_path / "ca.crt"))
+
+
+def test_a_device_can_neither_publish_as_another_nor_send_commands(secure) -> None:
+    server = client(secure, "ps", [T.grad("+"), T.status("+"), T.cmd])
+    for topic in (T.grad("dev-b"), T.status("dev-b"), T.cmd):
+        intruder = client(secure, "dev-a")  # Mosquitto drops a client after a denied publish
+        intruder.publish(Publish(topic, b"forged by a", qos=1))
+        intruder.close()
+    device_a, operator = client(secure, "dev-a"), client(secure, "op")
+    device_a.publish(Publish(T.grad("dev-a"), b"from a", qos=1))
+    operator.publish(Publish(T.cmd, b'{"cmd": "pause"}', qos=1))
+    seen = drain(server, 2.0)
+    assert seen == {T.grad("dev-a"): b"from a", T.cmd: b'{"cmd": "pause"}'}
+    for transport in (server, device_a, operator):
+        transport.close()
+
+
+def test_a_device_reads_only_its_own_control_and_the_jobs_broadcasts(secure) -> None:
+    server = client(secure, "ps")
+    for topic in (T.ctrl("dev-a"), T.ctrl("dev-b"), T.params, T.barrier):
+        server.publish(Publish(topic, topic.encode(), qos=1, retain=True))
+    server.publish(Publish(T.metrics, b"m", qos=1))
+    device_a = client(secure, "dev-a", [T.ctrl("+"), T.params, T.barrier, T.notice("+"), T.cmd, T.grad("+")])
+    assert set(drain(device_a)) == {T.ctrl("dev-a"), T.params, T.barrier}
+    device_a.close()
+    server.close()
+
+
+def test_only_the_server_writes_parameters_and_control(secure) -> None:
+    device_b = client(secure, "dev-b", [T.params, T.ctrl("dev-b")])
+    drain(device_b, 0.5)  # the retained ones from the test before, if any
+    for account in ("dev-a", "op"):
+        for topic in (T.params, T.ctrl("dev-b")):
+            intruder = client(secure, account)
+            intruder.publish(Publish(topic, b"forged", qos=1))
+            intruder.close()
+    assert drain(device_b, 2.0) == {}
+    device_b.close()
+
+
+def test_the_acl_names_every_account_explicitly() -> None:
+    rules = acl_rules("j", "ps", ["d1"], ["op"])
+    assert "pattern" not in rules
+    assert "user d1\ntopic write edgeps/j/grad/d1\ntopic write edgeps/j/status/d1\n" in rules
+
+
+def test_client_certificates_when_required(tmp_path) -> None:
+    setup = init_secure_broker(tmp_path / "setup", JOB, devices=["dev-a"], operators=["op"], client_certs=True)
+    broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
+    tls = setup.directory / "tls"
+    try:
+        base = {"tls_ca": str(tls / "ca.crt")}
+        good = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base,
+                             tls_cert=str(tls / "dev-a.crt"), tls_key=str(tls / "dev-a.key"))  # fmt: skip
+        MqttTransport(good, "certified", [], persistent=False).wait_connected(5)
+        without = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base)
+        with pytest.raises(ConnectionError):
+            MqttTransport(without, "uncertified", [], persistent=False).wait_connected(3)
+        make_ca(tmp_path)  # a certificate from a CA the broker does not trust
+        other = tmp_path / "other"
+        other.mkdir()
+        for name in ("ca.crt", "ca.key"):
+            (other / name).write_bytes((tmp_path / name).read_bytes())
+        from broker.secure import make_certificate
+
+        make_certificate(other, "dev-a")
+        forged = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base,
+                               tls_cert=str(other / "dev-a.crt"), tls_key=str(other / "dev-a.key"))  # fmt: skip
+        with pytest.raises(ConnectionError):
+            MqttTransport(forged, "forged", [], persistent=False).wait_connected(3)
+    finally:
+        broker.stop()
+
+
+def test_a_job_trains_over_tls_with_accounts_and_acls(tmp_path) -> None:
+    devices = ["dev-0", "dev-1"]
+    setup = init_secure_broker(tmp_path / "setup", "tls-job", devices=devices)
+    broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
+    ca = str(setup.directory / "tls" / "ca.crt")
+    try:
+        shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
+        holdout = Dataset.load(shards.holdout)
+        config = ServerConfig(job="tls-job", rounds=10, min_devices=2, allowed_devices=frozenset(devices))
+        core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
+        server_address = BrokerAddress(broker.host, broker.port, "ps", setup.passwords["ps"], tls_ca=ca)
+        transport = connect_server(core, server_address)
+        server = threading.Thread(target=serve, args=(core, transport), daemon=True)
+        server.start()
+        runners = []
+        for name, shard in zip(devices, shards.devices, strict=True):
+            device = DeviceCore("tls-job", name, Dataset.load(shard), NumpyTrainer())
+            device_address = BrokerAddress(broker.host, broker.port, name, setup.passwords[name], tls_ca=ca)
+            runner = threading.Thread(target=run_device, args=(device, connect_device(device, device_address)))
+            runner.start()
+            runners.append(runner)
+        wait_until(lambda: core.finished, timeout=60, what="the job over TLS")
+        assert core.store.version == 10 and core.traffic.applied == 20 and not core.traffic.rejected
+        server.join(timeout=10)
+        for runner in runners:
+            runner.join(timeout=10)
+        transport.close()
+    finally:
+        broker.stop()
