@@ -123,7 +123,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
     )
     try:
-        serve(core, transport, stop=_stop_on_signals())
+        checkpoint = Path(args.checkpoint) if args.checkpoint else None
+        serve(core, transport, stop=_stop_on_signals(), checkpoint=checkpoint)
     finally:
         transport.close()
     if args.report:
@@ -350,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
+    ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
     ps.set_defaults(func=cmd_ps)
 
     client = sub.add_parser("client", help="run one edge device against a broker")

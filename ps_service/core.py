@@ -78,6 +78,7 @@ class ServerCore:
         self.stragglers: set[str] = set()  # online but dropped from the barrier past a deadline
         self.round_started = now
         self._unbroadcast = 0  # versions applied since the last parameter broadcast
+        self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -87,6 +88,21 @@ class ServerCore:
         # without an artifact, an empty retained message clears one an earlier run of this job left
         model = Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)
         return [model, *self._broadcast_version(now)]
+
+    def resume(self, now: float) -> list[Publish]:
+        """After a restore from a checkpoint: publish again what devices need to go on (the
+        artifact, the newest version's parameter messages, the barrier, the metrics), in case
+        the crash came between the checkpoint and those messages leaving."""
+        model = [Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)]
+        return [*model, *self._last_broadcast, self._barrier(), self._metrics(now)]
+
+    def shift_clock(self, delta: float) -> None:
+        """Move every stored time by ``delta`` seconds (a restored server runs on a new clock)."""
+        self._started += delta
+        self.round_started += delta
+        for rate in self.frequency.balancer.rates.values():
+            if rate.ready_at is not None:
+                rate.ready_at += delta
 
     def on_message(self, topic: str, payload: bytes, now: float) -> list[Publish]:
         """Dispatch one inbound MQTT message; never raises for bad input."""
@@ -269,6 +285,7 @@ class ServerCore:
     def _broadcast_version(self, now: float) -> list[Publish]:
         self._unbroadcast = 0
         messages, per_device = self.broadcaster.publish(self.store)
+        self._last_broadcast = messages
         self.traffic.bytes_down += per_device * len(self.registry.active())
         if self.store.version >= self.config.rounds:
             self.finished = True

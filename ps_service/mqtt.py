@@ -6,12 +6,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from edgeps.transport import BrokerAddress, MqttTransport, Transport
+from ps_service.checkpoint import restore, save
 from ps_service.core import ServerCore
 from schemas.messages import Metrics
 
 log = logging.getLogger("edgeps.ps")
+
+
+BATCH = 64  # inbound messages processed per checkpoint
 
 
 def serve(
@@ -20,24 +25,41 @@ def serve(
     stop: threading.Event | None = None,
     on_metrics: Callable[[Metrics], None] | None = None,
     linger_s: float = 1.0,
+    checkpoint: Path | None = None,
 ) -> None:
     """Drive ``core`` until its job finishes (or ``stop`` is set), then let the final messages out.
 
-    A message is acknowledged to the broker only after the core has processed it.
+    A message is acknowledged to the broker only after the core has processed it and, with
+    ``checkpoint``, after the state it led to is on disk (written before its results are
+    published). An existing checkpoint is resumed from: the job goes on where it was.
     """
     clock = time.monotonic
     seen = 0
-    for message in core.start(clock()):
+    if checkpoint is not None and checkpoint.exists():
+        restore(core, checkpoint, clock())
+        log.info("resumed job %s from %s at version %d", core.config.job, checkpoint, core.store.version)
+        outgoing = core.resume(clock())
+    else:
+        outgoing = core.start(clock())
+    if checkpoint is not None:
+        save(core, checkpoint, clock())
+    for message in outgoing:
         transport.publish(message)
     while not core.finished and not (stop is not None and stop.is_set()):
+        batch = []
         inbound = transport.receive(timeout=0.1)
+        while inbound is not None:
+            batch.append(inbound)
+            inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
         outgoing = core.on_tick(clock())
-        if inbound is not None:
-            outgoing += core.on_message(inbound.topic, inbound.payload, clock())
+        for message in batch:
+            outgoing += core.on_message(message.topic, message.payload, clock())
+        if checkpoint is not None and (batch or outgoing):
+            save(core, checkpoint, clock())
         for message in outgoing:
             transport.publish(message)
-        if inbound is not None:
-            transport.ack(inbound)
+        for message in batch:
+            transport.ack(message)
         if on_metrics is not None:
             for metrics in core.history[seen:]:
                 on_metrics(metrics)

@@ -320,3 +320,68 @@ def test_tflite_devices_train_as_well_as_numpy_ones_over_mosquitto(mosquitto, tm
         best[backend] = max(m.accuracy for m in server.history)
     assert best["numpy"] > 0.85
     assert abs(best["tflite"] - best["numpy"]) <= 0.01
+
+
+def test_a_server_killed_mid_job_resumes_from_its_checkpoint_losing_and_repeating_nothing(mosquitto, tmp_path) -> None:
+    """`edgeps ps --checkpoint` is SIGKILLed twice mid-training and restarted; 3 devices train on.
+    bsp: each round takes exactly one commit per device, so applied == rounds x devices means that
+    no acknowledged commit was lost and none was applied twice."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path / "data", devices=3, alpha=0.5, seed=0)
+    checkpoint, report = tmp_path / "ps.ckpt", tmp_path / "metrics.json"
+    rounds = 60
+    command = [
+        sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{address.host}:{address.port}", "--job", "ck",
+        "--rounds", str(rounds), "--min-devices", "3", "--eval-data", str(shards.holdout),
+        "--checkpoint", str(checkpoint), "--report", str(report),
+    ]  # fmt: skip
+    watcher = MqttTransport(address, "watcher", ["edgeps/ck/metrics"], persistent=False)
+    watcher.wait_connected(10)
+    latest = {"version": -1}
+
+    def watch(until: int, timeout: float) -> None:
+        def reached() -> bool:
+            while (message := watcher.receive(timeout=0.05)) is not None:
+                latest["version"] = max(latest["version"], Metrics.from_bytes(message.payload).version)
+            return latest["version"] >= until
+
+        wait_until(reached, timeout=timeout, what=f"version {until}")
+
+    cores = [
+        DeviceCore("ck", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
+    ]
+    from edge_client.profile import DeviceProfile
+
+    profile = DeviceProfile(step_s=0.004)  # slow enough for the kills to land mid-job
+    runners = [
+        threading.Thread(target=run_device, args=(d, connect_device(d, address), profile), daemon=True) for d in cores
+    ]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for runner in runners:
+            runner.start()
+        for kill_at in (10, 30):
+            watch(kill_at, timeout=60)
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait()
+            assert checkpoint.exists()
+            server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert server.wait(timeout=120) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+        for core in cores:
+            core.finished = True
+        for runner in runners:
+            runner.join(timeout=10)
+        watcher.close()
+    history = [Metrics.model_validate(m) for m in json.loads(report.read_text())]
+    final = history[-1]
+    assert final.finished and final.version == rounds
+    assert final.applied == rounds * 3
+    assert set(final.rejected) <= {"replayed"}  # commits redelivered after a kill, already applied
