@@ -36,6 +36,10 @@ class ServerConfig(BaseModel):
         30.0, gt=0, description="bsp/acbsp: devices not committed this long after a round began leave the barrier"
     )
     max_commit_bytes: int = Field(8 << 20, ge=1024)
+    max_commit_rate: float | None = Field(
+        100.0, gt=0, description="commits per second a device may send, sustained (None: no limit)"
+    )
+    max_commit_burst: int = Field(50, ge=1, description="commits a device may send at once")
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
     push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")

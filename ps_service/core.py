@@ -79,6 +79,7 @@ class ServerCore:
         self.round_started = now
         self._unbroadcast = 0  # versions applied since the last parameter broadcast
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
+        self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -156,6 +157,9 @@ class ServerCore:
         self.traffic.bytes_up += len(payload)
         if self.finished:
             return []
+        rate = self.config.max_commit_rate
+        if rate is not None and not self.registry.take_token(device, now, rate, self.config.max_commit_burst):
+            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, f"more than {rate:g} commits/s"), now)
         try:
             update = validate_commit(
                 payload,
@@ -309,9 +313,15 @@ class ServerCore:
             return self._broadcast_version(now)
         return [self._barrier(), self._metrics(now)]
 
-    def _reject(self, device: str, rejection: Rejection) -> list[Publish]:
-        self.traffic.rejected[rejection.reason.value] += 1
-        log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
+    def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
+        count = self.traffic.rejected[rejection.reason.value] = self.traffic.rejected[rejection.reason.value] + 1
+        if rejection.reason is RejectReason.RATE_LIMITED and now is not None:
+            # a flooding device gets one notice (and one log line) a second, not one per message
+            if now - self._rate_noticed.get(device, -1e9) < 1.0:
+                return []
+            self._rate_noticed[device] = now
+        if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
+            log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
         notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
         return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
 

@@ -14,6 +14,8 @@ class DeviceRecord:
     samples: int = 0
     highest_seq: int = 0
     recent_seqs: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_SEQS))
+    tokens: float | None = None  # the rate limiter's bucket; full when first used
+    refilled_at: float = 0.0
 
 
 class DeviceRegistry:
@@ -56,6 +58,22 @@ class DeviceRegistry:
 
     def active(self) -> frozenset[str]:
         return frozenset(d for d, r in self._devices.items() if r.online)
+
+    def take_token(self, device: str, now: float, rate: float, burst: int) -> bool:
+        """Rate limiting, a token bucket per device: ``burst`` commits at once, ``rate`` per second
+        sustained. False if ``device`` has none left (a device the registry does not know passes:
+        validation refuses it anyway)."""
+        record = self._devices.get(device)
+        if record is None:
+            return True
+        if record.tokens is None:
+            record.tokens, record.refilled_at = float(burst), now
+        record.tokens = min(float(burst), record.tokens + max(0.0, now - record.refilled_at) * rate)
+        record.refilled_at = now
+        if record.tokens < 1.0:
+            return False
+        record.tokens -= 1.0
+        return True
 
     def check_seq(self, device: str, seq: int) -> str | None:
         """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""

@@ -124,6 +124,7 @@ class RejectReason(StrEnum):
     FUTURE_VERSION = "future_version"  # based on a parameter version the server never published
     OVERSIZED = "oversized"  # payload larger than the server accepts
     INVALID_COMMAND = "invalid_command"
+    RATE_LIMITED = "rate_limited"  # more commits per second than the server allows a device
 
 
 class Notice(Message):

@@ -385,3 +385,51 @@ def test_a_server_killed_mid_job_resumes_from_its_checkpoint_losing_and_repeatin
     assert final.finished and final.version == rounds
     assert final.applied == rounds * 3
     assert set(final.rejected) <= {"replayed"}  # commits redelivered after a kill, already applied
+
+
+def test_churn_late_joiners_leavers_and_flapping_devices_neither_stall_nor_double_count(mosquitto, tmp_path) -> None:
+    from edge_client.profile import DeviceProfile
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=4, alpha=0.5, seed=0)
+    server, thread, stop = start_server(
+        address, Dataset.load(shards.holdout), job="churn", pace="acbsp", rounds=60, min_devices=2, round_deadline_s=3.0
+    )
+    cores = [
+        DeviceCore("churn", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
+    ]
+    transports, runners = {}, {}
+
+    def launch(core: DeviceCore) -> None:
+        transports[core.device] = connect_device(core, address)
+        runners[core.device] = threading.Thread(
+            target=run_device, args=(core, transports[core.device], DeviceProfile(step_s=0.002)), daemon=True
+        )
+        runners[core.device].start()
+
+    try:
+        launch(cores[0])
+        launch(cores[1])
+        wait_until(lambda: server.store.version >= 5, timeout=30, what="five versions with two devices")
+        launch(cores[2])  # joins late
+        wait_until(lambda: server.store.version >= 15, timeout=30, what="fifteen versions")
+        for _ in range(2):  # dev-1 flaps: its connection drops without a goodbye, paho reconnects
+            transports["dev-1"]._client.socket().close()
+            wait_until(lambda: transports["dev-1"].connected.is_set(), timeout=15, what="dev-1 back")
+        leaver = cores[2]
+        leaver.finished = True  # dev-2 leaves cleanly: its offline status goes out
+        runners["dev-2"].join(timeout=10)
+        launch(cores[3])  # another late joiner
+        wait_until(lambda: server.finished, timeout=60, what="the job to finish despite the churn")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for core in cores:
+            core.finished = True
+        for runner in runners.values():
+            runner.join(timeout=10)
+    assert server.store.version == 60
+    assert set(server.traffic.rejected) <= {"replayed"}  # at-least-once redeliveries, refused
+    sent = sum(core.seq for core in cores)
+    assert server.traffic.applied + server.traffic.rejected.get("replayed", 0) <= server.traffic.commits
+    assert server.traffic.applied <= sent  # nothing counted twice

@@ -284,3 +284,20 @@ def test_invalid_codec_commands_change_nothing(payload) -> None:
     server.start(0.0)
     assert server.on_message(server.topics.cmd, payload, 1.0) == []
     assert server.codec == "fp32" and server.traffic.rejected["invalid_command"] == 1
+
+
+def test_a_flooding_device_is_rate_limited_and_noticed_once_a_second() -> None:
+    server = small_server(pace="asp", rounds=10_000, max_commit_rate=10.0, max_commit_burst=5)
+    server.start(0.0)
+    hello(server, "flood")
+    hello(server, "calm")
+    notices = []
+    for seq in range(1, 101):  # 100 commits within 0.1 s
+        out = server.on_message(server.topics.grad("flood"), commit_bytes(server, "flood", seq, base=0), seq / 1000)
+        notices += [p for p in out if p.topic == server.topics.notice("flood")]
+    assert server.traffic.applied == 5 and server.traffic.rejected == {"rate_limited": 95}
+    assert len(notices) == 1 and Notice.from_bytes(notices[0].payload).reason.value == "rate_limited"
+    server.on_message(server.topics.grad("calm"), commit_bytes(server, "calm", 1, base=0), 0.2)
+    assert server.traffic.applied == 6  # other devices are not affected
+    server.on_message(server.topics.grad("flood"), commit_bytes(server, "flood", 101, base=0), 1.2)
+    assert server.traffic.applied == 7  # the bucket refills at the sustained rate

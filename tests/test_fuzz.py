@@ -1,0 +1,75 @@
+"""Every parser against arbitrary bytes: thousands of inputs, no crash, no change to the model."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ps_service.checkpoint import CheckpointError, decode
+from schemas.artifact import ArtifactError, decode_artifact
+from schemas.frame import FrameError, decode_frame
+from schemas.messages import Barrier, Command, Control, DeviceStatus, MessageError, Metrics, Notice
+from tests.helpers import commit_bytes, hello, small_device, small_server
+
+# Bytes, and JSON-ish text, since the JSON parsers reject most random bytes at the first byte.
+json_ish = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=5),
+    max_leaves=12,
+).map(lambda value: json.dumps(value).encode())
+payloads = st.binary(max_size=300) | json_ish
+
+
+@pytest.fixture(scope="module")
+def server():
+    server = small_server(pace="bsp", rounds=1000)
+    server.start(0.0)
+    hello(server, "dev")
+    return server
+
+
+@settings(max_examples=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=payloads, where=st.sampled_from(["grad/dev", "grad/other", "status/dev", "status/x", "cmd", "params"]))
+def test_the_server_never_crashes_and_never_changes_the_model(server, payload, where) -> None:
+    before = {name: values.copy() for name, values in server.store.params().items()}
+    version = server.store.version
+    server.on_message(f"edgeps/t/{where}", payload, 1.0)
+    assert server.store.version == version
+    for name, values in server.store.params().items():
+        np.testing.assert_array_equal(values, before[name])
+
+
+def test_the_fuzzed_server_still_trains(server) -> None:
+    """After all that, valid commits from the device still make versions."""
+    hello(server, "dev")
+    version, seq = server.store.version, server.registry._devices["dev"].highest_seq + 1
+    server.on_message(server.topics.grad("dev"), commit_bytes(server, "dev", seq), 2.0)
+    assert server.store.version == version + 1 or server.paused or server.finished
+
+
+@settings(max_examples=2000)
+@given(payload=payloads, where=st.sampled_from(["params", "delta", "ctrl/d1", "barrier", "notice/d1", "model"]))
+def test_a_device_never_crashes_and_keeps_its_replica(payload, where) -> None:
+    device = small_device("d1")
+    device.use_artifact = True  # parse artifacts too
+    device.on_message(f"edgeps/t/{where}", payload)
+    assert device.replica is None  # nothing random became its parameters
+    assert device.trainer.name == "numpy"
+
+
+@settings(max_examples=2000)
+@given(payload=payloads)
+def test_parsers_raise_only_their_own_errors(payload) -> None:
+    for parse, error in (
+        (decode_frame, FrameError),
+        (decode_artifact, ArtifactError),
+        (decode, CheckpointError),  # never unpickles what it did not verify
+        *((model.from_bytes, MessageError) for model in (DeviceStatus, Control, Barrier, Notice, Metrics, Command)),
+    ):
+        with contextlib.suppress(error):
+            parse(payload)
