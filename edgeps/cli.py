@@ -116,6 +116,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
         balance=args.balance,
         eval_every=args.eval_every,
         eval_sample=args.eval_sample,
+        max_commit_rate=args.max_commit_rate or None,
+        max_commit_burst=args.max_commit_burst,
+        metrics_interval_s=args.metrics_interval or None,
     )
     core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
     transport = connect_server(core, _address(args))
@@ -305,6 +308,15 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    from edgeps.load import run_bench_load
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = run_bench_load(args.devices, args.seconds, args.rate, args.flood, args.json)
+    return 0 if report["balanced"] else 1
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench import bench_codecs
     from schemas.codecs import make_codec
@@ -351,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
+    ps.add_argument("--max-commit-rate", type=float, default=100.0, help="commits/s per device (0: no limit)")
+    ps.add_argument("--max-commit-burst", type=int, default=50, help="commits a device may send at once")
+    ps.add_argument("--metrics-interval", type=float, default=1.0, help="metrics at least every S s (0: per version)")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
     ps.set_defaults(func=cmd_ps)
 
@@ -426,6 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
     footprint.add_argument("--rounds", type=int, default=20, help="versions in each client's job")
     footprint.add_argument("--json", help="write the report as JSON here")
     footprint.set_defaults(func=cmd_bench_footprint)
+
+    load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
+    load.add_argument("--devices", type=int, default=200)
+    load.add_argument("--seconds", type=float, default=60.0)
+    load.add_argument("--rate", type=float, default=1.0, help="commits per second per device")
+    load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
+    load.add_argument("--json", help="write the report as JSON here")
+    load.set_defaults(func=cmd_bench_load)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")

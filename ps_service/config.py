@@ -40,6 +40,9 @@ class ServerConfig(BaseModel):
         100.0, gt=0, description="commits per second a device may send, sustained (None: no limit)"
     )
     max_commit_burst: int = Field(50, ge=1, description="commits a device may send at once")
+    metrics_interval_s: float | None = Field(
+        None, gt=0, description="also publish metrics when none went out for this long (None: per version only)"
+    )
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
     push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")

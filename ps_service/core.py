@@ -80,6 +80,7 @@ class ServerCore:
         self._unbroadcast = 0  # versions applied since the last parameter broadcast
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
+        self._metrics_at = now  # when metrics last went out
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -101,6 +102,7 @@ class ServerCore:
         """Move every stored time by ``delta`` seconds (a restored server runs on a new clock)."""
         self._started += delta
         self.round_started += delta
+        self._metrics_at += delta
         for rate in self.frequency.balancer.rates.values():
             if rate.ready_at is not None:
                 rate.ready_at += delta
@@ -179,11 +181,18 @@ class ServerCore:
         return self._maybe_aggregate(now) or [self._barrier()]
 
     def on_tick(self, now: float) -> list[Publish]:
-        """Time passes: drop devices that let the round's deadline pass."""
+        """Time passes: drop devices that let the round's deadline pass; publish metrics when
+        none went out for ``metrics_interval_s`` (so that traffic shows between versions)."""
         duration = self.config.duration_s
         if duration is not None and self.quorum and not self.finished and now - self._started >= duration:
             log.info("job %s reached its duration of %.1f s", self.config.job, duration)
             return self._finish(now)
+        interval = self.config.metrics_interval_s
+        if interval is not None and not self.finished and now - self._metrics_at >= interval:
+            return [self._metrics(now), *self._deadline(now)]
+        return self._deadline(now)
+
+    def _deadline(self, now: float) -> list[Publish]:
         deadline = self.config.round_deadline_s
         if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
             return []
@@ -366,6 +375,7 @@ class ServerCore:
         return self._evaluation
 
     def _metrics(self, now: float) -> Publish:
+        self._metrics_at = now
         evaluated, accuracy, loss = self._evaluate(now)
         metrics = Metrics(
             job=self.config.job,

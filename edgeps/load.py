@@ -1,0 +1,171 @@
+"""``edgeps bench load``: N device clients over one Mosquitto for a bounded time, against a real
+``edgeps ps`` process. The devices send valid commits (small random updates, the model's
+shapes) at a fixed rate; optionally one of them floods, to show the rate limit at work. It
+reports commits sent, applied and rejected by reason, the server's apply rate and its memory
+over time (VmRSS sampled twice a second), bounded in count and time, loopback only."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_DEVICES = 1000
+MAX_SECONDS = 600.0
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print) -> dict[str, Any]:
+    """Run the load; return the report."""
+    from broker.launcher import start_broker
+    from edgeps.transport import BrokerAddress, MqttTransport
+    from learning.model import init_mlp
+    from schemas.frame import Frame, FrameKind, encode_frame
+    from schemas.messages import Command, DeviceStatus, Metrics
+    from schemas.topics import Publish, Topics
+
+    if not 1 <= devices <= MAX_DEVICES or not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"the load is bounded: 1..{MAX_DEVICES} devices, up to {MAX_SECONDS:.0f} s")
+    job, topics = "load", Topics("load")
+    shapes = {name: value.shape for name, value in init_mlp([64, 64, 10], seed=0).items()}
+    rng = np.random.default_rng(0)
+    update = {name: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for name, shape in shapes.items()}
+    with tempfile.TemporaryDirectory(prefix="edgeps-load-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
+        address = BrokerAddress(broker.host, broker.port)
+        report_path = Path(tmp) / "metrics.json"
+        with open(Path(tmp) / "ps.log", "wb") as log:  # the child keeps its own descriptor
+            server = subprocess.Popen(
+                [sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{broker.host}:{broker.port}", "--job", job,
+                 "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1", "--metrics-interval", "0.5",
+                 "--report", str(report_path)],
+                stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
+            )  # fmt: skip
+        watcher = MqttTransport(address, "load-watcher", [topics.metrics], persistent=False)
+        watcher.wait_connected(10)
+        latest: dict[str, Any] = {}
+
+        def read_metrics(timeout: float = 0.05) -> None:
+            while (message := watcher.receive(timeout=timeout)) is not None:
+                metrics = Metrics.from_bytes(message.payload)
+                if metrics.commits >= latest.get("commits", -1):
+                    latest.update(metrics.model_dump())
+
+        deadline = time.monotonic() + 60
+        while not latest and time.monotonic() < deadline and server.poll() is None:
+            read_metrics(0.2)  # its first metrics: the server is connected and subscribed
+        if not latest:
+            raise RuntimeError(f"the server did not start: see {Path(tmp) / 'ps.log'}")
+        say(f"server pid {server.pid} is up; connecting {devices} device clients ...")
+        names = [f"load-{i:04d}" for i in range(devices)]
+        clients = []
+        for name in names:
+            hello = Publish(topics.status(name), DeviceStatus(device=name, state="online", samples=10).to_bytes(),
+                            qos=1, retain=True)  # fmt: skip
+            offline = DeviceStatus(device=name, state="offline").to_bytes()
+            will = Publish(topics.status(name), offline, qos=1, retain=True)
+            clients.append(MqttTransport(address, f"edgeps-dev-{job}-{name}", [], will=will, hello=hello))
+        for client in clients:
+            client.wait_connected(30)
+        deadline = time.monotonic() + 60
+        while latest.get("devices_online", 0) < devices and time.monotonic() < deadline:
+            read_metrics(0.2)  # every hello registered before the first commit
+        rss: list[tuple[float, float]] = []
+        sent, seqs = 0, dict.fromkeys(names, 0)
+        started = time.monotonic()
+        interval = 1.0 / (rate * devices)
+        next_rss = started
+        say(f"sending {rate:g} commit/s per device for {seconds:g} s" + (", one device flooding" if flood else ""))
+        i = 0
+        while (now := time.monotonic()) - started < seconds:
+            name = names[i % devices]
+            burst = 250 if flood and name == names[0] else 1  # 250/s: over the default limit of 100/s
+            for _ in range(burst):
+                seqs[name] += 1
+                frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=name, seq=seqs[name],
+                              samples=10, steps=1)  # fmt: skip
+                clients[i % devices].publish(Publish(topics.grad(name), encode_frame(frame), qos=1))
+                sent += 1
+            i += 1
+            if now >= next_rss:
+                rss.append((round(now - started, 2), _rss_mib(server.pid) or 0.0))
+                next_rss += 0.5
+                read_metrics(0)
+            time.sleep(max(0.0, started + i * interval - time.monotonic()))
+        load_s = time.monotonic() - started
+        say(f"sent {sent} commits in {load_s:.1f} s; waiting for the server to take them all ...")
+        deadline = time.monotonic() + 60
+        while latest.get("commits", 0) < sent and time.monotonic() < deadline:
+            read_metrics(0.2)
+            rss.append((round(time.monotonic() - started, 2), _rss_mib(server.pid) or 0.0))
+        drain_s = time.monotonic() - started - load_s
+        peak = max(r for _, r in rss)
+        watcher.publish(Publish(topics.cmd, Command(cmd="stop", reason="load bench done").to_bytes(), qos=1))
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=10)
+        for client in clients:
+            client.close()
+        watcher.close()
+        final = json.loads(report_path.read_text())[-1] if report_path.exists() else latest
+    rejected = final.get("rejected", {})
+    quarter = [r for t, r in rss if t >= load_s / 4]
+    return {
+        "devices": devices,
+        "seconds": seconds,
+        "rate_per_device": rate,
+        "flood": flood,
+        "sent": sent,
+        "received": final.get("commits"),
+        "applied": final.get("applied"),
+        "rejected": rejected,
+        "balanced": final.get("applied", 0) + sum(rejected.values()) == sent,
+        "apply_rate_per_s": round(final.get("applied", 0) / load_s, 1),
+        "drain_s": round(drain_s, 2),
+        "server_peak_rss_mib": round(peak, 1),
+        "server_rss_after_warmup_mib": [round(min(quarter), 1), round(max(quarter), 1)] if quarter else None,
+        "rss_series": rss,
+    }
+
+
+def format_load(report: dict[str, Any]) -> str:
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"
+    low, high = report["server_rss_after_warmup_mib"] or (0, 0)
+    return "\n".join(
+        [
+            f"devices           {report['devices']} ({report['rate_per_device']:g} commit/s each"
+            + (", one flooding)" if report["flood"] else ")"),
+            f"commits sent      {report['sent']}",
+            f"received          {report['received']}",
+            f"applied           {report['applied']}",
+            f"rejected          {rejected}",
+            f"sent = applied + rejected: {'yes' if report['balanced'] else 'NO'}",
+            f"apply rate        {report['apply_rate_per_s']} commits/s (all in {report['drain_s']} s after the load)",
+            f"server RSS        peak {report['server_peak_rss_mib']} MiB; after the first quarter {low}..{high} MiB",
+        ]
+    )
+
+
+def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict:
+    report = bench_load(devices, seconds, rate, flood)
+    print()
+    print(format_load(report))
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2))
+    return report
