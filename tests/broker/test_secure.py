@@ -188,3 +188,15 @@ def test_a_job_trains_over_tls_with_accounts_and_acls(tmp_path) -> None:
         transport.close()
     finally:
         broker.stop()
+
+
+def test_the_broker_refuses_packets_over_its_limit(secure) -> None:
+    server = client(secure, "ps", [T.grad("+")])
+    oversized = client(secure, "dev-a")
+    oversized.publish(Publish(T.grad("dev-a"), b"\0" * (9 << 20), qos=1))  # over 8 MiB + 64 KiB
+    oversized.close()
+    device_a = client(secure, "dev-a")
+    device_a.publish(Publish(T.grad("dev-a"), b"small", qos=1))
+    assert drain(server, 2.0) == {T.grad("dev-a"): b"small"}
+    device_a.close()
+    server.close()
