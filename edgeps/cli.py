@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from edgeps.transport import BrokerAddress
+from edgeps.transport import BrokerAddress, MqttTransport
 from ps_service.pace import make_pace
 
 
@@ -308,6 +308,45 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ctl(args: argparse.Namespace) -> int:
+    """Operator commands on the job's command topic, and a live view of its metrics."""
+    from schemas.messages import Command, Metrics
+    from schemas.topics import Publish, Topics
+
+    topics = Topics(args.job)
+    if args.action == "watch":
+        transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [topics.metrics], persistent=False)
+        transport.wait_connected(10)
+        stop = _stop_on_signals()
+        try:
+            while not stop.is_set():
+                message = transport.receive(timeout=0.5)
+                if message is None:
+                    continue
+                m = Metrics.from_bytes(message.payload)
+                push = sorted(set(m.push_every.values()))
+                print(f"v{m.version:>6}  acc {m.accuracy:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
+                      f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
+                      f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
+                if m.finished:
+                    break
+        finally:
+            transport.close()
+        return 0
+    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
+    if args.action == "set-codec":
+        fields["codec"] = args.value
+    if args.action == "set-frequency":
+        fields |= {"policy": args.policy, "low": args.low, "high": args.high}
+    command = Command.model_validate({k: v for k, v in fields.items() if v is not None})
+    transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [], persistent=False)
+    transport.wait_connected(10)
+    transport.publish(Publish(topics.cmd, command.to_bytes(), qos=1))
+    transport.close()
+    print(f"sent {command.model_dump_json(exclude_defaults=True)} to {topics.cmd}")
+    return 0
+
+
 def cmd_bench_load(args: argparse.Namespace) -> int:
     from edgeps.load import run_bench_load
 
@@ -401,6 +440,21 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--hostnames", default="localhost,127.0.0.1", help="init: names in the broker's certificate")
     broker.add_argument("--client-certs", action="store_true", help="init: issue and require client certificates")
     broker.set_defaults(func=cmd_broker)
+
+    ctl = sub.add_parser("ctl", help="operator: send a command to a job, or watch its metrics")
+    _broker_args(ctl)
+    ctl.add_argument(
+        "action",
+        choices=["pause", "resume", "stop", "set-codec", "set-frequency", "freeze-frequency", "unfreeze-frequency",
+                 "watch"],
+    )  # fmt: skip
+    ctl.add_argument("value", nargs="?", help="set-codec: the codec, e.g. sign")
+    ctl.add_argument("--job", default="demo")
+    ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
+    ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")
+    ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")
+    ctl.add_argument("--reason", default="", help="recorded in the server's log")
+    ctl.set_defaults(func=cmd_ctl)
 
     bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
     pace = bench.add_parser("pace", help="compare paces on one scenario (simulated, or --real over Mosquitto)")

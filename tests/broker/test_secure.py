@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -199,4 +200,19 @@ def test_the_broker_refuses_packets_over_its_limit(secure) -> None:
     device_a.publish(Publish(T.grad("dev-a"), b"small", qos=1))
     assert drain(server, 2.0) == {T.grad("dev-a"): b"small"}
     device_a.close()
+    server.close()
+
+
+def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
+    from edgeps.cli import main
+
+    setup, broker = secure
+    server = client(secure, "ps", [T.cmd])
+    ca = str(setup.directory / "tls" / "ca.crt")
+    for account in ("op", "dev-a"):  # only the operator may command
+        argv = ["ctl", "pause", "--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
+                "--password", setup.passwords[account], "--tls-ca", ca, "--reason", f"by {account}"]  # fmt: skip
+        assert main(argv) == 0
+    seen = drain(server, 2.0)
+    assert list(seen) == [T.cmd] and json.loads(seen[T.cmd])["reason"] == "by op"
     server.close()

@@ -433,3 +433,26 @@ def test_churn_late_joiners_leavers_and_flapping_devices_neither_stall_nor_doubl
     sent = sum(core.seq for core in cores)
     assert server.traffic.applied + server.traffic.rejected.get("replayed", 0) <= server.traffic.commits
     assert server.traffic.applied <= sent  # nothing counted twice
+
+
+def test_edgeps_ctl_pauses_resumes_and_steers_a_running_job(mosquitto) -> None:
+    from edgeps.cli import main
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    holdout = load_digits()
+    server, thread, stop = start_server(address, holdout, job="ctl", pace="asp", rounds=10**6, frequency="trend")
+    broker = ["--broker", f"{address.host}:{address.port}", "--job", "ctl"]
+    try:
+        assert main(["ctl", "pause", *broker]) == 0
+        wait_until(lambda: server.paused, timeout=10, what="the pause")
+        assert main(["ctl", "resume", *broker]) == 0
+        wait_until(lambda: not server.paused, timeout=10, what="the resume")
+        assert main(["ctl", "set-frequency", "--policy", "fixed", "--low", "3", "--high", "3", *broker]) == 0
+        wait_until(lambda: server.frequency.base == 3, timeout=10, what="the new frequency")
+        assert main(["ctl", "set-frequency", *broker]) == 2  # nothing to set: refused before sending
+        assert main(["ctl", "set-codec", "nonsense", *broker]) == 2
+        assert main(["ctl", "stop", *broker]) == 0
+        wait_until(lambda: server.finished, timeout=10, what="the stop")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
