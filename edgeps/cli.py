@@ -310,7 +310,7 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
 
 def cmd_ctl(args: argparse.Namespace) -> int:
     """Operator commands on the job's command topic, and a live view of its metrics."""
-    from schemas.messages import Command, Metrics
+    from schemas.messages import Command, Metrics, Reply
     from schemas.topics import Publish, Topics
 
     topics = Topics(args.job)
@@ -333,18 +333,37 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         finally:
             transport.close()
         return 0
-    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
-    if args.action == "set-codec":
-        fields["codec"] = args.value
+    client = args.username or f"ctl-{os.getpid()}"
+    correlation = f"{client}-{time.time_ns()}"
+    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason, "correlation": correlation}
+    fields["reply_to"] = topics.reply(client)
+    if args.action in ("set-codec", "set-pace", "evict"):
+        if not args.value:
+            raise ValueError(f"{args.action} needs a value: edgeps ctl {args.action} VALUE")
+        fields[{"set-codec": "codec", "set-pace": "pace", "evict": "device"}[args.action]] = args.value
     if args.action == "set-frequency":
         fields |= {"policy": args.policy, "low": args.low, "high": args.high}
     command = Command.model_validate({k: v for k, v in fields.items() if v is not None})
-    transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [], persistent=False)
-    transport.wait_connected(10)
-    transport.publish(Publish(topics.cmd, command.to_bytes(), qos=1))
-    transport.close()
-    print(f"sent {command.model_dump_json(exclude_defaults=True)} to {topics.cmd}")
-    return 0
+    transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [topics.reply(client)], persistent=False)
+    try:
+        transport.wait_connected(10)
+        transport.publish(Publish(topics.cmd, command.to_bytes(), qos=1))
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            message = transport.receive(timeout=0.2)
+            if message is None:
+                continue
+            reply = Reply.from_bytes(message.payload)
+            if reply.correlation != correlation:
+                continue
+            if reply.status is not None:
+                print(json.dumps(reply.status, indent=2))
+            else:
+                print(f"{'ok' if reply.ok else 'refused'}: {reply.cmd}: {reply.detail}")
+            return 0 if reply.ok else 1
+    finally:
+        transport.close()
+    raise ConnectionError(f"no reply within {args.timeout:g} s: is a server running job {args.job!r}?")
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
@@ -445,10 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     _broker_args(ctl)
     ctl.add_argument(
         "action",
-        choices=["pause", "resume", "stop", "set-codec", "set-frequency", "freeze-frequency", "unfreeze-frequency",
-                 "watch"],
+        choices=["status", "pause", "resume", "stop", "set-pace", "set-codec", "set-frequency", "freeze-frequency",
+                 "unfreeze-frequency", "evict", "watch"],
     )  # fmt: skip
-    ctl.add_argument("value", nargs="?", help="set-codec: the codec, e.g. sign")
+    ctl.add_argument(
+        "value", nargs="?", help="set-codec: the codec (sign); set-pace: the pace (acbsp); evict: the device"
+    )
+    ctl.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server's reply")
     ctl.add_argument("--job", default="demo")
     ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
     ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")

@@ -6,9 +6,11 @@ epoch), and every method returns the ``Publish`` list its driver must send.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from learning.model import Params
 from ps_service.aggregate import aggregate
@@ -29,10 +31,20 @@ from schemas.messages import (
     Metrics,
     Notice,
     RejectReason,
+    Reply,
 )
 from schemas.topics import Publish, Topics
 
 log = logging.getLogger("edgeps.ps")
+
+
+def _command_name(payload: bytes) -> str:
+    """The ``cmd`` field of a command that may not validate, for its error reply."""
+    try:
+        name = json.loads(payload).get("cmd")
+    except (ValueError, AttributeError):
+        return "invalid"
+    return name[:32] if isinstance(name, str) else "invalid"
 
 
 @dataclass
@@ -210,26 +222,111 @@ class ServerCore:
         return self.registry.active() - self.stragglers
 
     def on_command(self, payload: bytes, now: float) -> list[Publish]:
-        """An operator's command."""
+        """An operator's command: carried out whole or not at all, answered when it asks for a reply."""
+        reply_to, correlation = self._reply_address(payload)
         try:
             command = Command.from_bytes(payload)
-        except MessageError as exc:
+            log.info("operator command: %s %s", command.cmd, command.reason)
+            out, detail = self._execute(command, now)
+        except ValueError as exc:  # MessageError, an unknown pace, bounds that cross ...
             self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
             log.warning("rejected command: %s", exc)
-            return []
-        log.info("operator command: %s %s", command.cmd, command.reason)
-        if command.cmd == "pause":
+            return self._reply(reply_to, Reply(cmd=_command_name(payload), correlation=correlation, ok=False,
+                                               detail=str(exc)[:1024]))  # fmt: skip
+        status = self.status(now) if command.cmd == "status" else None
+        answer = Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=status)
+        return [*out, *self._reply(reply_to, answer)]
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The job's state, for operators."""
+        evaluation = self._evaluation or (0, float("nan"), float("nan"))
+        barrier = self.barrier_set()
+        return {
+            "job": self.config.job,
+            "state": "finished" if self.finished else "paused" if self.paused else "running",
+            "pace": self.pace.name,
+            "version": self.store.version,
+            "accuracy": evaluation[1],
+            "loss": evaluation[2],
+            "evaluated_version": evaluation[0],
+            "devices_online": sorted(self.registry.active()),
+            "waiting_for": self.pace.waiting_for(barrier) if self.pace.wait_for_barrier else [],
+            "left_barrier": sorted(self.stragglers),
+            "evicted": sorted(self.registry.evicted),
+            "codec": self.codec,
+            "pull_codec": self.config.pull_codec,
+            "frequency": {
+                "policy": self.frequency.policy.name,
+                "frozen": self.frequency.frozen is not None,
+                "base": self.frequency.base,
+                "low": self.frequency.bounds.low,
+                "high": self.frequency.bounds.high,
+                "push_every": {d: self.frequency.push_every(d) for d in sorted(self.registry.active())},
+            },
+            "commits": self.traffic.commits,
+            "applied": self.traffic.applied,
+            "rejected": dict(self.traffic.rejected),
+            "elapsed_s": round(now - self._started, 3),
+        }
+
+    def _execute(self, command: Command, now: float) -> tuple[list[Publish], str]:
+        """(messages, what was done) for a valid command; ValueError changes nothing."""
+        cmd = command.cmd
+        if cmd == "status":
+            return [], ""
+        if cmd == "pause":
             self.paused = True
-            return [self._barrier()]
-        if command.cmd == "resume":
+            return [self._barrier()], "aggregation paused"
+        if cmd == "resume":
             self.paused = False
-            return self._maybe_aggregate(now) or [self._barrier()]
-        if command.cmd == "set_codec" and command.codec is not None:
+            return self._maybe_aggregate(now) or [self._barrier()], "aggregation resumed"
+        if cmd == "set_codec" and command.codec is not None:
             self.codec = command.codec
-            return [self._control(device) for device in sorted(self.registry.active())]
-        if command.cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
-            return self._frequency_command(command)
-        return self._finish(now)
+            return [self._control(device) for device in sorted(self.registry.active())], f"codec {self.codec}"
+        if cmd == "set_pace" and command.pace is not None:
+            return self._set_pace(command.pace, now), f"pace {self.pace.name}"
+        if cmd == "evict" and command.device is not None:
+            return self._evict(command.device, now), f"{command.device} evicted"
+        if cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
+            return self._frequency_command(command), f"push_every base {self.frequency.base}"
+        return self._finish(now), "job finished"
+
+    def _set_pace(self, spec: str, now: float) -> list[Publish]:
+        pace = make_pace(spec)  # ValueError for an unknown one, before anything changes
+        for update in self.pace.take_all():  # buffered commits carry over to the new pace
+            pace.add(update)
+        self.pace = pace
+        controls = [self._control(device) for device in sorted(self.registry.active())]
+        return [*controls, *(self._maybe_aggregate(now) or [self._barrier()])]
+
+    def _evict(self, device: str, now: float) -> list[Publish]:
+        if not self.registry.known(device):
+            raise ValueError(f"no device {device!r} in this job")
+        self.registry.evict(device)
+        notice = Notice(
+            device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job"
+        )
+        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1), *self._device_left(device, now)]
+
+    def _reply_address(self, payload: bytes) -> tuple[str | None, str | None]:
+        """Where to answer a command (a ``reply/{client}`` topic of this job only), read leniently
+        so that an invalid command still gets its error reply."""
+        try:
+            body = json.loads(payload) if len(payload) <= 64 * 1024 else None
+        except ValueError:
+            return None, None
+        if not isinstance(body, dict):
+            return None, None
+        reply_to, correlation = body.get("reply_to"), body.get("correlation")
+        correlation = correlation[:128] if isinstance(correlation, str) else None
+        try:
+            kind, _ = self.topics.parse(reply_to) if isinstance(reply_to, str) else (None, None)
+        except ValueError:
+            kind = None
+        return (reply_to if kind == "reply" else None), correlation
+
+    def _reply(self, reply_to: str | None, reply: Reply) -> list[Publish]:
+        return [] if reply_to is None else [Publish(reply_to, reply.to_bytes(), qos=1)]
 
     def _frequency_command(self, command: Command) -> list[Publish]:
         frequency = self.frequency
@@ -238,12 +335,7 @@ class ServerCore:
         elif command.cmd == "unfreeze_frequency":
             frequency.unfreeze()
         else:
-            try:
-                frequency.set_bounds(command.low, command.high)
-            except ValueError as exc:  # e.g. a new low above the bound already in force
-                self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
-                log.warning("rejected command: %s", exc)
-                return []
+            frequency.set_bounds(command.low, command.high)  # ValueError if they cross the bound in force
             if command.policy is not None and command.policy != frequency.policy.name:
                 frequency.set_policy(make_policy(command.policy, self.config.push_every))
         return self._reassign()

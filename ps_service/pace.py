@@ -60,6 +60,11 @@ class Pace(ABC):
         taken, self._buffer = self._buffer, []
         return taken
 
+    def take_all(self) -> list[Update]:
+        """Hand over every buffered update (the pace is being replaced)."""
+        taken, self._buffer = self._buffer, []
+        return taken
+
     @property
     def pending(self) -> int:
         return len(self._buffer)

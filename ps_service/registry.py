@@ -26,10 +26,15 @@ class DeviceRegistry:
 
     def __init__(self, allowed: frozenset[str] | None = None) -> None:
         self.allowed = allowed
+        self.evicted: set[str] = set()  # removed by an operator: refused from then on
         self._devices: dict[str, DeviceRecord] = {}
 
     def permits(self, device: str) -> bool:
-        return self.allowed is None or device in self.allowed
+        return device not in self.evicted and (self.allowed is None or device in self.allowed)
+
+    def evict(self, device: str) -> None:
+        """Remove ``device`` from the job: its statuses and commits are refused from now on."""
+        self.evicted.add(device)
 
     def set_online(self, device: str, samples: int) -> bool:
         """Mark ``device`` online; return True if it was not online before."""

@@ -7,7 +7,7 @@ a silently ignored setting.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -125,6 +125,7 @@ class RejectReason(StrEnum):
     OVERSIZED = "oversized"  # payload larger than the server accepts
     INVALID_COMMAND = "invalid_command"
     RATE_LIMITED = "rate_limited"  # more commits per second than the server allows a device
+    EVICTED = "evicted"  # an operator removed the device from the job
 
 
 class Notice(Message):
@@ -161,17 +162,27 @@ class Metrics(Message):
 
 
 class Command(Message):
-    """``cmd``: an operator's order to the server.
+    """``cmd``: an operator's order to the server. With ``reply_to`` (a ``reply/{client}`` topic of
+    the job) the server answers with a ``Reply`` carrying ``correlation``.
 
-    ``set_frequency`` picks the push_every ``policy`` and/or its bounds ``low`` and ``high``;
-    ``freeze_frequency`` holds the current base push_every until ``unfreeze_frequency``."""
+    ``status`` asks for the job's state; ``pause``, ``resume``, ``stop``; ``set_pace`` switches the
+    ``pace``; ``set_codec`` the devices' commit ``codec``; ``set_frequency`` picks the push_every
+    ``policy`` and/or its bounds ``low`` and ``high``; ``freeze_frequency`` holds the current
+    base push_every until ``unfreeze_frequency``; ``evict`` removes ``device`` from the job."""
 
-    cmd: Literal["pause", "resume", "stop", "set_codec", "set_frequency", "freeze_frequency", "unfreeze_frequency"]
+    cmd: Literal[
+        "status", "pause", "resume", "stop", "set_pace", "set_codec", "set_frequency", "freeze_frequency",
+        "unfreeze_frequency", "evict",
+    ]  # fmt: skip
     reason: str = Field("", max_length=256)
     codec: str | None = Field(None, description="set_codec: the commit codec devices switch to")
+    pace: str | None = Field(None, max_length=32, description="set_pace: bsp, acbsp, asp or ssp:S")
+    device: DeviceId | None = Field(None, description="evict: the device to remove")
     policy: str | None = Field(None, description="set_frequency: fixed, adacomm or trend")
     low: int | None = Field(None, ge=1, le=100_000, description="set_frequency: lowest push_every")
     high: int | None = Field(None, ge=1, le=100_000, description="set_frequency: highest push_every")
+    reply_to: str | None = Field(None, max_length=256, description="edgeps/{job}/reply/{client}")
+    correlation: str | None = Field(None, max_length=128, description="echoed in the reply")
 
     @field_validator("codec")
     @classmethod
@@ -189,6 +200,10 @@ class Command(Message):
     def _arguments_fit_the_command(self) -> Command:
         if (self.cmd == "set_codec") != (self.codec is not None):
             raise ValueError("set_codec needs codec, and only set_codec takes one")
+        if (self.cmd == "set_pace") != (self.pace is not None):
+            raise ValueError("set_pace needs pace, and only set_pace takes one")
+        if (self.cmd == "evict") != (self.device is not None):
+            raise ValueError("evict needs device, and only evict takes one")
         frequency_args = (self.policy, self.low, self.high)
         if self.cmd == "set_frequency":
             if all(arg is None for arg in frequency_args):
@@ -198,3 +213,13 @@ class Command(Message):
         elif any(arg is not None for arg in frequency_args):
             raise ValueError("only set_frequency takes policy, low or high")
         return self
+
+
+class Reply(Message):
+    """``reply/{client}``: the server's answer to a command that asked for one."""
+
+    cmd: str
+    correlation: str | None = None
+    ok: bool
+    detail: str = Field("", max_length=1024, description="what was done, or why nothing was")
+    status: dict[str, Any] | None = Field(None, description="status: the job's state")

@@ -77,12 +77,17 @@ class Topics:
 
     @property
     def cmd(self) -> str:
-        """operator -> PS: pause, resume, stop."""
+        """operator -> PS: commands (schemas.messages.Command)."""
         return f"{self.prefix}/cmd"
+
+    def reply(self, client: str) -> str:
+        """PS -> operator ``client``: the replies to its commands (the only topics replies go to);
+        ``+`` gives the wildcard for ACLs."""
+        return f"{self.prefix}/reply/{client if client == '+' else check_name(client, 'reply client')}"
 
     @property
     def model(self) -> str:
-        """PS -> devices, retained: the model artifact (reserved for the TFLite trainer)."""
+        """PS -> devices, retained: the model artifact (the devices' TFLite trainer)."""
         return f"{self.prefix}/model"
 
     # Subscriptions
@@ -102,7 +107,7 @@ class Topics:
         parts = topic[len(head) :].split("/")
         if len(parts) == 1 and parts[0] in ("params", "delta", "barrier", "metrics", "cmd", "model"):
             return parts[0], None
-        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice"):
+        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply"):
             return parts[0], check_name(parts[1], "device id")
         raise ValueError(f"topic {topic!r} is not part of the edgeps topic tree")
 

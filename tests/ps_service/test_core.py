@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
@@ -301,3 +302,56 @@ def test_a_flooding_device_is_rate_limited_and_noticed_once_a_second() -> None:
     assert server.traffic.applied == 6  # other devices are not affected
     server.on_message(server.topics.grad("flood"), commit_bytes(server, "flood", 101, base=0), 1.2)
     assert server.traffic.applied == 7  # the bucket refills at the sustained rate
+
+
+def reply_of(server, out):
+    from schemas.messages import Reply
+
+    replies = [Reply.from_bytes(p.payload) for p in out if p.topic == server.topics.reply("op")]
+    assert len(replies) == 1
+    return replies[0]
+
+
+def test_commands_are_answered_on_the_reply_topic_and_refusals_change_nothing() -> None:
+    server = small_server(pace="bsp")
+    server.start(0.0)
+    hello(server, "a")
+    ask = {"reply_to": server.topics.reply("op"), "correlation": "c-1"}
+    out = server.on_message(server.topics.cmd, Command(cmd="status", **ask).to_bytes(), 1.0)
+    answer = reply_of(server, out)
+    assert answer.ok and answer.correlation == "c-1" and answer.status["pace"] == "bsp"
+    assert answer.status["devices_online"] == ["a"]
+    out = server.on_message(server.topics.cmd, Command(cmd="set_pace", pace="warp", **ask).to_bytes(), 1.0)
+    assert not reply_of(server, out).ok and "unknown pace" in reply_of(server, out).detail
+    assert server.pace.name == "bsp" and server.traffic.rejected["invalid_command"] == 1
+    bad = b'{"cmd": "launch", "reply_to": "edgeps/t/reply/op", "correlation": "c-2"}'
+    refused = reply_of(server, server.on_message(server.topics.cmd, bad, 1.0))
+    assert not refused.ok and refused.correlation == "c-2" and refused.cmd == "launch"
+    out = server.on_message(server.topics.cmd, Command(cmd="set_pace", pace="acbsp", **ask).to_bytes(), 1.0)
+    assert reply_of(server, out).ok and server.pace.name == "acbsp"
+    assert Control.from_bytes(by_topic(out, server.topics.ctrl("a"))[0].payload).one_commit_per_version
+
+
+def test_replies_go_only_to_reply_topics() -> None:
+    """A command cannot make the server publish on another topic (parameters, say)."""
+    server = small_server()
+    server.start(0.0)
+    for target in ("edgeps/t/params", "edgeps/other/reply/op", "edgeps/t/reply/a/b", 42):
+        payload = json.dumps({"cmd": "status", "reply_to": target}).encode()
+        assert server.on_message(server.topics.cmd, payload, 1.0) == []
+
+
+def test_an_evicted_device_leaves_and_is_refused_from_then_on() -> None:
+    server = small_server(pace="bsp")
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 1.0)
+    out = server.on_message(server.topics.cmd, Command(cmd="evict", device="b").to_bytes(), 1.0)
+    assert server.store.version == 1  # the round no longer waits for b
+    assert Notice.from_bytes(by_topic(out, server.topics.notice("b"))[0].payload).reason.value == "evicted"
+    hello(server, "b")
+    server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1, base=1), 2.0)
+    assert server.traffic.rejected["unknown_device"] == 2 and "b" not in server.registry.active()
+    out = server.on_message(server.topics.cmd, Command(cmd="evict", device="zed").to_bytes(), 2.0)
+    assert server.traffic.rejected["invalid_command"] == 1
