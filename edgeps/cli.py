@@ -121,13 +121,19 @@ def cmd_ps(args: argparse.Namespace) -> int:
         metrics_interval_s=args.metrics_interval or None,
     )
     core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
+    endpoint = None
+    if args.metrics_port is not None:
+        from ps_service.prometheus import MetricsEndpoint
+
+        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host)
+        logging.getLogger("edgeps").info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, endpoint.port)
     transport = connect_server(core, _address(args))
     logging.getLogger("edgeps").info(
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
     )
     try:
         checkpoint = Path(args.checkpoint) if args.checkpoint else None
-        serve(core, transport, stop=_stop_on_signals(), checkpoint=checkpoint)
+        serve(core, transport, stop=_stop_on_signals(), checkpoint=checkpoint, endpoint=endpoint)
     finally:
         transport.close()
     if args.report:
@@ -424,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--max-commit-rate", type=float, default=100.0, help="commits/s per device (0: no limit)")
     ps.add_argument("--max-commit-burst", type=int, default=50, help="commits a device may send at once")
     ps.add_argument("--metrics-interval", type=float, default=1.0, help="metrics at least every S s (0: per version)")
+    ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
+    ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
     ps.set_defaults(func=cmd_ps)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from edgeps.transport import BrokerAddress, MqttTransport, Transport
 from ps_service.checkpoint import restore, save
 from ps_service.core import ServerCore
+from ps_service.prometheus import MetricsEndpoint
 from schemas.messages import Metrics
 
 log = logging.getLogger("edgeps.ps")
@@ -26,12 +27,14 @@ def serve(
     on_metrics: Callable[[Metrics], None] | None = None,
     linger_s: float = 1.0,
     checkpoint: Path | None = None,
+    endpoint: MetricsEndpoint | None = None,
 ) -> None:
     """Drive ``core`` until its job finishes (or ``stop`` is set), then let the final messages out.
 
     A message is acknowledged to the broker only after the core has processed it and, with
     ``checkpoint``, after the state it led to is on disk (written before its results are
     published). An existing checkpoint is resumed from: the job goes on where it was.
+    ``endpoint`` (Prometheus) shows the newest metrics record published.
     """
     clock = time.monotonic
     seen = 0
@@ -43,8 +46,14 @@ def serve(
         outgoing = core.start(clock())
     if checkpoint is not None:
         save(core, checkpoint, clock())
-    for message in outgoing:
-        transport.publish(message)
+
+    def publish(messages: list) -> None:
+        for message in messages:
+            transport.publish(message)
+            if endpoint is not None and message.topic == core.topics.metrics:
+                endpoint.update(Metrics.from_bytes(message.payload))
+
+    publish(outgoing)
     while not core.finished and not (stop is not None and stop.is_set()):
         batch = []
         inbound = transport.receive(timeout=0.1)
@@ -56,8 +65,7 @@ def serve(
             outgoing += core.on_message(message.topic, message.payload, clock())
         if checkpoint is not None and (batch or outgoing):
             save(core, checkpoint, clock())
-        for message in outgoing:
-            transport.publish(message)
+        publish(outgoing)
         for message in batch:
             transport.ack(message)
         if on_metrics is not None:

@@ -355,3 +355,28 @@ def test_an_evicted_device_leaves_and_is_refused_from_then_on() -> None:
     assert server.traffic.rejected["unknown_device"] == 2 and "b" not in server.registry.active()
     out = server.on_message(server.topics.cmd, Command(cmd="evict", device="zed").to_bytes(), 2.0)
     assert server.traffic.rejected["invalid_command"] == 1
+
+
+def test_the_prometheus_endpoint_serves_the_newest_metrics() -> None:
+    import urllib.error
+    import urllib.request
+
+    from ps_service.prometheus import MetricsEndpoint
+
+    server = small_server(pace="asp", rounds=100)
+    endpoint = MetricsEndpoint(0)
+    try:
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+        assert "# TYPE edgeps_accuracy gauge" in urllib.request.urlopen(url).read().decode()
+        metrics = [Metrics.from_bytes(p.payload) for p in server.start(0.0) if p.topic == server.topics.metrics]
+        hello(server, "a")
+        server.on_message(server.topics.cmd, b"not json", 0.5)
+        endpoint.update(metrics[-1].model_copy(update={"rejected": {"invalid_command": 1}, "push_every": {"a": 2}}))
+        text = urllib.request.urlopen(url).read().decode()
+        assert 'edgeps_version{job="t"} 0' in text
+        assert 'edgeps_rejected_total{job="t",reason="invalid_command"} 1' in text
+        assert 'edgeps_push_every{job="t",device="a"} 2' in text
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(url.replace("/metrics", "/other"))
+    finally:
+        endpoint.close()

@@ -1,0 +1,91 @@
+"""A Prometheus endpoint for the server: the latest metrics record in the text exposition format."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from schemas.messages import Metrics
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def exposition(metrics: Metrics | None) -> str:
+    """The text format (version 0.0.4) for one metrics record; only the help lines without one."""
+    families = [
+        ("edgeps_version", "gauge", "global model version"),
+        ("edgeps_accuracy", "gauge", "held-out accuracy of the evaluated version"),
+        ("edgeps_loss", "gauge", "held-out loss of the evaluated version"),
+        ("edgeps_commits_total", "counter", "commits received, accepted or not"),
+        ("edgeps_applied_total", "counter", "commits folded into the model"),
+        ("edgeps_rejected_total", "counter", "messages refused, by reason"),
+        ("edgeps_bytes_up_total", "counter", "commit payload bytes received"),
+        ("edgeps_bytes_down_total", "counter", "parameter payload bytes delivered"),
+        ("edgeps_devices_online", "gauge", "devices online"),
+        ("edgeps_push_every", "gauge", "local steps per commit, by device"),
+        ("edgeps_eval_seconds_total", "counter", "server seconds spent evaluating"),
+        ("edgeps_elapsed_seconds", "gauge", "seconds since the job started"),
+        ("edgeps_finished", "gauge", "1 once the job finished"),
+    ]
+    lines: list[str] = []
+    for name, kind, text in families:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        if metrics is None:
+            continue
+        job = f'job="{_label(metrics.job)}"'
+        if name == "edgeps_rejected_total":
+            lines += [f'{name}{{{job},reason="{_label(r)}"}} {n}' for r, n in sorted(metrics.rejected.items())]
+        elif name == "edgeps_push_every":
+            lines += [f'{name}{{{job},device="{_label(d)}"}} {p}' for d, p in sorted(metrics.push_every.items())]
+        else:
+            value = {
+                "edgeps_version": metrics.version,
+                "edgeps_accuracy": metrics.accuracy,
+                "edgeps_loss": metrics.loss,
+                "edgeps_commits_total": metrics.commits,
+                "edgeps_applied_total": metrics.applied,
+                "edgeps_bytes_up_total": metrics.bytes_up,
+                "edgeps_bytes_down_total": metrics.bytes_down,
+                "edgeps_devices_online": metrics.devices_online,
+                "edgeps_eval_seconds_total": metrics.eval_s,
+                "edgeps_elapsed_seconds": metrics.elapsed_s,
+                "edgeps_finished": int(metrics.finished),
+            }[name]
+            lines.append(f"{name}{{{job}}} {value}")
+    return "\n".join(lines) + "\n"
+
+
+class MetricsEndpoint:
+    """Serves ``/metrics`` on ``host:port`` from a thread; ``update`` sets the record it shows."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.latest: Metrics | None = None
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics here")
+                    return
+                body = exposition(endpoint.latest).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:  # scrapes are not news
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def update(self, metrics: Metrics) -> None:
+        self.latest = metrics
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
