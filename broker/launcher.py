@@ -40,9 +40,12 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
     raise RuntimeError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
 
 
-def render_config(port: int, host: str, data_dir: Path, template: Path = CONFIG) -> str:
-    """The project's config with the listener and persistence folder put in place."""
+def render_config(port: int, host: str, data_dir: Path, template: Path = CONFIG, ws_port: int | None = None) -> str:
+    """The project's config with the listener and persistence folder put in place (and the
+    WebSockets listener, if the config has one, moved to ``ws_port``)."""
     text = template.read_text()
+    ws = re.compile(r"(?m)^listener\s+\d+(\s+\S+)?\s*\n(protocol\s+websockets\s*)$")
+    text = ws.sub(lambda m: f"listener {ws_port} {host}\n{m.group(2)}", text) if ws_port else ws.sub("", text)
     text, listeners = re.subn(r"(?m)^listener\s+\d+(\s+\S+)?\s*$", f"listener {port} {host}", text, count=1)
     text, stores = re.subn(r"(?m)^persistence_location\s+.*$", f"persistence_location {data_dir}/", text)
     if listeners != 1 or stores != 1:
@@ -59,6 +62,7 @@ class BrokerProcess:
     process: subprocess.Popen
     kind: str
     workdir: Path
+    ws_port: int | None = None  # MQTT over WebSockets (Mosquitto with a websockets listener)
     _owned_dir: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def stop(self) -> None:
@@ -113,7 +117,8 @@ def start_broker(
         kind = "amqtt"
     else:
         conf = workdir / "mosquitto.conf"
-        text = render_config(port, host, workdir, template)
+        ws_port = free_port(host) if "protocol websockets" in template.read_text() else None
+        text = render_config(port, host, workdir, template, ws_port)
         if os.geteuid() == 0:
             # Started as root, Mosquitto would drop to the 'mosquitto' user, which cannot write
             # the database into our folders: sessions and queued messages would silently not
@@ -126,7 +131,7 @@ def start_broker(
     stderr = open(workdir / f"{kind}.log", "ab")  # noqa: SIM115 - owned by the child process
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr)
     stderr.close()
-    broker = BrokerProcess(host, port, process, kind, workdir, owned)
+    broker = BrokerProcess(host, port, process, kind, workdir, ws_port if not embedded else None, owned)
     try:
         wait_for_port(host, port, timeout, process)
     except Exception:

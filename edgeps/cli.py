@@ -235,6 +235,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         eval_sample=args.eval_sample,
         backend=args.backend,
+        metrics_port=args.metrics_port,
         arch=args.arch,
         channels=args.channels,
         kernel=args.kernel,
@@ -408,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", help="also write the report as JSON here")
     demo.add_argument("--broker", help="use this HOST:PORT instead of starting a broker")
     demo.add_argument("--embedded-broker", action="store_true", help="use the embedded amqtt broker")
+    demo.add_argument("--metrics-port", type=int, help="serve Prometheus metrics and the dashboard on this port")
     demo.add_argument(
         "--backend",
         default="numpy",

@@ -42,6 +42,7 @@ class DemoSettings:
     balance: str = "off"
     eval_every: int = 1
     eval_sample: int | None = None
+    metrics_port: int | None = None  # the server's HTTP endpoint: /metrics and the dashboard
     backend: str = "numpy"  # the devices' trainer: numpy, tflite or auto (the server then exports one)
     arch: str = "mlp"
     channels: int = 16
@@ -123,6 +124,8 @@ def run_local_job(
         ]  # fmt: skip
         if settings.backend != "numpy":
             server_args.append("--export-tflite")
+        if settings.metrics_port is not None:
+            server_args += ["--metrics-port", str(settings.metrics_port)]
         if settings.eval_sample:
             server_args += ["--eval-sample", str(settings.eval_sample)]
         if settings.duration_s:
@@ -195,6 +198,9 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         address = BrokerAddress(broker.host, broker.port)
         how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
         say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
+        if settings.metrics_port and broker.ws_port:
+            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.job}"
+                f"&broker=ws://{broker.host}:{broker.ws_port}")  # fmt: skip
     try:
         result = run_local_job(settings, address, shards, logs, quiet=quiet)
     finally:

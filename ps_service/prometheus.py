@@ -1,9 +1,11 @@
-"""A Prometheus endpoint for the server: the latest metrics record in the text exposition format."""
+"""The server's HTTP endpoint: Prometheus metrics at ``/metrics`` (the latest metrics record in the
+text exposition format) and the dashboard (a static page that talks MQTT over WebSockets) at ``/``."""
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from schemas.messages import Metrics
 
@@ -57,8 +59,14 @@ def exposition(metrics: Metrics | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+DASHBOARD = Path(__file__).with_name("dashboard")
+PAGES = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/mqtt-lite.js": "mqtt-lite.js"}
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+
+
 class MetricsEndpoint:
-    """Serves ``/metrics`` on ``host:port`` from a thread; ``update`` sets the record it shows."""
+    """Serves ``/metrics`` and the dashboard on ``host:port`` from a thread; ``update`` sets the
+    metrics record ``/metrics`` shows."""
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.latest: Metrics | None = None
@@ -66,12 +74,17 @@ class MetricsEndpoint:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics here")
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    body, kind = exposition(endpoint.latest).encode(), "text/plain; version=0.0.4; charset=utf-8"
+                elif path in PAGES:  # a fixed list of files: nothing else on disk is reachable
+                    page = DASHBOARD / PAGES[path]
+                    body, kind = page.read_bytes(), TYPES[page.suffix]
+                else:
+                    self.send_error(404, "/metrics, or the dashboard at /")
                     return
-                body = exposition(endpoint.latest).encode()
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

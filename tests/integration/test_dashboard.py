@@ -1,0 +1,108 @@
+"""The dashboard in headless Chromium: it loads from the server, shows a live accuracy from a
+running job over MQTT on WebSockets, and its pause button pauses the job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.profile import DeviceProfile
+from edge_client.trainer import NumpyTrainer
+from edgeps.transport import BrokerAddress
+from learning.data import Dataset, load_digits
+from learning.model import init_mlp
+from learning.prepare import prepare_shards
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from ps_service.mqtt import connect_server, serve
+from ps_service.prometheus import MetricsEndpoint
+from tests.helpers import wait_until
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="the test extra installs selenium")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+if not (CHROMIUM and DRIVER):
+    if os.environ.get("CI"):
+        pytest.fail("CI needs Debian's chromium and chromium-driver (.ci/run installs them)")
+    pytest.skip("Chromium and chromedriver are not installed", allow_module_level=True)
+
+
+@pytest.fixture
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1200,820",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, browser) -> None:
+    from selenium.webdriver.common.by import By
+
+    assert mosquitto.ws_port, "the project's broker config has a websockets listener"
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=2, alpha=0.5, seed=0)
+    holdout = Dataset.load(shards.holdout)
+    core = ServerCore(
+        ServerConfig(job="dash", pace="bsp", rounds=10**6, min_devices=2, metrics_interval_s=0.5),
+        init_mlp([64, 32, 10], seed=0),
+        Evaluator(holdout),
+    )
+    endpoint = MetricsEndpoint(0)
+    transport = connect_server(core, address)
+    stop = threading.Event()
+    server = threading.Thread(target=serve, args=(core, transport, stop), kwargs={"endpoint": endpoint}, daemon=True)
+    server.start()
+    devices = [
+        DeviceCore("dash", f"dev-{i}", Dataset.load(p), NumpyTrainer(), seed=i) for i, p in enumerate(shards.devices)
+    ]
+    runners = [
+        threading.Thread(
+            target=run_device, args=(d, connect_device(d, address), DeviceProfile(step_s=0.01)), daemon=True
+        )
+        for d in devices
+    ]
+    for runner in runners:
+        runner.start()
+    try:
+        browser.get(f"http://127.0.0.1:{endpoint.port}/?job=dash&broker=ws://127.0.0.1:{mosquitto.ws_port}")
+        text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
+        wait_until(lambda: "connected" in text("connection"), timeout=15, what="the page's MQTT connection")
+        wait_until(lambda: text("accuracy") not in ("", "–") and float(text("accuracy")) > 0.5, timeout=30,
+                   what="a live accuracy")  # fmt: skip
+        if os.environ.get("EDGEPS_SCREENSHOT"):  # for docs/dashboard.png: a longer curve
+            wait_until(lambda: core.store.version >= 60, timeout=60, what="sixty versions")
+        shown = float(text("accuracy"))
+        assert abs(shown - core.history[-1].accuracy) < 0.2  # the job's, not a made-up number
+        assert text("online") == "2" and "dev-0" in text("devices")
+        browser.find_element(By.ID, "pause").click()
+        wait_until(lambda: core.paused, timeout=10, what="the job to pause")
+        wait_until(lambda: text("state") == "paused", timeout=10, what="the page to show it")
+        wait_until(lambda: "ok: pause" in text("reply"), timeout=10, what="the server's reply")
+        if os.environ.get("EDGEPS_SCREENSHOT"):
+            browser.save_screenshot(os.environ["EDGEPS_SCREENSHOT"])
+    finally:
+        stop.set()
+        server.join(timeout=10)
+        for device in devices:
+            device.finished = True
+        for runner in runners:
+            runner.join(timeout=10)
+        transport.close()
+        endpoint.close()
