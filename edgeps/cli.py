@@ -148,6 +148,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     from edge_client.trainer import make_trainer
     from learning.data import Dataset
 
+    if not args.device or not args.data:
+        raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA)")
     trainer, use_artifact = make_trainer(args.backend)
     data = Dataset.load(args.data)
     core = DeviceCore(args.job, args.device, data, trainer, seed=args.seed, use_artifact=use_artifact)
@@ -440,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     client = sub.add_parser("client", help="run one edge device against a broker")
     _broker_args(client)
     client.add_argument("--job", default="demo")
-    client.add_argument("--device", required=True, help="device id (also its MQTT topic segment)")
-    client.add_argument("--data", required=True, help="the device's training shard, .npz with x and y")
+    client.add_argument("--device", help="device id (also its MQTT topic segment); required")
+    client.add_argument("--data", help="the device's training shard, .npz with x and y; required")
     client.add_argument(
         "--backend",
         default="numpy",
@@ -487,6 +489,14 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")
     ctl.add_argument("--reason", default="", help="recorded in the server's log")
     ctl.set_defaults(func=cmd_ctl)
+
+    for role in LAYERED:
+        _roles(parser)[role].add_argument("--config", help="a TOML file of this role's options (docs: edgeps config)")
+    config = sub.add_parser("config", help="show a role's effective configuration (file, environment, flags)")
+    config.add_argument("what", choices=["show"])
+    config.add_argument("role", help=f"one of {', '.join(LAYERED)}")
+    config.add_argument("rest", nargs=argparse.REMAINDER, help="--config FILE and flags, as the role takes them")
+    config.set_defaults(func=cmd_config)
 
     bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
     pace = bench.add_parser("pace", help="compare paces on one scenario (simulated, or --real over Mosquitto)")
@@ -554,8 +564,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LAYERED = ("demo", "ps", "client", "ctl", "broker")  # roles that read --config and EDGEPS_* variables
+
+
+def _roles(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from edgeps.settings import show
+
+    role = _roles(build_parser()).get(args.role)
+    if args.role not in LAYERED or role is None:
+        raise ValueError(f"config show takes one of {', '.join(LAYERED)}")
+    config = None
+    rest = list(args.rest)
+    if "--config" in rest:
+        config = rest[rest.index("--config") + 1]
+    print(show(role, rest, config))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from edgeps.settings import apply
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in LAYERED:  # the role's file and environment go under its flags
+        try:
+            apply(_roles(parser)[args.command], argv[argv.index(args.command) + 1 :], args.config)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+        args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

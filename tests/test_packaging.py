@@ -14,15 +14,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_compose_file_is_valid_and_its_files_exist() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert {"broker", "ps", "dev-00"} <= set(services)
+    assert {"broker", "data", "ps", "dev-00"} <= set(services)
     for name, service in services.items():
-        assert service["build"] == ".", name
-        assert service["command"][0] in {"broker", "data", "ps", "client"}, name
-        for dep in service.get("depends_on", []):
-            assert dep in services
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    for source in re.findall(r"^COPY (\S+)", dockerfile, flags=re.M):
-        assert (ROOT / source).exists(), source
+        if "build" in service:
+            dockerfile = ROOT / service["build"]["context"] / service["build"]["dockerfile"]
+            assert dockerfile.exists(), name
+            for source in re.findall(r"^COPY (\S+)", dockerfile.read_text(), flags=re.M):
+                assert (ROOT / source).exists(), (name, source)
+        else:
+            assert service["image"].startswith("eclipse-mosquitto:2"), name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source in compose["volumes"] or (ROOT / source).exists(), (name, volume)
+        deps = service.get("depends_on", [])
+        assert all(dep in services for dep in deps), name
+    for name in (n for n in services if n.startswith("dev-")):
+        command = services[name]["command"]
+        assert services[name]["build"]["dockerfile"] == "docker/device.Dockerfile"
+        assert command[command.index("--device") + 1] == name  # each device its own id
+    device_image = (ROOT / "docker" / "device.Dockerfile").read_text()
+    assert '".[device,tflite]"' in device_image and "server" not in device_image.split("RUN")[-1]
+    broker_conf = (ROOT / "broker" / "mosquitto-compose.conf").read_text()
+    assert "protocol websockets" in broker_conf and "max_queued_messages 0" in broker_conf
 
 
 def test_device_extra_stays_light() -> None:
