@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -317,6 +318,18 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ctl_transport(address: BrokerAddress, subscriptions: list[str]) -> MqttTransport:
+    """An operator's connection: MQTT 5 where the broker speaks it, else 3.1.1."""
+    for mqtt5 in (True, False):
+        transport = MqttTransport(address, f"edgeps-ctl-{os.getpid()}", subscriptions, persistent=False, mqtt5=mqtt5)
+        try:
+            transport.wait_connected(5 if mqtt5 else 10)
+            return transport
+        except ConnectionError:
+            transport.close()
+    raise ConnectionError(f"no MQTT connection to {address.host}:{address.port}")
+
+
 def cmd_ctl(args: argparse.Namespace) -> int:
     """Operator commands on the job's command topic, and a live view of its metrics."""
     from schemas.messages import Command, Metrics, Reply
@@ -324,8 +337,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
     topics = Topics(args.job)
     if args.action == "watch":
-        transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [topics.metrics], persistent=False)
-        transport.wait_connected(10)
+        transport = _ctl_transport(_address(args), [topics.metrics])
         stop = _stop_on_signals()
         try:
             while not stop.is_set():
@@ -344,25 +356,30 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         return 0
     client = args.username or f"ctl-{os.getpid()}"
     correlation = f"{client}-{time.time_ns()}"
-    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason, "correlation": correlation}
-    fields["reply_to"] = topics.reply(client)
+    reply_topic = topics.reply(client)
+    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
     if args.action in ("set-codec", "set-pace", "evict"):
         if not args.value:
             raise ValueError(f"{args.action} needs a value: edgeps ctl {args.action} VALUE")
         fields[{"set-codec": "codec", "set-pace": "pace", "evict": "device"}[args.action]] = args.value
     if args.action == "set-frequency":
         fields |= {"policy": args.policy, "low": args.low, "high": args.high}
-    command = Command.model_validate({k: v for k, v in fields.items() if v is not None})
-    transport = MqttTransport(_address(args), f"edgeps-ctl-{os.getpid()}", [topics.reply(client)], persistent=False)
+    Command.model_validate({k: v for k, v in fields.items() if v is not None})  # refuse before sending
+    transport = _ctl_transport(_address(args), [reply_topic])
     try:
-        transport.wait_connected(10)
-        transport.publish(Publish(topics.cmd, command.to_bytes(), qos=1))
+        if transport.mqtt5:  # the answer's address travels as MQTT 5 properties
+            message = Publish(topics.cmd, b"", qos=1, response_topic=reply_topic, correlation=correlation.encode())
+        else:  # MQTT 3.1.1: in the command itself
+            fields |= {"reply_to": reply_topic, "correlation": correlation}
+            message = Publish(topics.cmd, b"", qos=1)
+        command = Command.model_validate({k: v for k, v in fields.items() if v is not None})
+        transport.publish(dataclasses.replace(message, payload=command.to_bytes()))
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
-            message = transport.receive(timeout=0.2)
-            if message is None:
+            inbound = transport.receive(timeout=0.2)
+            if inbound is None:
                 continue
-            reply = Reply.from_bytes(message.payload)
+            reply = Reply.from_bytes(inbound.payload)
             if reply.correlation != correlation:
                 continue
             if reply.status is not None:

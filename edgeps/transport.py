@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from schemas.topics import Publish
 
@@ -26,6 +28,8 @@ class Inbound:
     payload: bytes
     mid: int
     qos: int
+    response_topic: str | None = None  # MQTT 5: where the sender wants an answer
+    correlation: bytes | None = None  # MQTT 5: echoed with the answer
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,8 @@ class Transport(ABC):
 
 
 class MqttTransport(Transport):
-    """paho-mqtt 2.x over TCP, MQTT 3.1.1 (Mosquitto and the embedded broker both speak it).
+    """paho-mqtt 2.x over TCP, MQTT 3.1.1 (Mosquitto and the embedded broker both speak it), or
+    MQTT 5 with ``mqtt5`` (Mosquitto: response topics and correlation data on commands).
 
     A persistent session (clean_session False and a stable client id) keeps QoS 1
     messages for us across reconnects; acknowledgements are manual, sent only after the
@@ -91,6 +96,7 @@ class MqttTransport(Transport):
         will: Publish | None = None,
         hello: Publish | None = None,
         persistent: bool = True,
+        mqtt5: bool = False,
     ) -> None:
         self._inbox: queue.Queue[Inbound] = queue.Queue()
         self._subscriptions = subscriptions
@@ -101,12 +107,19 @@ class MqttTransport(Transport):
         self._acked_early: set[int] = set()  # PUBACKs that beat publish() to recording their mid
         self._unacked_changed = threading.Condition()
         self.connected = threading.Event()
-        client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            clean_session=not persistent,
-            manual_ack=True,
-        )
+        self.mqtt5 = mqtt5
+        if mqtt5:  # a persistent session is clean_start False plus a session that does not expire
+            client = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True
+            )
+            connect_properties = Properties(PacketTypes.CONNECT)
+            connect_properties.SessionExpiryInterval = 0xFFFFFFFF if persistent else 0
+            connect_options = {"clean_start": not persistent, "properties": connect_properties}
+        else:
+            client = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=not persistent, manual_ack=True
+            )
+            connect_options = {}
         if broker.username:
             client.username_pw_set(broker.username, broker.password)
         if broker.tls_ca:
@@ -122,7 +135,7 @@ class MqttTransport(Transport):
         client.on_subscribe = self._on_subscribe
         self._subscribing: int | None = None  # the mid of the SUBSCRIBE sent on connecting
         self._client = client
-        client.connect_async(broker.host, broker.port, keepalive=10)
+        client.connect_async(broker.host, broker.port, keepalive=10, **connect_options)
         client.loop_start()
 
     def wait_connected(self, timeout: float) -> None:
@@ -155,11 +168,24 @@ class MqttTransport(Transport):
             log.warning("disconnected from broker (%s); reconnecting", reason_code)
 
     def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
-        self._inbox.put(Inbound(message.topic, bytes(message.payload), message.mid, message.qos))
+        props = message.properties if self.mqtt5 else None
+        response = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        inbound = Inbound(message.topic, bytes(message.payload), message.mid, message.qos, response, correlation)
+        self._inbox.put(inbound)
 
     def publish(self, message: Publish) -> None:
+        properties = None
+        if self.mqtt5 and (message.response_topic or message.correlation):
+            properties = Properties(PacketTypes.PUBLISH)
+            if message.response_topic:
+                properties.ResponseTopic = message.response_topic
+            if message.correlation:
+                properties.CorrelationData = message.correlation
         # Not under our lock: paho may hold its own while it calls on_publish.
-        info = self._client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain)
+        info = self._client.publish(
+            message.topic, message.payload, qos=message.qos, retain=message.retain, properties=properties
+        )
         with self._unacked_changed:
             if info.mid in self._acked_early or message.qos == 0:  # QoS 0 is never acknowledged
                 self._acked_early.discard(info.mid)

@@ -93,6 +93,7 @@ class ServerCore:
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
         self._metrics_at = now  # when metrics last went out
+        self._correlation_data: bytes | None = None  # the MQTT 5 correlation of the command in hand
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -119,8 +120,16 @@ class ServerCore:
             if rate.ready_at is not None:
                 rate.ready_at += delta
 
-    def on_message(self, topic: str, payload: bytes, now: float) -> list[Publish]:
-        """Dispatch one inbound MQTT message; never raises for bad input."""
+    def on_message(
+        self,
+        topic: str,
+        payload: bytes,
+        now: float,
+        response_topic: str | None = None,
+        correlation: bytes | None = None,
+    ) -> list[Publish]:
+        """Dispatch one inbound MQTT message; never raises for bad input. ``response_topic`` and
+        ``correlation``: a command's MQTT 5 properties, where its sender spoke MQTT 5."""
         try:
             kind, device = self.topics.parse(topic)
         except ValueError as exc:
@@ -131,7 +140,7 @@ class ServerCore:
         if kind == "status" and device is not None:
             return self.on_status(device, payload, now)
         if kind == "cmd":
-            return self.on_command(payload, now)
+            return self.on_command(payload, now, response_topic, correlation)
         return []
 
     def on_status(self, device: str, payload: bytes, now: float) -> list[Publish]:
@@ -221,9 +230,17 @@ class ServerCore:
         """Devices the next aggregate waits for: online, not dropped past a deadline."""
         return self.registry.active() - self.stragglers
 
-    def on_command(self, payload: bytes, now: float) -> list[Publish]:
-        """An operator's command: carried out whole or not at all, answered when it asks for a reply."""
+    def on_command(
+        self, payload: bytes, now: float, response_topic: str | None = None, correlation_data: bytes | None = None
+    ) -> list[Publish]:
+        """An operator's command: carried out whole or not at all, answered when it asks for a reply
+        (MQTT 5 response topic and correlation data, or the command's reply_to and correlation)."""
         reply_to, correlation = self._reply_address(payload)
+        if reply_to is None and response_topic is not None:
+            reply_to = self._reply_topic(response_topic)
+        if correlation is None and correlation_data is not None:
+            correlation = correlation_data.decode("utf-8", "replace")[:128]
+        self._correlation_data = correlation_data
         try:
             command = Command.from_bytes(payload)
             log.info("operator command: %s %s", command.cmd, command.reason)
@@ -319,14 +336,20 @@ class ServerCore:
             return None, None
         reply_to, correlation = body.get("reply_to"), body.get("correlation")
         correlation = correlation[:128] if isinstance(correlation, str) else None
+        return self._reply_topic(reply_to), correlation
+
+    def _reply_topic(self, topic: object) -> str | None:
+        """``topic`` if it is a ``reply/{client}`` topic of this job: replies go nowhere else."""
         try:
-            kind, _ = self.topics.parse(reply_to) if isinstance(reply_to, str) else (None, None)
+            kind, _ = self.topics.parse(topic) if isinstance(topic, str) else (None, None)
         except ValueError:
-            kind = None
-        return (reply_to if kind == "reply" else None), correlation
+            return None
+        return topic if kind == "reply" and isinstance(topic, str) else None
 
     def _reply(self, reply_to: str | None, reply: Reply) -> list[Publish]:
-        return [] if reply_to is None else [Publish(reply_to, reply.to_bytes(), qos=1)]
+        if reply_to is None:
+            return []
+        return [Publish(reply_to, reply.to_bytes(), qos=1, correlation=self._correlation_data)]
 
     def _frequency_command(self, command: Command) -> list[Publish]:
         frequency = self.frequency

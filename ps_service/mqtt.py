@@ -62,7 +62,9 @@ def serve(
             inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
         outgoing = core.on_tick(clock())
         for message in batch:
-            outgoing += core.on_message(message.topic, message.payload, clock())
+            outgoing += core.on_message(
+                message.topic, message.payload, clock(), message.response_topic, message.correlation
+            )
         if checkpoint is not None and (batch or outgoing):
             save(core, checkpoint, clock())
         publish(outgoing)
@@ -82,12 +84,18 @@ def serve(
 
 
 def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:
-    """An MQTT transport subscribed to everything the server consumes."""
+    """An MQTT transport subscribed to everything the server consumes: MQTT 5 where the broker
+    speaks it (commands may then carry response topics and correlation data), else 3.1.1."""
     t = core.topics
-    transport = MqttTransport(
-        broker,
-        client_id=f"edgeps-ps-{core.config.job}",
-        subscriptions=[t.all_status, t.all_grad, t.cmd],
-    )
+    subscriptions = [t.all_status, t.all_grad, t.cmd]
+    client_id = f"edgeps-ps-{core.config.job}"
+    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions, mqtt5=True)
+    try:
+        transport.wait_connected(min(timeout, 5.0))
+        return transport
+    except ConnectionError:
+        transport.close()
+        log.info("no MQTT 5 connection: using MQTT 3.1.1")
+    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions)
     transport.wait_connected(timeout)
     return transport

@@ -120,3 +120,5 @@ class Publish:
     payload: bytes
     qos: int = 1
     retain: bool = False
+    response_topic: str | None = None  # MQTT 5 only: where an answer should go
+    correlation: bytes | None = None  # MQTT 5 only: what the answer echoes

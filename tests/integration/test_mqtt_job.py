@@ -465,3 +465,24 @@ def test_edgeps_ctl_pauses_resumes_and_steers_a_running_job(mosquitto) -> None:
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def test_commands_over_mqtt5_carry_their_reply_address_as_properties(mosquitto) -> None:
+    from schemas.messages import Command, Reply
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    server, thread, stop = start_server(address, load_digits(), job="m5", pace="asp", rounds=10**6)
+    reply_topic = server.topics.reply("op")
+    operator = MqttTransport(address, "op5", [reply_topic], persistent=False, mqtt5=True)
+    try:
+        operator.wait_connected(10)
+        operator.publish(Publish(server.topics.cmd, Command(cmd="status").to_bytes(), qos=1,
+                                 response_topic=reply_topic, correlation=b"abc-1"))  # fmt: skip
+        answer = next_message(operator)
+        assert answer.correlation == b"abc-1"  # the MQTT 5 property, echoed
+        reply = Reply.from_bytes(answer.payload)
+        assert reply.ok and reply.correlation == "abc-1" and reply.status["pace"] == "asp"
+    finally:
+        operator.close()
+        stop.set()
+        thread.join(timeout=10)

@@ -380,3 +380,15 @@ def test_the_prometheus_endpoint_serves_the_newest_metrics() -> None:
             urllib.request.urlopen(url.replace("/metrics", "/other"))
     finally:
         endpoint.close()
+
+
+def test_mqtt5_response_topic_and_correlation_data_address_the_reply() -> None:
+    server = small_server()
+    server.start(0.0)
+    command = Command(cmd="pause").to_bytes()  # no reply_to in the body: MQTT 5 properties only
+    out = server.on_message(server.topics.cmd, command, 1.0, server.topics.reply("op"), b"\x01corr")
+    [reply] = [p for p in out if p.topic == server.topics.reply("op")]
+    assert reply.correlation == b"\x01corr" and server.paused
+    assert server.on_message(server.topics.cmd, command, 1.0, server.topics.params, b"x") == [
+        p for p in server.on_message(server.topics.cmd, command, 1.0) if p.topic != server.topics.params
+    ]  # a response topic outside reply/ is ignored
