@@ -217,3 +217,35 @@ def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
     seen = drain(server, 2.0)
     assert list(seen) == [T.cmd] and json.loads(seen[T.cmd])["reason"] == "by op"
     server.close()
+
+
+def test_the_dashboards_secure_websockets_listener_takes_the_same_accounts(secure) -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    setup, broker = secure
+    assert broker.ws_port
+
+    def connects(username: str | None, password: str | None) -> bool:
+        result = threading.Event()
+        outcome = {}
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"ws-{username}", transport="websockets")
+        client.tls_set(ca_certs=str(setup.directory / "tls" / "ca.crt"))
+        if username:
+            client.username_pw_set(username, password)
+
+        def on_connect(client, userdata, flags, reason_code, properties) -> None:
+            outcome["ok"] = not reason_code.is_failure
+            result.set()
+
+        client.on_connect = on_connect
+        client.connect(broker.host, broker.ws_port, keepalive=10)
+        client.loop_start()
+        result.wait(5)
+        client.loop_stop()
+        client.disconnect()
+        return outcome.get("ok", False)
+
+    assert connects("op", setup.passwords["op"])
+    assert not connects("op", "wrong")
+    assert not connects(None, None)
