@@ -55,6 +55,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-sample", type=int, help="evaluate on a fixed sample of this many held-out rows")
 
 
+def _policy_options(args: argparse.Namespace) -> dict:
+    """The frequency and evaluation options of _training_args, named as ServerConfig and DemoSettings name them."""
+    names = ("frequency", "push_every_min", "push_every_max", "balance", "eval_every", "eval_sample")
+    return {name: getattr(args, name) for name in names}
+
+
 def _address(args: argparse.Namespace) -> BrokerAddress:
     password = args.password
     if args.password_file:
@@ -111,12 +117,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         round_deadline_s=args.round_deadline,
         allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
-        frequency=args.frequency,
-        push_every_min=args.push_every_min,
-        push_every_max=args.push_every_max,
-        balance=args.balance,
-        eval_every=args.eval_every,
-        eval_sample=args.eval_sample,
+        **_policy_options(args),
         max_commit_rate=args.max_commit_rate or None,
         max_commit_burst=args.max_commit_burst,
         metrics_interval_s=args.metrics_interval or None,
@@ -231,12 +232,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         codec=args.codec,
         pull_codec=args.pull_codec,
-        frequency=args.frequency,
-        push_every_min=args.push_every_min,
-        push_every_max=args.push_every_max,
-        balance=args.balance,
-        eval_every=args.eval_every,
-        eval_sample=args.eval_sample,
+        **_policy_options(args),
         backend=args.backend,
         metrics_port=args.metrics_port,
         arch=args.arch,

@@ -71,10 +71,6 @@ def patch_index(side: int, kernel: int) -> np.ndarray:
     return ((rows[:, None] + di[None, :]) * side + cols[:, None] + dj[None, :]).astype(np.int32)
 
 
-def _dense(params: Params) -> Params:
-    return {name: value for name, value in params.items() if name.startswith("dense")}
-
-
 def _conv_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(patches (n, positions, k*k), activations (n, positions, channels), flattened features)."""
     side, kernel, _ = conv_geometry(params, x.shape[1])
@@ -100,14 +96,20 @@ def mlp_sizes(params: Params) -> list[int]:
     return sizes
 
 
-def _layers(params: Params) -> int:
+def dense_layers(params: Params) -> int:
+    """How many dense layers the parameters hold (the MLP, or the CNN's head)."""
     return sum(1 for name in params if name.startswith("dense") and name.endswith(".w"))
+
+
+def classes(params: Params) -> int:
+    """Output classes: the width of the last dense layer."""
+    return int(params[f"dense{dense_layers(params) - 1}.b"].shape[0])
 
 
 def forward(params: Params, x: np.ndarray) -> np.ndarray:
     """Logits for a batch ``x`` of shape (n, features)."""
     h = _conv_forward(params, x)[2] if architecture(params) == "cnn" else x
-    last = _layers(params) - 1
+    last = dense_layers(params) - 1
     for i in range(last + 1):
         h = h @ params[f"dense{i}.w"] + params[f"dense{i}.b"]
         if i < last:
@@ -127,7 +129,7 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float,
         patches, conv_out, h = _conv_forward(params, x)
     else:
         h = x
-    last = _layers(params) - 1
+    last = dense_layers(params) - 1
     activations = [h]
     for i in range(last + 1):
         h = h @ params[f"dense{i}.w"] + params[f"dense{i}.b"]

@@ -93,7 +93,6 @@ class ServerCore:
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
         self._metrics_at = now  # when metrics last went out
-        self._correlation_data: bytes | None = None  # the MQTT 5 correlation of the command in hand
         self._started = now
 
     # ----------------------------------------------------------------- events
@@ -240,7 +239,7 @@ class ServerCore:
             reply_to = self._reply_topic(response_topic)
         if correlation is None and correlation_data is not None:
             correlation = correlation_data.decode("utf-8", "replace")[:128]
-        self._correlation_data = correlation_data
+        where = (reply_to, correlation_data)
         try:
             command = Command.from_bytes(payload)
             log.info("operator command: %s %s", command.cmd, command.reason)
@@ -248,11 +247,11 @@ class ServerCore:
         except ValueError as exc:  # MessageError, an unknown pace, bounds that cross ...
             self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
             log.warning("rejected command: %s", exc)
-            return self._reply(reply_to, Reply(cmd=_command_name(payload), correlation=correlation, ok=False,
-                                               detail=str(exc)[:1024]))  # fmt: skip
+            return self._reply(where, Reply(cmd=_command_name(payload), correlation=correlation, ok=False,
+                                            detail=str(exc)[:1024]))  # fmt: skip
         status = self.status(now) if command.cmd == "status" else None
         answer = Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=status)
-        return [*out, *self._reply(reply_to, answer)]
+        return [*out, *self._reply(where, answer)]
 
     def status(self, now: float) -> dict[str, Any]:
         """The job's state, for operators."""
@@ -346,10 +345,12 @@ class ServerCore:
             return None
         return topic if kind == "reply" and isinstance(topic, str) else None
 
-    def _reply(self, reply_to: str | None, reply: Reply) -> list[Publish]:
+    def _reply(self, where: tuple[str | None, bytes | None], reply: Reply) -> list[Publish]:
+        """``reply`` to ``where``: (reply topic or None, MQTT 5 correlation data to echo)."""
+        reply_to, correlation_data = where
         if reply_to is None:
             return []
-        return [Publish(reply_to, reply.to_bytes(), qos=1, correlation=self._correlation_data)]
+        return [Publish(reply_to, reply.to_bytes(), qos=1, correlation=correlation_data)]
 
     def _frequency_command(self, command: Command) -> list[Publish]:
         frequency = self.frequency
@@ -438,7 +439,8 @@ class ServerCore:
         return [self._barrier(), self._metrics(now)]
 
     def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
-        count = self.traffic.rejected[rejection.reason.value] = self.traffic.rejected[rejection.reason.value] + 1
+        self.traffic.rejected[rejection.reason.value] += 1
+        count = self.traffic.rejected[rejection.reason.value]
         if rejection.reason is RejectReason.RATE_LIMITED and now is not None:
             # a flooding device gets one notice (and one log line) a second, not one per message
             if now - self._rate_noticed.get(device, -1e9) < 1.0:

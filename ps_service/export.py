@@ -22,9 +22,7 @@ import hashlib
 import math
 import os
 
-import numpy as np
-
-from learning.model import Params, architecture, conv_geometry, patch_index
+from learning.model import Params, architecture, classes, conv_geometry, dense_layers, patch_index
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
 
 
@@ -46,7 +44,8 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
 
     names = list(params)
     features = model_features(params)
-    classes = int(params[f"dense{sum(n.startswith('dense') for n in names) // 2 - 1}.b"].shape[0])
+    outputs = classes(params)
+    layers = dense_layers(params)
     cnn = architecture(params) == "cnn"
     if cnn:
         side, kernel, channels = conv_geometry(params, features)
@@ -66,7 +65,6 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
             patches = tf.reshape(tf.gather(x, index, axis=1), [-1, kernel * kernel])
             conv = tf.reshape(tf.matmul(patches, p["conv0.w"]), [-1, positions, channels]) + p["conv0.b"]
             h = tf.reshape(relu(conv), [-1, positions * channels])
-        layers = sum(name.startswith("dense") for name in p) // 2
         for i in range(layers):
             h = tf.matmul(h, p[f"dense{i}.w"]) + p[f"dense{i}.b"]
             if i < layers - 1:
@@ -86,7 +84,7 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
                 tape.watch(list(p.values()))
                 z = logits(p, x)
                 log_probs = z - tf.reduce_logsumexp(z, axis=1, keepdims=True)
-                loss = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, classes) * log_probs, axis=1))
+                loss = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, outputs) * log_probs, axis=1))
             grads = tape.gradient(loss, [p[n] for n in names])
             return {"loss": loss, **{n.replace(".", "_"): g for n, g in zip(names, grads, strict=True)}}
 
@@ -107,13 +105,12 @@ def build_artifact(params: Params, batch_size: int, version: int = 1) -> bytes:
     import tensorflow as tf
 
     tflite = build_tflite(params, batch_size)
-    layers = sum(n.startswith("dense") for n in params) // 2
     meta = ArtifactMeta(
         arch=architecture(params),  # type: ignore[arg-type]
         version=version,
         params=[TensorSpec(name=n, shape=tuple(int(d) for d in v.shape)) for n, v in params.items()],
         features=model_features(params),
-        classes=int(np.asarray(params[f"dense{layers - 1}.b"]).shape[0]),
+        classes=classes(params),
         batch_size=batch_size,
         sha256=hashlib.sha256(tflite).hexdigest(),
         size=len(tflite),

@@ -199,9 +199,9 @@ class Int8(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = _flat(values)
         if _kernels is not None:
-            out = bytearray(4 * _buckets(len(x)) + len(x))
-            scales, codes = memoryview(out)[: 4 * _buckets(len(x))], memoryview(out)[4 * _buckets(len(x)) :]
-            if not _kernels.int8_encode(x, scales, codes, BUCKET):
+            nb = _buckets(len(x))
+            out = bytearray(4 * nb + len(x))
+            if not _kernels.int8_encode(x, memoryview(out)[: 4 * nb], memoryview(out)[4 * nb :], BUCKET):
                 raise CodecError("int8 cannot encode non-finite values")
             return bytes(out)
         scales = _bucket_reduce(x, "max") / np.float32(127)

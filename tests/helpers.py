@@ -25,6 +25,14 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
         time.sleep(0.01)
 
 
+def stop_devices(cores, runners, timeout: float = 10.0) -> None:
+    """Tell device cores to finish and wait for their driver threads."""
+    for core in cores:
+        core.finished = True
+    for runner in runners:
+        runner.join(timeout=timeout)
+
+
 def blobs(n: int = 200, features: int = 8, classes: int = 3, seed: int = 0) -> Dataset:
     """A small, learnable dataset: Gaussian blobs around fixed class centres; ``seed`` draws the samples."""
     centres = np.random.default_rng(12345).normal(0, 2, size=(classes, features))

@@ -22,7 +22,7 @@ from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
 from ps_service.mqtt import connect_server, serve
 from ps_service.prometheus import MetricsEndpoint
-from tests.helpers import wait_until
+from tests.helpers import stop_devices, wait_until
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the test extra installs selenium")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -100,9 +100,6 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
     finally:
         stop.set()
         server.join(timeout=10)
-        for device in devices:
-            device.finished = True
-        for runner in runners:
-            runner.join(timeout=10)
+        stop_devices(devices, runners)
         transport.close()
         endpoint.close()

@@ -24,7 +24,7 @@ from ps_service.mqtt import connect_server, serve
 from schemas.frame import decode_frame
 from schemas.messages import DeviceStatus, Metrics, Notice
 from schemas.topics import Publish
-from tests.helpers import commit_bytes, next_message, wait_until
+from tests.helpers import commit_bytes, next_message, stop_devices, wait_until
 
 
 def start_server(
@@ -301,10 +301,7 @@ def test_frequency_over_mosquitto_balances_a_slow_device_and_obeys_the_operator(
     finally:
         stop.set()
         thread.join(timeout=10)
-        for core in cores:
-            core.finished = True
-        for runner in runners:
-            runner.join(timeout=10)
+        stop_devices(cores, runners)
         operator.close()
 
 
@@ -379,10 +376,7 @@ def test_a_server_killed_mid_job_resumes_from_its_checkpoint_losing_and_repeatin
     finally:
         if server.poll() is None:
             server.kill()
-        for core in cores:
-            core.finished = True
-        for runner in runners:
-            runner.join(timeout=10)
+        stop_devices(cores, runners)
         watcher.close()
     history = [Metrics.model_validate(m) for m in json.loads(report.read_text())]
     final = history[-1]
@@ -428,10 +422,7 @@ def test_churn_late_joiners_leavers_and_flapping_devices_neither_stall_nor_doubl
     finally:
         stop.set()
         thread.join(timeout=10)
-        for core in cores:
-            core.finished = True
-        for runner in runners.values():
-            runner.join(timeout=10)
+        stop_devices(cores, runners.values())
     assert server.store.version == 60
     assert set(server.traffic.rejected) <= {"replayed"}  # at-least-once redeliveries, refused
     sent = sum(core.seq for core in cores)
