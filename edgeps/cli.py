@@ -51,13 +51,18 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
         default="off",
         help="per device: push_every in proportion to step rate (steps), or slow devices leave the barrier (release)",
     )
+    parser.add_argument(
+        "--extrapolation",
+        type=float,
+        help="most an aggregate may be extrapolated (FedExP's server step); default: the pace's (acbsp 3, else 1)",
+    )
     parser.add_argument("--eval-every", type=int, default=1, help="evaluate every this many versions")
     parser.add_argument("--eval-sample", type=int, help="evaluate on a fixed sample of this many held-out rows")
 
 
 def _policy_options(args: argparse.Namespace) -> dict:
     """The frequency and evaluation options of _training_args, named as ServerConfig and DemoSettings name them."""
-    names = ("frequency", "push_every_min", "push_every_max", "balance", "eval_every", "eval_sample")
+    names = ("frequency", "push_every_min", "push_every_max", "balance", "extrapolation", "eval_every", "eval_sample")
     return {name: getattr(args, name) for name in names}
 
 

@@ -40,6 +40,7 @@ class DemoSettings:
     push_every_min: int = 1
     push_every_max: int = 160
     balance: str = "off"
+    extrapolation: float | None = None  # None: the pace's own (FedExP, acbsp only)
     eval_every: int = 1
     eval_sample: int | None = None
     metrics_port: int | None = None  # the server's HTTP endpoint: /metrics and the dashboard
@@ -128,6 +129,8 @@ def run_local_job(
             server_args += ["--metrics-port", str(settings.metrics_port)]
         if settings.eval_sample:
             server_args += ["--eval-sample", str(settings.eval_sample)]
+        if settings.extrapolation is not None:
+            server_args += ["--extrapolation", str(settings.extrapolation)]
         if settings.duration_s:
             server_args += ["--duration", str(settings.duration_s)]
         server = _spawn(server_args, logs / f"{settings.job}-ps.log")

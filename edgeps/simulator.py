@@ -54,6 +54,7 @@ class Scenario(BaseModel):
     push_every_min: int = Field(1, ge=1)
     push_every_max: int = Field(160, ge=1)
     balance: Literal["off", "steps", "release"] = Field("off", description="per-device adjustment, see ServerConfig")
+    extrapolation: float | None = Field(None, ge=1, description="FedExP cap; None: the pace's own")
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
     sample_s: float = Field(
@@ -171,6 +172,7 @@ class Simulation:
             push_every_min=scenario.push_every_min,
             push_every_max=scenario.push_every_max,
             balance=scenario.balance,
+            extrapolation=scenario.extrapolation,
         )
         self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout))
         self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's

@@ -19,13 +19,15 @@ def staleness_weight(staleness: int) -> float:
     return 1.0 / float(np.sqrt(max(1, staleness)))
 
 
-def aggregate(updates: list[Update], version: int, sizes: dict[str, int], mixing: float = 1.0) -> Params:
+def aggregate(
+    updates: list[Update], version: int, sizes: dict[str, int], mixing: float = 1.0, max_extrapolation: float = 1.0
+) -> Params:
     """One global delta from the updates of an aggregate, after FedNova.
 
     A device may contribute several commits and more local steps than another. Each
     device's commits are summed (each scaled by its staleness weight) and divided by its
     steps, giving its mean per-step update d_i; the global delta is
-    ``mixing * tau_eff * sum_i p_i d_i`` with p_i its share of the data (``sizes``, the
+    ``mixing * eta * tau_eff * sum_i p_i d_i`` with p_i its share of the data (``sizes``, the
     samples it holds). The direction weights every device by its data alone, so devices
     that train more do not pull the model towards their own data; with equal steps this
     is FedAvg.
@@ -34,6 +36,9 @@ def aggregate(updates: list[Update], version: int, sizes: dict[str, int], mixing
     FedNova's default is the mean sum_i p_i tau_i; we use the median of the tau_i, the
     work of a typical device: on the default pace scenario it reaches the target sooner
     (docs/PACES.md), and unlike a maximum it ignores one outlier that piled up steps.
+
+    eta is 1 unless ``max_extrapolation`` > 1: then FedExP's step (``extrapolation``),
+    at most ``max_extrapolation``.
     """
     if not updates:
         raise ValueError("nothing to aggregate")
@@ -50,9 +55,34 @@ def aggregate(updates: list[Update], version: int, sizes: dict[str, int], mixing
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
     tau_eff = float(np.median([steps[d] for d in summed]))
+    for device, delta in summed.items():  # each device's progress as if it had made tau_eff steps
+        scale = np.float32(tau_eff / steps[device])
+        for values in delta.values():
+            values *= scale
     out = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
     for device, delta in summed.items():
-        scale = np.float32(mixing * tau_eff * share[device] / steps[device])
         for name, values in delta.items():
-            out[name] += scale * values
-    return out
+            out[name] += np.float32(share[device]) * values
+    eta = min(max_extrapolation, extrapolation(summed, share, out)) if max_extrapolation > 1 else 1.0
+    step = np.float32(mixing * eta)
+    return {name: step * values for name, values in out.items()}
+
+
+def extrapolation(contributions: dict[str, Params], share: dict[str, float], mean: Params) -> float:
+    """FedExP's server step (Jhunjhunwala et al., 2023): ``max(1, sum_i p_i |D_i|^2 / (2 |D|^2))``
+    for device contributions D_i and their weighted mean D.
+
+    When the devices agree, D_i ~ D and the step is 1 (plain averaging). Near an optimum their
+    updates are mostly noise and non-IID pull in different directions: averaging cancels most
+    of each and D shrinks far faster than the progress each device made, so the server steps
+    further along D. Measured on the pace scenario (docs/PACES.md): acbsp's best accuracy rises
+    from 0.9705 to 0.9800 on average over five seeds."""
+    spread = sum(share[d] * _squared_norm(c) for d, c in contributions.items())
+    length = _squared_norm(mean)
+    if not length > 0:
+        return 1.0
+    return max(1.0, spread / (2.0 * length))
+
+
+def _squared_norm(params: Params) -> float:
+    return float(sum(np.vdot(v, v) for v in params.values()))

@@ -51,6 +51,9 @@ class ServerConfig(BaseModel):
         description="per device: steps = push_every in proportion to its step rate; release = a device much "
         "slower than the median leaves the barrier and commits at its own pace",
     )
+    extrapolation: float | None = Field(
+        None, ge=1, description="most an aggregate may be extrapolated (FedExP); None: the pace's (acbsp 3, else 1)"
+    )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every this many broadcast versions")
     eval_sample: int | None = Field(None, ge=1, description="evaluate on a fixed sample of this many held-out rows")
 

@@ -391,12 +391,22 @@ class ServerCore:
         log.info("device %s offline: it leaves the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
 
+    def _max_extrapolation(self) -> float:
+        """How far the next aggregate may be extrapolated: the job's setting, else the pace's,
+        after the pace's warm-up."""
+        if self.store.version < self.pace.extrapolation_warmup:
+            return 1.0
+        return self.config.extrapolation if self.config.extrapolation is not None else self.pace.max_extrapolation
+
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
         while self.quorum and not self.paused and not self.finished and self.pace.ready(self.barrier_set()):
             updates = self.pace.take()
             try:
-                self.store.apply(aggregate(updates, self.store.version, self.registry.sizes(), self.pace.mixing))
+                delta = aggregate(
+                    updates, self.store.version, self.registry.sizes(), self.pace.mixing, self._max_extrapolation()
+                )
+                self.store.apply(delta)
             except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
                 log.error("aggregate of %d updates refused: %s", len(updates), exc)
                 self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)

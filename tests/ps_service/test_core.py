@@ -392,3 +392,24 @@ def test_mqtt5_response_topic_and_correlation_data_address_the_reply() -> None:
     assert server.on_message(server.topics.cmd, command, 1.0, server.topics.params, b"x") == [
         p for p in server.on_message(server.topics.cmd, command, 1.0) if p.topic != server.topics.params
     ]  # a response topic outside reply/ is ignored
+
+
+@pytest.mark.parametrize("extrapolation, late_step", [(None, 0.25), (1.0, 0.1), (2.0, 0.2)])
+def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(extrapolation, late_step) -> None:
+    # Every round: a moves every parameter by +0.3, b by -0.1 (equal data and steps). Their mean
+    # is +0.1; FedExP's step is (0.09 + 0.01) / 2 / (2 * 0.01) = 2.5, capped by the job's setting.
+    server = small_server(pace="acbsp", rounds=30, extrapolation=extrapolation)
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    warmup = server.pace.extrapolation_warmup
+    steps = []
+    for seq in range(1, warmup + 3):
+        before = server.store.params()
+        server.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq, scale=0.3), float(seq))
+        server.on_message(server.topics.grad("b"), commit_bytes(server, "b", seq, scale=-0.1), float(seq))
+        assert server.store.version == seq
+        moved = {name: server.store.params()[name] - values for name, values in before.items()}
+        steps.append(float(np.mean([m.mean() for m in moved.values()])))
+    np.testing.assert_allclose(steps[:warmup], 0.1, rtol=1e-5)
+    np.testing.assert_allclose(steps[warmup:], late_step, rtol=1e-5)

@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
-from ps_service.aggregate import aggregate, staleness_weight
+from ps_service.aggregate import aggregate, extrapolation, staleness_weight
 from ps_service.pace import Asp, Bsp, make_pace
 from ps_service.update import Update
 
@@ -93,3 +96,54 @@ def test_stale_updates_count_less_but_never_zero() -> None:
     assert 0 < staleness_weight(10) < staleness_weight(2) < 1
     out = aggregate([upd("a", base=0, value=1.0)], version=4, sizes={"a": 10})
     np.testing.assert_allclose(out["w"], [0.5, 0.5])
+
+
+def vec(*values: float) -> dict[str, np.ndarray]:
+    return {"w": np.float32(values)}
+
+
+def test_extrapolation_is_one_when_devices_agree() -> None:
+    assert extrapolation({"a": vec(1, 2), "b": vec(1, 2)}, {"a": 0.5, "b": 0.5}, vec(1, 2)) == 1.0
+    out = aggregate([upd("a", value=1.0), upd("b", value=1.0)], 0, {"a": 10, "b": 10}, max_extrapolation=3.0)
+    np.testing.assert_allclose(out["w"], [1.0, 1.0])
+
+
+def test_extrapolation_is_fedexp_step_when_devices_disagree() -> None:
+    # D_a = (3, 1), D_b = (-1, 1), equal shares: mean (1, 1), |D_i|^2 = 10 and 2, so the step is
+    # (0.5 * 10 + 0.5 * 2) / (2 * 2) = 1.5.
+    contributions, share = {"a": vec(3, 1), "b": vec(-1, 1)}, {"a": 0.5, "b": 0.5}
+    assert extrapolation(contributions, share, vec(1, 1)) == pytest.approx(1.5)
+    updates = [Update("a", 1, 0, 10, 1, vec(3, 1)), Update("b", 1, 0, 10, 1, vec(-1, 1))]
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=3.0)["w"], [1.5, 1.5])
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=1.2)["w"], [1.2, 1.2])
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10})["w"], [1.0, 1.0])  # off by default
+
+
+def test_extrapolation_of_a_zero_mean_is_one() -> None:
+    assert extrapolation({"a": vec(1, 1), "b": vec(-1, -1)}, {"a": 0.5, "b": 0.5}, vec(0, 0)) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    deltas=st.lists(arrays(np.float32, 3, elements=st.floats(-10, 10, width=32)), min_size=1, max_size=6),
+    cap=st.floats(1.0, 5.0),
+)
+def test_extrapolation_keeps_the_direction_and_stays_within_its_bounds(deltas: list[np.ndarray], cap: float) -> None:
+    updates = [Update(f"d{i}", 1, 0, 10, 1, {"w": d}) for i, d in enumerate(deltas)]
+    sizes = {u.device: 10 for u in updates}
+    plain = aggregate(updates, 0, sizes)["w"]
+    stepped = aggregate(updates, 0, sizes, max_extrapolation=cap)["w"]
+    assert np.all(np.isfinite(stepped))
+    length = float(np.linalg.norm(plain))
+    if length < 1e-3:
+        return
+    ratio = float(np.dot(stepped, plain)) / length**2  # stepped = ratio * plain
+    np.testing.assert_allclose(stepped, ratio * plain, atol=1e-4 * (1 + float(np.abs(stepped).max())))
+    assert 1.0 - 1e-5 <= ratio <= cap + 1e-5
+
+
+def test_only_acbsp_extrapolates_and_only_after_its_warm_up() -> None:
+    acbsp = make_pace("acbsp")
+    assert acbsp.max_extrapolation > 1 and acbsp.extrapolation_warmup > 0
+    for name in ("bsp", "asp", "ssp:2"):
+        assert make_pace(name).max_extrapolation == 1.0
