@@ -164,13 +164,16 @@ def run_bench_pace(
 
 #: The frequency bench's runs: (label, scenario changes). fixed keeps the scenario's push_every;
 #: adacomm and trend move within the scenario's bounds; trend adds the per-device adjustment.
-#: The last two rows separate the policy from the adjustment.
+#: The next two rows separate the policy from the adjustment. The policies are compared with the
+#: same plain server step: the server extrapolates acbsp's aggregates (FedExP) only under a fixed
+#: push_every, so fixed runs without it too; the last row is fixed as acbsp runs it by default.
 FREQ_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("fixed", {"frequency": "fixed"}),
+    ("fixed", {"frequency": "fixed", "extrapolation": 1.0}),
     ("adacomm", {"frequency": "adacomm"}),
     ("trend", {"frequency": "trend", "balance": "release"}),
     ("trend/steps", {"frequency": "trend", "balance": "steps"}),
     ("adacomm/release", {"frequency": "adacomm", "balance": "release"}),
+    ("fixed+fedexp", {"frequency": "fixed"}),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,9 +20,16 @@ def staleness_weight(staleness: int) -> float:
     return 1.0 / float(np.sqrt(max(1, staleness)))
 
 
+class Aggregate(NamedTuple):
+    """The global delta of one aggregate and the server step it was scaled by (1: plain averaging)."""
+
+    delta: Params
+    step: float
+
+
 def aggregate(
     updates: list[Update], version: int, sizes: dict[str, int], mixing: float = 1.0, max_extrapolation: float = 1.0
-) -> Params:
+) -> Aggregate:
     """One global delta from the updates of an aggregate, after FedNova.
 
     A device may contribute several commits and more local steps than another. Each
@@ -65,7 +73,7 @@ def aggregate(
             out[name] += np.float32(share[device]) * values
     eta = min(max_extrapolation, extrapolation(summed, share, out)) if max_extrapolation > 1 else 1.0
     step = np.float32(mixing * eta)
-    return {name: step * values for name, values in out.items()}
+    return Aggregate({name: step * values for name, values in out.items()}, eta)
 
 
 def extrapolation(contributions: dict[str, Params], share: dict[str, float], mean: Params) -> float:

@@ -90,6 +90,7 @@ class ServerCore:
         self.stragglers: set[str] = set()  # online but dropped from the barrier past a deadline
         self.round_started = now
         self._unbroadcast = 0  # versions applied since the last parameter broadcast
+        self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
         self._metrics_at = now  # when metrics last went out
@@ -392,21 +393,26 @@ class ServerCore:
         return self._maybe_aggregate(now) or [self._barrier()]
 
     def _max_extrapolation(self) -> float:
-        """How far the next aggregate may be extrapolated: the job's setting, else the pace's,
-        after the pace's warm-up."""
+        """How far the next aggregate may be extrapolated: the job's setting, else the pace's
+        under a fixed push_every, after the pace's warm-up. An adaptive frequency policy changes
+        the local work per round, which FedExP's step takes as steady: measured, trend with it
+        oscillated (plateau 0.950 against 0.962 without, seeds 0-2; docs/PACES.md)."""
         if self.store.version < self.pace.extrapolation_warmup:
             return 1.0
-        return self.config.extrapolation if self.config.extrapolation is not None else self.pace.max_extrapolation
+        if self.config.extrapolation is not None:
+            return self.config.extrapolation
+        return self.pace.max_extrapolation if self.frequency.policy.name == "fixed" else 1.0
 
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
         while self.quorum and not self.paused and not self.finished and self.pace.ready(self.barrier_set()):
             updates = self.pace.take()
             try:
-                delta = aggregate(
+                result = aggregate(
                     updates, self.store.version, self.registry.sizes(), self.pace.mixing, self._max_extrapolation()
                 )
-                self.store.apply(delta)
+                self.store.apply(result.delta)
+                self.server_step = result.step
             except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
                 log.error("aggregate of %d updates refused: %s", len(updates), exc)
                 self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
@@ -523,6 +529,7 @@ class ServerCore:
             eval_s=round(self.evaluator.seconds, 6),
             frequency=self.frequency.policy.name if self.frequency.frozen is None else "frozen",
             trend=self.frequency.policy.trend,
+            server_step=round(self.server_step, 4),
             push_every={d: self.frequency.push_every(d) for d in sorted(self.registry.active())},
         )
         if not self.history or self.history[-1].version != metrics.version or metrics.finished:

@@ -28,6 +28,7 @@ def exposition(metrics: Metrics | None) -> str:
         ("edgeps_devices_online", "gauge", "devices online"),
         ("edgeps_push_every", "gauge", "local steps per commit, by device"),
         ("edgeps_eval_seconds_total", "counter", "server seconds spent evaluating"),
+        ("edgeps_server_step", "gauge", "the last aggregate's step (1: plain averaging; more: extrapolated)"),
         ("edgeps_elapsed_seconds", "gauge", "seconds since the job started"),
         ("edgeps_finished", "gauge", "1 once the job finished"),
     ]
@@ -52,6 +53,7 @@ def exposition(metrics: Metrics | None) -> str:
                 "edgeps_bytes_down_total": metrics.bytes_down,
                 "edgeps_devices_online": metrics.devices_online,
                 "edgeps_eval_seconds_total": metrics.eval_s,
+                "edgeps_server_step": metrics.server_step,
                 "edgeps_elapsed_seconds": metrics.elapsed_s,
                 "edgeps_finished": int(metrics.finished),
             }[name]

@@ -159,6 +159,7 @@ class Metrics(Message):
     frequency: str = Field("fixed", description="the push_every policy in force")
     trend: float | None = Field(None, description="trend policy: share of the remaining error closed over its window")
     push_every: dict[str, int] = Field(default_factory=dict, description="push_every per online device")
+    server_step: float = Field(1.0, ge=0, description="the last aggregate's step: 1 plain averaging, more extrapolated")
 
 
 class Command(Message):

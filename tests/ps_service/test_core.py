@@ -394,11 +394,15 @@ def test_mqtt5_response_topic_and_correlation_data_address_the_reply() -> None:
     ]  # a response topic outside reply/ is ignored
 
 
-@pytest.mark.parametrize("extrapolation, late_step", [(None, 0.25), (1.0, 0.1), (2.0, 0.2)])
-def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(extrapolation, late_step) -> None:
+@pytest.mark.parametrize(
+    "frequency, extrapolation, late_step",
+    [("fixed", None, 0.25), ("fixed", 1.0, 0.1), ("fixed", 2.0, 0.2), ("trend", None, 0.1), ("trend", 2.0, 0.2)],
+)
+def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(frequency, extrapolation, late_step) -> None:
     # Every round: a moves every parameter by +0.3, b by -0.1 (equal data and steps). Their mean
     # is +0.1; FedExP's step is (0.09 + 0.01) / 2 / (2 * 0.01) = 2.5, capped by the job's setting.
-    server = small_server(pace="acbsp", rounds=30, extrapolation=extrapolation)
+    # Under an adaptive frequency policy the pace's own extrapolation is off; the job's applies.
+    server = small_server(pace="acbsp", rounds=30, extrapolation=extrapolation, frequency=frequency)
     server.start(0.0)
     hello(server, "a")
     hello(server, "b")
@@ -413,3 +417,5 @@ def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(extrapolation, 
         steps.append(float(np.mean([m.mean() for m in moved.values()])))
     np.testing.assert_allclose(steps[:warmup], 0.1, rtol=1e-5)
     np.testing.assert_allclose(steps[warmup:], late_step, rtol=1e-5)
+    assert server.history[-1].version == warmup + 2
+    assert server.history[-1].server_step == pytest.approx(late_step / 0.1, rel=1e-3)  # in every metrics record

@@ -72,7 +72,7 @@ def test_acbsp_round_closes_like_bsp_and_takes_several_commits_per_device() -> N
 
 
 def test_aggregate_with_equal_steps_is_fedavg_by_data_size() -> None:
-    out = aggregate([upd("a", value=1.0), upd("b", value=5.0)], version=0, sizes={"a": 30, "b": 10})
+    out = aggregate([upd("a", value=1.0), upd("b", value=5.0)], version=0, sizes={"a": 30, "b": 10}).delta
     np.testing.assert_allclose(out["w"], [2.0, 2.0])
 
 
@@ -82,19 +82,19 @@ def test_aggregate_normalises_devices_that_did_more_steps() -> None:
     # towards the fast device), scaled by tau_eff = median(4, 1) = 2.5 steps.
     fast = [Update("fast", 1, 0, 10, 1, {"w": np.float32([1.0, 1.0])}) for _ in range(4)]
     slow = [Update("slow", 1, 0, 10, 1, {"w": np.float32([-1.0, 1.0])})]
-    out = aggregate(fast + slow, version=0, sizes={"fast": 100, "slow": 100})
+    out = aggregate(fast + slow, version=0, sizes={"fast": 100, "slow": 100}).delta
     np.testing.assert_allclose(out["w"], [0.0, 2.5])
 
 
 def test_aggregate_scales_by_mixing() -> None:
-    out = aggregate([upd("a", value=2.0)], version=0, sizes={"a": 1}, mixing=0.5)
+    out = aggregate([upd("a", value=2.0)], version=0, sizes={"a": 1}, mixing=0.5).delta
     np.testing.assert_allclose(out["w"], [1.0, 1.0])
 
 
 def test_stale_updates_count_less_but_never_zero() -> None:
     assert staleness_weight(0) == staleness_weight(1) == 1.0  # one version behind is normal in a round
     assert 0 < staleness_weight(10) < staleness_weight(2) < 1
-    out = aggregate([upd("a", base=0, value=1.0)], version=4, sizes={"a": 10})
+    out = aggregate([upd("a", base=0, value=1.0)], version=4, sizes={"a": 10}).delta
     np.testing.assert_allclose(out["w"], [0.5, 0.5])
 
 
@@ -104,7 +104,7 @@ def vec(*values: float) -> dict[str, np.ndarray]:
 
 def test_extrapolation_is_one_when_devices_agree() -> None:
     assert extrapolation({"a": vec(1, 2), "b": vec(1, 2)}, {"a": 0.5, "b": 0.5}, vec(1, 2)) == 1.0
-    out = aggregate([upd("a", value=1.0), upd("b", value=1.0)], 0, {"a": 10, "b": 10}, max_extrapolation=3.0)
+    out = aggregate([upd("a", value=1.0), upd("b", value=1.0)], 0, {"a": 10, "b": 10}, max_extrapolation=3.0).delta
     np.testing.assert_allclose(out["w"], [1.0, 1.0])
 
 
@@ -114,9 +114,9 @@ def test_extrapolation_is_fedexp_step_when_devices_disagree() -> None:
     contributions, share = {"a": vec(3, 1), "b": vec(-1, 1)}, {"a": 0.5, "b": 0.5}
     assert extrapolation(contributions, share, vec(1, 1)) == pytest.approx(1.5)
     updates = [Update("a", 1, 0, 10, 1, vec(3, 1)), Update("b", 1, 0, 10, 1, vec(-1, 1))]
-    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=3.0)["w"], [1.5, 1.5])
-    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=1.2)["w"], [1.2, 1.2])
-    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10})["w"], [1.0, 1.0])  # off by default
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=3.0).delta["w"], [1.5, 1.5])
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=1.2).delta["w"], [1.2, 1.2])
+    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}).delta["w"], [1.0, 1.0])  # off by default
 
 
 def test_extrapolation_of_a_zero_mean_is_one() -> None:
@@ -131,8 +131,8 @@ def test_extrapolation_of_a_zero_mean_is_one() -> None:
 def test_extrapolation_keeps_the_direction_and_stays_within_its_bounds(deltas: list[np.ndarray], cap: float) -> None:
     updates = [Update(f"d{i}", 1, 0, 10, 1, {"w": d}) for i, d in enumerate(deltas)]
     sizes = {u.device: 10 for u in updates}
-    plain = aggregate(updates, 0, sizes)["w"]
-    stepped = aggregate(updates, 0, sizes, max_extrapolation=cap)["w"]
+    plain = aggregate(updates, 0, sizes).delta["w"]
+    stepped = aggregate(updates, 0, sizes, max_extrapolation=cap).delta["w"]
     assert np.all(np.isfinite(stepped))
     length = float(np.linalg.norm(plain))
     if length < 1e-3:
