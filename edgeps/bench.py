@@ -9,6 +9,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
@@ -78,6 +80,65 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
+def _indent(say, text: str, **kw: Any) -> None:
+    """Progress lines of one seed, indented under it (continuations of a line stay as they are)."""
+    say("  " + text if text.startswith("[") else text, **kw)
+
+
+def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print) -> dict[str, Any]:
+    """Each pace on ``seeds`` consecutive seeds from the scenario's (simulated). One seed's best
+    accuracy differs between paces by a few held-out images; means over seeds show which
+    differences hold. Returns every run and, per pace, the means and the mean curve."""
+    runs, curves = [], {}
+    for k in range(seeds):
+        seeded = replace_scenario(scenario, seed=scenario.seed + k)
+        say(f"seed {seeded.seed} ({k + 1}/{seeds}):")
+        indented = partial(_indent, say)
+        report = bench_pace_sim(seeded, paces, say=indented)
+        runs += [{**run, "seed": seeded.seed} for run in report["runs"]]
+        for pace, curve in report["curves"].items():
+            curves.setdefault(pace, []).append(curve)
+    means = []
+    for pace in paces:
+        mine = [r for r in runs if r["pace"] == pace]
+        reached = [r["time_to_target"] for r in mine if r["time_to_target"] is not None]
+        lows = [r["lowest_after_target"] for r in mine if r["lowest_after_target"] is not None]
+        mean = {
+            "pace": pace,
+            "seeds": len(mine),
+            "reached": len(reached),
+            "time_to_target": float(np.mean(reached)) if reached else None,
+            "best_accuracy": float(np.mean([r["best_accuracy"] for r in mine])),
+            "best_per_seed": [r["best_accuracy"] for r in mine],
+            "final_accuracy": float(np.mean([r["final_accuracy"] for r in mine])),
+            "plateau_accuracy": float(np.mean([r["plateau_accuracy"] for r in mine])),
+            "lowest_after_target": float(np.mean(lows)) if lows else None,
+            "idle_fraction": float(np.mean([r["idle_fraction"] for r in mine])),
+        }
+        means.append(mean)
+        grid = curves[pace]
+        curves[pace] = [(t, float(np.mean([c[i][1] for c in grid]))) for i, (t, _) in enumerate(grid[0])]
+    return {"mode": "simulated", "scenario": scenario.model_dump(), "seeds": seeds, "means": means, "runs": runs,
+            "curves": curves}  # fmt: skip
+
+
+def format_seeds_table(means: list[dict[str, Any]]) -> str:
+    """Means over seeds, one row per pace; time to target over the seeds that reached it."""
+    head = (
+        f"{'pace':<8} {'reached':>8} {'to target, s':>13} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
+        f"{'low after':>9} {'idle':>6}  best per seed"
+    )
+    lines = [head, "-" * len(head)]
+    for m in means:
+        low = "-" if m["lowest_after_target"] is None else f"{m['lowest_after_target']:.4f}"
+        lines.append(
+            f"{m['pace']:<8} {m['reached']:>4}/{m['seeds']:<3} {_fmt_time(m['time_to_target']):>13} "
+            f"{m['best_accuracy']:>9.4f} {m['final_accuracy']:>9.4f} {m['plateau_accuracy']:>8.4f} {low:>9} "
+            f"{m['idle_fraction']:>6.3f}  {' '.join(f'{b:.4f}' for b in m['best_per_seed'])}"
+        )
+    return "\n".join(lines)
+
+
 def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) -> dict[str, Any]:
     """Run each pace as a real job (server + device processes) over a Mosquitto it starts."""
     from broker.launcher import start_broker
@@ -142,19 +203,30 @@ def run_bench_pace(
     plot_path: Path,
     out: Path | None = None,
     codecs: list[str] | None = None,
+    seeds: int = 1,
 ) -> dict[str, Any]:
-    """Run, print the table, write the PNG (and JSON); return the report."""
+    """Run, print the table, write the PNG (and JSON); return the report. ``seeds`` > 1 (simulator
+    only): every pace on that many seeds, the table of means and the mean curves."""
     if real:
         with tempfile.TemporaryDirectory(prefix="edgeps-bench-") as tmp:
             report = bench_pace_real(scenario, paces, out or Path(tmp))
+    elif seeds > 1:
+        report = bench_pace_seeds(scenario, paces, seeds)
     else:
         report = bench_pace_sim(scenario, paces, codecs)
     unit = "wall s" if real else "virtual s"
     print()
-    print(format_pace_table(report["runs"], unit))
+    if seeds > 1:
+        print(f"means over seeds {scenario.seed}..{scenario.seed + seeds - 1} (low after: the lowest sample after "
+              "the first at the target):")  # fmt: skip
+        print(format_seeds_table(report["means"]))
+    else:
+        print(format_pace_table(report["runs"], unit))
     what = "wall seconds over Mosquitto" if real else "virtual seconds (simulated)"
     title = f"{scenario.devices} devices, {round(scenario.slow_fraction * scenario.devices)} of them "
     title += f"{scenario.slowdown:g}x slower, Dirichlet {scenario.alpha}"
+    if seeds > 1:
+        title += f", mean of {seeds} seeds"
     plot_pace(report["curves"], scenario.target, plot_path, what, title)
     print(f"\nplot: {plot_path}" + (f"; json: {json_path}" if json_path else ""))
     if json_path:

@@ -271,6 +271,7 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
         "push_every": args.push_every,
         "lr": args.lr,
         "pull_codec": args.pull_codec,
+        "extrapolation": args.extrapolation,
     }
     scenario = replace_scenario(base, **{k: v for k, v in changes.items() if v is not None})
     if args.codec and args.real:
@@ -283,7 +284,9 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
         for codec in spec.split("/"):
             make_codec(codec)
     out = Path(args.out) if args.out else None
-    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec)
+    if args.seeds > 1 and (args.real or args.codec):
+        raise ValueError("--seeds runs the default comparison in the simulator; drop --real and --codec")
+    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec, seeds=args.seeds)
     return 0
 
 
@@ -529,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     pace.add_argument("--push-every", type=int)
     pace.add_argument("--lr", type=float)
     pace.add_argument("--seed", type=int)
+    pace.add_argument("--seeds", type=int, default=1, help="run every pace on this many seeds from --seed; print means")
+    pace.add_argument("--extrapolation", type=float, help="FedExP cap for every pace (default: each pace's own)")
     pace.add_argument(
         "--codec",
         action="append",

@@ -125,6 +125,12 @@ class RunResult:
     def time_to_target(self) -> float | None:
         return next((t for t, a in self.curve if a >= self.target), None)
 
+    @property
+    def lowest_after_target(self) -> float | None:
+        """The lowest sample after the first one at the target: how far the model fell back."""
+        reached = self.time_to_target
+        return None if reached is None else min(a for t, a in self.curve if t >= reached)
+
     def summary(self) -> dict:
         return {
             "pace": self.pace,
@@ -132,6 +138,7 @@ class RunResult:
             "best_accuracy": round(self.best_accuracy, 4),
             "final_accuracy": round(self.final_accuracy, 4),
             "plateau_accuracy": round(self.plateau_accuracy, 4),
+            "lowest_after_target": None if self.lowest_after_target is None else round(self.lowest_after_target, 4),
             "idle_fraction": round(self.idle_fraction, 4),
             "commits": self.commits,
             "bytes_up": self.bytes_up,

@@ -82,3 +82,25 @@ def test_bench_freq_writes_table_plot_and_json(tmp_path, capsys) -> None:
     assert fixed["commits_to_target"] is None or 0 < fixed["commits_to_target"] <= fixed["commits"]
     assert (tmp_path / "f.png").stat().st_size > 10_000
     assert "commits to target" in capsys.readouterr().out
+
+
+def test_bench_pace_over_seeds_reports_means_of_the_per_seed_runs(tmp_path, capsys) -> None:
+    scenario = Scenario(devices=4, duration_s=1.5, hidden=(16,), sample_s=0.5, target=0.5, seed=3)
+    run_bench_pace(scenario, ["bsp", "acbsp"], False, str(tmp_path / "s.json"), tmp_path / "s.png", seeds=2)
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert [(r["pace"], r["seed"]) for r in report["runs"]] == [("bsp", 3), ("acbsp", 3), ("bsp", 4), ("acbsp", 4)]
+    for mean in report["means"]:
+        mine = [r for r in report["runs"] if r["pace"] == mean["pace"]]
+        assert mean["seeds"] == 2 and mean["best_per_seed"] == [r["best_accuracy"] for r in mine]
+        assert abs(mean["best_accuracy"] - sum(mean["best_per_seed"]) / 2) < 1e-9
+        assert abs(mean["plateau_accuracy"] - sum(r["plateau_accuracy"] for r in mine) / 2) < 1e-9
+        for run in mine:
+            low = run["lowest_after_target"]
+            assert low is None or low <= run["best_accuracy"]
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert "means over seeds 3..4" in capsys.readouterr().out
+
+
+def test_cli_refuses_seeds_with_real_runs(caplog) -> None:
+    assert main(["bench", "pace", "--seeds", "2", "--real"]) == 2
+    assert "--seeds runs the default comparison in the simulator" in caplog.text
