@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from learning.model import Params
-from ps_service.aggregate import aggregate
+from ps_service.aggregate import aggregate, norms_hold
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
@@ -396,12 +396,15 @@ class ServerCore:
         """How far the next aggregate may be extrapolated: the job's setting, else the pace's
         under a fixed push_every, after the pace's warm-up. An adaptive frequency policy changes
         the local work per round, which FedExP's step takes as steady: measured, trend with it
-        oscillated (plateau 0.950 against 0.962 without, seeds 0-2; docs/PACES.md)."""
+        oscillated (plateau 0.950 against 0.962 without, seeds 0-2; docs/PACES.md). Likewise a
+        codec whose noise swamps the norms FedExP compares (``norms_hold``)."""
         if self.store.version < self.pace.extrapolation_warmup:
             return 1.0
         if self.config.extrapolation is not None:
             return self.config.extrapolation
-        return self.pace.max_extrapolation if self.frequency.policy.name == "fixed" else 1.0
+        if self.frequency.policy.name != "fixed" or not all(map(norms_hold, (self.codec, self.config.pull_codec))):
+            return 1.0
+        return self.pace.max_extrapolation
 
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []

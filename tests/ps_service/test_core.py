@@ -395,14 +395,23 @@ def test_mqtt5_response_topic_and_correlation_data_address_the_reply() -> None:
 
 
 @pytest.mark.parametrize(
-    "frequency, extrapolation, late_step",
-    [("fixed", None, 0.25), ("fixed", 1.0, 0.1), ("fixed", 2.0, 0.2), ("trend", None, 0.1), ("trend", 2.0, 0.2)],
+    "changes, late_step",
+    [
+        ({}, 0.25),
+        ({"extrapolation": 1.0}, 0.1),
+        ({"extrapolation": 2.0}, 0.2),
+        ({"frequency": "trend"}, 0.1),
+        ({"frequency": "trend", "extrapolation": 2.0}, 0.2),
+        ({"pull_codec": "ternary"}, 0.1),
+        ({"pull_codec": "int8"}, 0.25),
+    ],
 )
-def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(frequency, extrapolation, late_step) -> None:
+def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(changes, late_step) -> None:
     # Every round: a moves every parameter by +0.3, b by -0.1 (equal data and steps). Their mean
     # is +0.1; FedExP's step is (0.09 + 0.01) / 2 / (2 * 0.01) = 2.5, capped by the job's setting.
-    # Under an adaptive frequency policy the pace's own extrapolation is off; the job's applies.
-    server = small_server(pace="acbsp", rounds=30, extrapolation=extrapolation, frequency=frequency)
+    # Under an adaptive frequency policy, or with a codec noisier than the signal, the pace's own
+    # extrapolation is off; the job's setting applies regardless.
+    server = small_server(pace="acbsp", rounds=30, **changes)
     server.start(0.0)
     hello(server, "a")
     hello(server, "b")

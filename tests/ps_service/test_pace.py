@@ -147,3 +147,13 @@ def test_only_acbsp_extrapolates_and_only_after_its_warm_up() -> None:
     assert acbsp.max_extrapolation > 1 and acbsp.extrapolation_warmup > 0
     for name in ("bsp", "asp", "ssp:2"):
         assert make_pace(name).max_extrapolation == 1.0
+
+
+def test_fedexp_trusts_codecs_whose_noise_does_not_swamp_norms() -> None:
+    from ps_service.aggregate import norms_hold
+    from schemas.codecs import typical_error
+
+    assert typical_error("fp32") == 0.0 and typical_error("int8") < 0.01
+    assert typical_error("ternary") > 1.0  # an unbiased codec noisier than the signal
+    assert [c for c in ("fp32", "fp16", "int8", "sign", "topk:0.01", "qsgd:16") if not norms_hold(c)] == []
+    assert not norms_hold("ternary") and not norms_hold("qsgd:2")
