@@ -21,6 +21,14 @@ def staleness_weight(staleness: int) -> float:
     return 1.0 / float(np.sqrt(max(1, staleness)))
 
 
+#: How far from plain averaging (0) towards FedExP's step (1) the server goes. FedExP's step is
+#: the largest its analysis (convex, every client the same work) allows; here devices do unequal
+#: work on non-IID data. Measured over five seeds of the pace scenario: the full step lifted
+#: acbsp's mean best accuracy to 0.9794 but its mean curve sank to 0.75 for seconds after the
+#: warm-up; halfway, 0.9783 and 0.86 (docs/PACES.md).
+DAMPING = 0.5
+
+
 class Aggregate(NamedTuple):
     """The global delta of one aggregate and the server step it was scaled by (1: plain averaging)."""
 
@@ -46,8 +54,8 @@ def aggregate(
     work of a typical device: on the default pace scenario it reaches the target sooner
     (docs/PACES.md), and unlike a maximum it ignores one outlier that piled up steps.
 
-    eta is 1 unless ``max_extrapolation`` > 1: then FedExP's step (``extrapolation``),
-    at most ``max_extrapolation``.
+    eta is 1 unless ``max_extrapolation`` > 1: then halfway (``DAMPING``) from 1 to FedExP's
+    step (``extrapolation``), at most ``max_extrapolation``.
     """
     if not updates:
         raise ValueError("nothing to aggregate")
@@ -75,7 +83,7 @@ def aggregate(
         device: {name: np.float32(mixing * tau_eff / steps[device]) * values for name, values in delta.items()}
         for device, delta in summed.items()
     }
-    eta = min(max_extrapolation, extrapolation(contributions, share, out))
+    eta = min(max_extrapolation, 1.0 + DAMPING * (extrapolation(contributions, share, out) - 1.0))
     return Aggregate({name: np.float32(eta) * values for name, values in out.items()}, eta)
 
 

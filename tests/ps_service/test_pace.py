@@ -109,12 +109,14 @@ def test_extrapolation_is_one_when_devices_agree() -> None:
 
 
 def test_extrapolation_is_fedexp_step_when_devices_disagree() -> None:
-    # D_a = (3, 1), D_b = (-1, 1), equal shares: mean (1, 1), |D_i|^2 = 10 and 2, so the step is
-    # (0.5 * 10 + 0.5 * 2) / (2 * 2) = 1.5.
-    contributions, share = {"a": vec(3, 1), "b": vec(-1, 1)}, {"a": 0.5, "b": 0.5}
-    assert extrapolation(contributions, share, vec(1, 1)) == pytest.approx(1.5)
-    updates = [Update("a", 1, 0, 10, 1, vec(3, 1)), Update("b", 1, 0, 10, 1, vec(-1, 1))]
-    np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=3.0).delta["w"], [1.5, 1.5])
+    # D_a = (5, 1), D_b = (-3, 1), equal shares: mean (1, 1), |D_i|^2 = 26 and 10, so FedExP's step
+    # is (0.5 * 26 + 0.5 * 10) / (2 * 2) = 4.5; the server goes halfway from 1: 2.75.
+    contributions, share = {"a": vec(5, 1), "b": vec(-3, 1)}, {"a": 0.5, "b": 0.5}
+    assert extrapolation(contributions, share, vec(1, 1)) == pytest.approx(4.5)
+    updates = [Update("a", 1, 0, 10, 1, vec(5, 1)), Update("b", 1, 0, 10, 1, vec(-3, 1))]
+    result = aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=3.0)
+    np.testing.assert_allclose(result.delta["w"], [2.75, 2.75])
+    assert result.step == pytest.approx(2.75)
     np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=1.2).delta["w"], [1.2, 1.2])
     np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}).delta["w"], [1.0, 1.0])  # off by default
 
