@@ -396,8 +396,9 @@ class ServerCore:
         """How far the next aggregate may be extrapolated: the job's setting, else the pace's
         under a fixed push_every, after the pace's warm-up. An adaptive frequency policy changes
         the local work per round, which FedExP's step takes as steady: measured, trend with it
-        oscillated (plateau 0.950 against 0.962 without, seeds 0-2; docs/PACES.md). Likewise a
-        codec whose noise swamps the norms FedExP compares (``norms_hold``)."""
+        oscillated (seeds 0-2: plateau 0.957 against 0.962 without, lowest sample 0.70 against
+        0.89; docs/FREQUENCY.md). Likewise a codec whose noise swamps the norms FedExP compares
+        (``norms_hold``)."""
         if self.store.version < self.pace.extrapolation_warmup:
             return 1.0
         if self.config.extrapolation is not None:

@@ -103,6 +103,7 @@ class Acbsp(Bsp):
     # Beyond the paper: extrapolating the round's average lifts acbsp's late accuracy, where
     # averaging over devices that keep training cancels most of their progress. Early on it
     # only overshoots (time to target 2.25 s -> 4 s on seed 0 without a warm-up; docs/PACES.md).
+    # The cap bounds one step at three plain ones.
     max_extrapolation = 3.0
     extrapolation_warmup = 10
 
