@@ -56,6 +56,8 @@ function onMetrics(m) {
   $("bytes_up").textContent = megabytes(m.bytes_up);
   $("bytes_down").textContent = megabytes(m.bytes_down);
   $("frequency").textContent = m.frequency;
+  const step = m.server_step ?? 1;  // 1: plain averaging; more: the aggregate was extrapolated
+  $("server_step").textContent = step === 1 ? "1 (plain average)" : `${step.toFixed(2)}x (extrapolated)`;
   $("pace").textContent = m.pace;
   for (const [id, push] of Object.entries(m.push_every || {})) {
     devices.set(id, { ...(devices.get(id) || { state: "online" }), push_every: push });

@@ -91,6 +91,7 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
         shown = float(text("accuracy"))
         assert abs(shown - core.history[-1].accuracy) < 0.2  # the job's, not a made-up number
         assert text("online") == "2" and "dev-0" in text("devices")
+        assert text("server_step") == "1 (plain average)"  # bsp never extrapolates
         browser.find_element(By.ID, "pause").click()
         wait_until(lambda: core.paused, timeout=10, what="the job to pause")
         wait_until(lambda: text("state") == "paused", timeout=10, what="the page to show it")
