@@ -96,6 +96,25 @@ def _progress(metrics: Metrics, rounds: int) -> None:
         print(line, flush=True)
 
 
+def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subprocess.Popen, deadline: float) -> None:
+    """Wait for the new server's first metrics (version 0). Until then the broker may still hold
+    the retained messages of an earlier job of the same name, and a device that read its
+    ``finished`` barrier would stop at once."""
+    while time.monotonic() < deadline and server.poll() is None:
+        inbound = watcher.receive(timeout=0.2)
+        if inbound is None or inbound.topic != topics.metrics:
+            continue
+        try:
+            metrics = Metrics.from_bytes(inbound.payload)
+        except MessageError:
+            continue
+        if metrics.version == 0 and not metrics.finished:
+            return
+    if server.poll() is not None:
+        raise RuntimeError(f"the parameter server exited before it started (exit {server.returncode})")
+    raise RuntimeError("the parameter server did not publish its first metrics within 60 s")
+
+
 def run_local_job(
     settings: DemoSettings, address: BrokerAddress, shards: ShardPaths, logs: Path, quiet: bool = True
 ) -> JobResult:
@@ -135,6 +154,7 @@ def run_local_job(
             server_args += ["--duration", str(settings.duration_s)]
         server = _spawn(server_args, logs / f"{settings.job}-ps.log")
         processes.append(server)
+        _wait_for_fresh_start(watcher, topics, server, time.monotonic() + 60)
         for i, shard in enumerate(shards.devices):
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0

@@ -146,6 +146,14 @@ def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
     assert saved["rounds"] == 15 and saved["commits"] == 3 * 15 and saved["rejected"] == 0
     assert report["best_accuracy"] > 0.7
     assert (tmp_path / "demo" / "accuracy.png").stat().st_size > 10_000
+    # Again in the same folder: the broker's store still holds the first job's retained
+    # ``finished`` barrier, which must not stop the new job's devices. acbsp this time, so that
+    # its extrapolated server step (from version 10) runs over Mosquitto too.
+    again = DemoSettings(devices=3, rounds=15, out=tmp_path / "demo", seed=1, pace="acbsp", timeout_s=30)
+    second = run_demo(again, json_path=str(tmp_path / "r2.json"), quiet=True)
+    assert second["rounds"] == 15 and second["rejected"] == 0 and second["best_accuracy"] > 0.7
+    steps = [m["server_step"] for m in json.loads((tmp_path / "demo" / "logs" / "demo-metrics.json").read_text())]
+    assert steps[0] == 1.0 and all(step >= 1.0 for step in steps)
 
 
 def test_a_crashed_device_leaves_the_barrier_through_its_last_will(mosquitto) -> None:
