@@ -132,13 +132,14 @@ class RunResult:
         return None if reached is None else min(a for t, a in self.curve if t >= reached)
 
     def summary(self) -> dict:
+        low = self.lowest_after_target
         return {
             "pace": self.pace,
             "time_to_target": self.time_to_target,
             "best_accuracy": round(self.best_accuracy, 4),
             "final_accuracy": round(self.final_accuracy, 4),
             "plateau_accuracy": round(self.plateau_accuracy, 4),
-            "lowest_after_target": None if self.lowest_after_target is None else round(self.lowest_after_target, 4),
+            "lowest_after_target": None if low is None else round(low, 4),
             "idle_fraction": round(self.idle_fraction, 4),
             "commits": self.commits,
             "bytes_up": self.bytes_up,

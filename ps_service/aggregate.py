@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -103,6 +104,7 @@ def extrapolation(contributions: dict[str, Params], share: dict[str, float], mea
     return max(1.0, spread / (2.0 * length))
 
 
+@functools.cache
 def norms_hold(codec: str) -> bool:
     """Whether FedExP's step can be trusted with updates that travel in ``codec``. A biased codec
     here (sign, top-k) only shrinks a tensor's norm, which errs towards a smaller step. An unbiased

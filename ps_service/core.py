@@ -403,6 +403,8 @@ class ServerCore:
             return 1.0
         if self.config.extrapolation is not None:
             return self.config.extrapolation
+        if self.pace.max_extrapolation <= 1:  # asp and ssp ask this once per commit
+            return 1.0
         if self.frequency.policy.name != "fixed" or not all(map(norms_hold, (self.codec, self.config.pull_codec))):
             return 1.0
         return self.pace.max_extrapolation
