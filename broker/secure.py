@@ -173,7 +173,7 @@ def init_secure_broker(
     creds = directory / "credentials"
     for folder in (tls, creds, directory / "data"):
         folder.mkdir(parents=True, exist_ok=True)
-    passwords = {account: secrets.token_urlsafe(18) for account in accounts}
+    passwords = {account: secrets.token_hex(16) for account in accounts}  # never starts with "-"
     (directory / "passwd").write_text("".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
     os.chmod(directory / "passwd", 0o600)
     for account, password in passwords.items():

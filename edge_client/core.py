@@ -1,12 +1,16 @@
 """The sans-IO device: parameters and control in, commit frames out.
 
 The driver feeds it inbound messages and, whenever ``ready`` is true, calls ``step()``
-for one local SGD step; a step that completes ``push_every`` steps returns a commit.
+for one local SGD step; a step that completes ``push_every`` steps returns a commit. When
+``resync`` is set, the driver subscribes to ``params`` again (a new run of the job began: the
+retained snapshot is its newest version) and clears it.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,13 +21,40 @@ from learning.model import Params
 from schemas.artifact import ArtifactError, decode_artifact
 from schemas.codecs import ErrorFeedback, make_codec
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
-from schemas.messages import Barrier, Control, DeviceStatus, MessageError, Notice
+from schemas.messages import (
+    CARRIED,
+    MAX_SAFE_INT,
+    STATUS_INTERVAL_S,
+    Barrier,
+    Control,
+    DeviceStatus,
+    MessageError,
+    Notice,
+    RejectReason,
+)
 from schemas.topics import Publish, Topics
 
 log = logging.getLogger("edgeps.device")
 
 
 SPEED_SAMPLES = 3  # local steps timed before a device first reports its speed
+
+
+def new_incarnation() -> int:
+    """A random incarnation for this boot of a device (1 .. 2**53 - 1)."""
+    return 1 + secrets.randbelow(MAX_SAFE_INT)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The device's newest commit, kept until the next one: if the server refuses it for a reason
+    in ``CARRIED``, its progress goes back into the next commit."""
+
+    seq: int
+    base_version: int
+    tensors: Params  # what the server would have added: decoded for a biased codec, else the delta
+    steps: int
+    samples: int
 
 
 class DeviceCore:
@@ -34,6 +65,11 @@ class DeviceCore:
     global version arrives the device adopts it and keeps that uncommitted progress:
     ``local = new + (local - anchor)``. Under ``wait_for_params`` (bsp) it has no
     uncommitted progress while waiting, so this is plain adoption.
+
+    A device follows one Control at a time: the newest one that answers its own ``incarnation``
+    (a Control left retained for an earlier boot is ignored). The Control names the job's run;
+    parameters of another run are ignored, and a Control of a new run drops the replica and
+    everything not yet committed (its base no longer exists) and asks for a ``resync``.
     """
 
     def __init__(
@@ -44,6 +80,7 @@ class DeviceCore:
         trainer: Trainer | None,
         seed: int = 0,
         use_artifact: bool = False,
+        incarnation: int | None = None,
     ) -> None:
         if len(data) == 0:
             raise ValueError("a device needs training data")
@@ -58,10 +95,13 @@ class DeviceCore:
         self.artifact: bytes | None = None  # the verified artifact in use
         self.artifact_error: str | None = None
         self.rng = np.random.default_rng(seed)
+        self.incarnation = incarnation if incarnation is not None else new_incarnation()
         self.control: Control | None = None
+        self.run: int | None = None  # the job's run, from the Control followed
         self.feedback = ErrorFeedback(make_codec("fp32"))
         self.server_version = -1  # the newest global version held, the base of the next commit
         self._replica: Params | None = None  # that version, bit for bit as the server broadcast it
+        self._replica_run: int | None = None  # the run the replica belongs to
         self._anchor: Params | None = None  # where uncommitted progress is measured from
         self._local: Params | None = None
         self.steps = 0
@@ -69,9 +109,13 @@ class DeviceCore:
         self.seq = 0
         self.waiting = False
         self.gap = False  # a delta did not follow on from our replica: resync from the snapshot
+        self.resync = False  # the driver should subscribe to params again (the retained snapshot)
         self.committed_on = -1  # the base version of our last commit
+        self.sent: Sent | None = None  # the newest commit, until the next one
         self.slowest_clock = 0
         self.finished = False
+        self.trained = False  # whether the last step() made an SGD step (only those are timed)
+        self._untimed_s = 0.0  # step time since the last speed report
         self.last_loss = float("nan")
         self.notices: list[Notice] = []
         self.busy_s = 0.0
@@ -95,6 +139,7 @@ class DeviceCore:
         body = DeviceStatus(
             device=self.device,
             state=state,
+            incarnation=self.incarnation,
             samples=len(self.data),
             backend=self.trainer.name if self.trainer is not None else "waiting for model",
             busy_s=round(self.busy_s, 6),
@@ -111,39 +156,89 @@ class DeviceCore:
 
     @property
     def ready(self) -> bool:
-        """Whether a local step may run now."""
+        """Whether ``step()`` may run now: a local step, or the commit due when the device holds
+        ``max_uncommitted_steps`` (then it does not train further until it can commit)."""
         return (
             self.control is not None
             and self.trainer is not None
             and self._local is not None
+            and self._replica_run == self.run
             and not self.waiting
             and not self.blocked
             and not self.finished
+            and (self.steps < self.control.max_uncommitted_steps or self._commit_due)
         )
+
+    @property
+    def _commit_due(self) -> bool:
+        return self.control is not None and self.steps >= self.control.push_every and not self.holding
 
     # ---------------------------------------------------------------- events
     def on_message(self, topic: str, payload: bytes) -> None:
-        """Feed one inbound message; bad ones are logged and ignored."""
+        """Feed one inbound message; bad ones are logged and ignored. Messages from the server
+        are read tolerantly: fields a newer server adds are dropped."""
         try:
             kind, _ = self.topics.parse(topic)
             if kind in ("params", "delta"):
                 self.on_params(decode_frame(payload))
             elif kind == "ctrl" and payload:
-                self.control = Control.from_bytes(payload)
-                if self.control.codec != self.feedback.codec.spec:  # the residual carries over
-                    self.feedback.codec = make_codec(self.control.codec)
+                self.on_control(Control.from_bytes(payload, tolerant=True))
             elif kind == "barrier" and payload:
-                barrier = Barrier.from_bytes(payload)
-                self.slowest_clock = barrier.slowest_clock
-                self.finished = barrier.state == "finished" or self.finished
+                barrier = Barrier.from_bytes(payload, tolerant=True)
+                if barrier.run == self.run:  # a retained barrier of another run says nothing about ours
+                    self.slowest_clock = barrier.slowest_clock
+                    self.finished = barrier.state == "finished" or self.finished
             elif kind == "model" and payload and self.use_artifact:
                 self.load_artifact(payload)
             elif kind == "notice":
-                notice = Notice.from_bytes(payload)
-                self.notices.append(notice)
-                log.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
+                self.on_notice(Notice.from_bytes(payload, tolerant=True))
         except (FrameError, MessageError, ValueError) as exc:
             log.warning("ignored bad message on %s: %s", topic, exc)
+
+    def on_control(self, control: Control) -> None:
+        """Follow ``control`` if it answers this incarnation. A new run starts afresh: the replica
+        and uncommitted progress belong to the old one."""
+        if control.device != self.device or control.incarnation != self.incarnation:
+            return  # a control left for another device or an earlier boot of this one
+        if self.run is not None and control.run != self.run:
+            log.warning("job run %d replaces run %d: starting again from its parameters", control.run, self.run)
+            self._forget_replica()
+        if self._replica is not None and self._replica_run != control.run:
+            self._forget_replica()  # read before the control: parameters of another run
+        self.run = control.run
+        self.seq = max(self.seq, control.seq_base)
+        if control.codec != self.feedback.codec.spec:  # the residual carries over (ErrorFeedback)
+            self.feedback.codec = make_codec(control.codec)
+        self.control = control
+
+    def _forget_replica(self) -> None:
+        self.server_version, self._replica, self._replica_run = -1, None, None
+        self._local = self._anchor = None
+        self.steps = self.samples = 0
+        self.waiting, self.committed_on, self.sent = False, -1, None
+        self.feedback.residual.clear()
+        self.resync = True
+
+    def on_notice(self, notice: Notice) -> None:
+        """One of our messages was refused. A refused commit no longer holds the device (bsp waits
+        for parameters after a commit), and, for a reason in ``CARRIED``, its progress goes into
+        the next commit. ``evicted`` and ``finished`` end the device's part in the job."""
+        self.notices.append(notice)
+        log.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
+        if notice.reason in (RejectReason.EVICTED, RejectReason.FINISHED):
+            self.finished = True
+            return
+        sent = self.sent
+        if sent is None or notice.seq != sent.seq:
+            return
+        self.sent = None
+        self.waiting = False
+        if self.committed_on == sent.base_version:
+            self.committed_on = -1  # the server holds no commit of ours on this version
+        if notice.reason in CARRIED and self._anchor is not None and sent.base_version <= self.server_version:
+            self._anchor = {name: self._anchor[name] - sent.tensors[name] for name in self._anchor}
+            self.steps += sent.steps
+            self.samples += sent.samples
 
     def load_artifact(self, payload: bytes) -> bool:
         """Verify a model artifact and train with its TFLite trainer from the next step. A
@@ -168,22 +263,30 @@ class DeviceCore:
         return True
 
     def on_params(self, frame: Frame) -> None:
-        """A snapshot or a delta of a newer version: update the replica and adopt it."""
-        if frame.base_version <= self.server_version:
-            return  # an old or repeated version
-        if frame.kind == FrameKind.DELTA:
-            if frame.seq != self.server_version or self._replica is None:
+        """A snapshot or a delta of a newer version: update the replica and adopt it. A snapshot
+        carries its run (``seq``); before any Control it is held, after one only its run's count."""
+        if frame.kind == FrameKind.PARAMS:
+            if self.run is not None and frame.seq != self.run:
+                return  # a snapshot of another run of the job
+            if frame.seq == self._replica_run and frame.base_version <= self.server_version:
+                return  # an old or repeated version
+            if self._replica_run is not None and frame.seq != self._replica_run:
+                self._forget_replica()
+                self.resync = False  # this snapshot is the one a resync would fetch
+            self._replica_run = frame.seq
+            self.gap = False
+            self._adopt(frame.base_version, frame.tensors)
+        elif frame.kind == FrameKind.DELTA:
+            if frame.base_version <= self.server_version:
+                return
+            if frame.seq != self.server_version or self._replica is None or self._replica_run != self.run:
                 self.gap = True
                 log.warning("delta %d->%d does not follow our version %d: resync", frame.seq, frame.base_version,
                             self.server_version)  # fmt: skip
                 return
-            replica = {name: self._replica[name] + frame.tensors[name] for name in self._replica}
-        elif frame.kind == FrameKind.PARAMS:
-            replica = frame.tensors
-            self.gap = False
-        else:
-            return
-        self._adopt(frame.base_version, replica)
+            if set(frame.tensors) != set(self._replica):
+                raise FrameError("a delta whose tensors are not the model's")
+            self._adopt(frame.base_version, {name: self._replica[name] + frame.tensors[name] for name in self._replica})
 
     @property
     def replica(self) -> Params | None:
@@ -199,6 +302,9 @@ class DeviceCore:
         """Train on ``replica`` from now on, carrying uncommitted progress over."""
         self.server_version = version
         self._replica = replica
+        shapes = {name: values.shape for name, values in replica.items()}
+        if self._local is not None and shapes != {name: values.shape for name, values in self._local.items()}:
+            self._local = self._anchor = None  # not the model we trained: nothing to carry over
         if self._local is None or self._anchor is None or self.waiting:
             self._local = {name: values.copy() for name, values in replica.items()}
         else:
@@ -208,11 +314,19 @@ class DeviceCore:
 
     # ------------------------------------------------------------------ work
     def step(self) -> list[Publish]:
-        """One local SGD step; returns the commit when ``push_every`` steps are done."""
+        """One local SGD step (none when the device holds ``max_uncommitted_steps``); returns the
+        commit when ``push_every`` steps are done."""
         if not self.ready:
             raise RuntimeError("step() called while the device is not ready")
         assert self.control is not None and self._local is not None and self.trainer is not None
-        batch = self.rng.integers(0, len(self.data), size=min(self.control.batch_size, len(self.data)))
+        self.trained = self.steps < self.control.max_uncommitted_steps
+        if self.trained:
+            self._train(self.control)
+        return [self._commit()] if self._commit_due else []
+
+    def _train(self, control: Control) -> None:
+        assert self._local is not None and self.trainer is not None
+        batch = self.rng.integers(0, len(self.data), size=min(control.batch_size, len(self.data)))
         try:
             self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         except TrainerError as exc:  # e.g. the job's batch size or model is not the artifact's
@@ -221,30 +335,33 @@ class DeviceCore:
             log.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
             self.trainer, self.artifact_error = self.fallback, str(exc)
             self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
-        lr = np.float32(self.control.lr)
+        lr = np.float32(control.lr)
         for name, g in grads.items():
             self._local[name] -= lr * g
         self.steps += 1
         self.samples += len(batch)
-        if self.steps < self.control.push_every or self.holding:
-            return []
-        return [self._commit()]
 
     def timed_step(self, seconds: float) -> list[Publish]:
-        """The driver timed a local step. After the first ``SPEED_SAMPLES`` steps, and whenever
-        the smoothed time drifts by a quarter from the last report, the retained online status
-        goes out again with ``step_s``: the server balances push_every with it from the first
-        round on, instead of learning speeds from commits that a slow device may take long to make."""
+        """The driver timed the last ``step()`` (one that ``trained``). After the first
+        ``SPEED_SAMPLES`` local steps, and whenever the smoothed time (0.8 old + 0.2 new) drifts
+        by a quarter from the last report, the retained online status goes out again with
+        ``step_s`` (at most once per ``STATUS_INTERVAL_S`` of timed steps): the server balances
+        push_every with it from the first round on, instead of learning speeds from commits that
+        a slow device may take long to make."""
         if not seconds > 0:
             return []
         self._timed_steps += 1
+        self._untimed_s += seconds
         mean = self._mean_step_s
         self._mean_step_s = seconds if mean is None else 0.8 * mean + 0.2 * seconds
         if self._timed_steps < SPEED_SAMPLES:
             return []
         if self.step_s is not None and abs(self._mean_step_s - self.step_s) <= 0.25 * self.step_s:
             return []
-        self.step_s = round(self._mean_step_s, 6)
+        if self.step_s is not None and self._untimed_s < STATUS_INTERVAL_S:
+            return []
+        self.step_s = round(max(self._mean_step_s, 1e-6), 6)
+        self._untimed_s = 0.0
         return [self.status("online")]
 
     @property
@@ -258,16 +375,20 @@ class DeviceCore:
         assert self.control is not None and self._local is not None and self._anchor is not None
         self.seq += 1
         delta = {name: self._local[name] - self._anchor[name] for name in self._local}
+        tensors = self.feedback.compensate(delta)
         frame = Frame(
             kind=FrameKind.COMMIT,
             base_version=self.base_version,
-            tensors=self.feedback.compensate(delta),
+            tensors=tensors,
             device=self.device,
             seq=self.seq,
             samples=self.samples,
             steps=self.steps,
             codec=self.control.codec,
         )
+        residual = self.feedback.residual if self.feedback.codec.biased else {}
+        sent = {name: values - residual[name] if name in residual else values for name, values in tensors.items()}
+        self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples)
         self.steps = self.samples = 0
         self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}

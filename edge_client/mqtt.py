@@ -58,6 +58,9 @@ def run_device(
             core.on_message(inbound.topic, inbound.payload)
             transport.ack(inbound)
             transport.subscribe_only(core.subscriptions())  # e.g. read the snapshot once, then deltas
+            if core.resync:  # a new run of the job: its newest snapshot is the retained one
+                core.resync = False
+                transport.resubscribe([core.topics.params])
             if cache is not None and core.artifact is not None and core.artifact is not cached:
                 save_artifact(cache, core.artifact)
                 cached = core.artifact
@@ -66,8 +69,9 @@ def run_device(
             for message in core.step():
                 transport.publish(message)
             elapsed = clock() - started
-            time.sleep(max(0.0, profile.step_time(elapsed) - elapsed))
-            for message in core.timed_step(clock() - started):
+            if core.trained:  # a step at the cap of uncommitted work only commits
+                time.sleep(max(0.0, profile.step_time(elapsed) - elapsed))
+            for message in core.timed_step(clock() - started) if core.trained else []:
                 transport.publish(message)
         now = clock()
         if training:

@@ -128,6 +128,17 @@ def cmd_ps(args: argparse.Namespace) -> int:
         metrics_interval_s=args.metrics_interval or None,
     )
     core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    key = None
+    if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects
+        from ps_service.checkpoint import decode, load_key
+        from ps_service.mqtt import default_key_path
+
+        key_path = Path(args.checkpoint_key) if args.checkpoint_key else default_key_path(checkpoint)
+        key = load_key(key_path, create=not checkpoint.exists())
+        if checkpoint.exists():
+            decode(checkpoint.read_bytes(), key)
+    stop = _stop_on_signals()
     endpoint = None
     if args.metrics_port is not None:
         from ps_service.prometheus import MetricsEndpoint
@@ -139,8 +150,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
     )
     try:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else None
-        serve(core, transport, stop=_stop_on_signals(), checkpoint=checkpoint, endpoint=endpoint)
+        serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
         transport.close()
     if args.report:
@@ -458,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
+    ps.add_argument(
+        "--checkpoint-key", help="the key that signs the checkpoint (hex); default CHECKPOINT.key, made on first use"
+    )
     ps.set_defaults(func=cmd_ps)
 
     client = sub.add_parser("client", help="run one edge device against a broker")
@@ -628,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         return args.func(args)
-    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:  # CodecError is a ValueError
+    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:  # CodecError, CheckpointError too
         logging.getLogger("edgeps").error("%s (after %.1f s)", exc, time.monotonic() - started)
         return 2
 

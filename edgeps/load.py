@@ -74,9 +74,9 @@ def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = Fa
         names = [f"load-{i:04d}" for i in range(devices)]
         clients = []
         for name in names:
-            hello = Publish(topics.status(name), DeviceStatus(device=name, state="online", samples=10).to_bytes(),
-                            qos=1, retain=True)  # fmt: skip
-            offline = DeviceStatus(device=name, state="offline").to_bytes()
+            online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
+            hello = Publish(topics.status(name), online, qos=1, retain=True)
+            offline = DeviceStatus(device=name, state="offline", incarnation=1).to_bytes()
             will = Publish(topics.status(name), offline, qos=1, retain=True)
             clients.append(MqttTransport(address, f"edgeps-dev-{job}-{name}", [], will=will, hello=hello))
         for client in clients:

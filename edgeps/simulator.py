@@ -182,11 +182,13 @@ class Simulation:
             balance=scenario.balance,
             extrapolation=scenario.extrapolation,
         )
-        self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout))
+        self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout), run=scenario.seed + 1)
         self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
-            DeviceCore(self.JOB, f"dev-{i:02d}", shard, NumpyTrainer(), seed=scenario.seed * 1000 + i)
+            DeviceCore(
+                self.JOB, f"dev-{i:02d}", shard, NumpyTrainer(), seed=scenario.seed * 1000 + i, incarnation=i + 1
+            )
             for i, shard in enumerate(shards)
         ]
         self._events: list[tuple[float, int, Callable[[], None]]] = []
@@ -233,9 +235,12 @@ class Simulation:
     def _device_receives(self, i: int, message: Publish) -> None:
         if message.topic not in self._subscribed[i]:
             return  # unsubscribed while it was on its way
-        self.devices[i].on_message(message.topic, message.payload)
-        wanted = set(self.devices[i].subscriptions())
-        for topic in wanted - self._subscribed[i]:  # a new subscription gets the retained message
+        device = self.devices[i]
+        device.on_message(message.topic, message.payload)
+        wanted = set(device.subscriptions())
+        again = {device.topics.params} if device.resync else set()
+        device.resync = False
+        for topic in (wanted - self._subscribed[i]) | again:  # a (re)subscription gets the retained message
             if topic in self._retained:
                 self._send_down(i, self._retained[topic])
         self._subscribed[i] = wanted
@@ -259,7 +264,8 @@ class Simulation:
         device = self.devices[i]
         if device.ready:
             self._device_publishes(i, device.step())
-            self._device_publishes(i, device.timed_step(self.profiles[i].step_time()))
+            if device.trained:
+                self._device_publishes(i, device.timed_step(self.profiles[i].step_time()))
         self._kick(i)
 
     def _sample(self) -> None:

@@ -7,9 +7,9 @@ core, and publishes what the core returns.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
@@ -30,6 +30,59 @@ class Inbound:
     qos: int
     response_topic: str | None = None  # MQTT 5: where the sender wants an answer
     correlation: bytes | None = None  # MQTT 5: echoed with the answer
+    retain: bool = False  # the broker delivered a retained message (not one published live)
+
+
+class Inbox:
+    """The messages received and not yet taken, bounded in count and bytes (``0``: no bound).
+
+    ``put`` blocks the network thread while the inbox is full, so that paho stops reading its
+    socket and the backlog stays in the broker (TCP flow control), bounded by the broker's own
+    limits, instead of in this process's memory. At least one message always fits.
+    """
+
+    def __init__(self, max_messages: int = 0, max_bytes: int = 0) -> None:
+        self.max_messages, self.max_bytes = max_messages, max_bytes
+        self._items: deque[Inbound] = deque()
+        self._bytes = 0
+        self._closed = False
+        self._changed = threading.Condition()
+
+    def _full(self) -> bool:
+        if not self._items:
+            return False
+        return (0 < self.max_messages <= len(self._items)) or (0 < self.max_bytes <= self._bytes)
+
+    def put(self, message: Inbound) -> bool:
+        """Add ``message``, waiting for room; False (and dropped, so never acknowledged) once closed."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or not self._full())
+            if self._closed:
+                return False
+            self._items.append(message)
+            self._bytes += len(message.payload)
+            self._changed.notify_all()
+            return True
+
+    def get(self, timeout: float) -> Inbound | None:
+        with self._changed:
+            if timeout > 0:
+                self._changed.wait_for(lambda: bool(self._items) or self._closed, timeout=timeout)
+            if not self._items:
+                return None
+            message = self._items.popleft()
+            self._bytes -= len(message.payload)
+            self._changed.notify_all()
+            return message
+
+    def close(self) -> None:
+        """Release a network thread waiting for room: what it holds is dropped, unacknowledged."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 @dataclass(frozen=True)
@@ -65,6 +118,10 @@ class Transport(ABC):
         """Make ``topics`` the subscriptions (QoS 1), now and after every reconnect."""
 
     @abstractmethod
+    def resubscribe(self, topics: list[str]) -> None:
+        """Subscribe to ``topics`` again, so that the broker sends their retained messages again."""
+
+    @abstractmethod
     def receive(self, timeout: float) -> Inbound | None:
         """The next inbound message, or None after ``timeout`` seconds."""
 
@@ -97,8 +154,9 @@ class MqttTransport(Transport):
         hello: Publish | None = None,
         persistent: bool = True,
         mqtt5: bool = False,
+        inbox: Inbox | None = None,
     ) -> None:
-        self._inbox: queue.Queue[Inbound] = queue.Queue()
+        self._inbox = inbox or Inbox()
         self._subscriptions = subscriptions
         self._hello = hello
         # QoS 1 publishes not yet acknowledged by the broker. paho keeps them across a
@@ -114,6 +172,8 @@ class MqttTransport(Transport):
             )
             connect_properties = Properties(PacketTypes.CONNECT)
             connect_properties.SessionExpiryInterval = 0xFFFFFFFF if persistent else 0
+            if self._inbox.max_messages:  # ask the broker to hold back what the inbox cannot take
+                connect_properties.ReceiveMaximum = min(self._inbox.max_messages, 65535)
             connect_options = {"clean_start": not persistent, "properties": connect_properties}
         else:
             client = mqtt.Client(
@@ -171,7 +231,9 @@ class MqttTransport(Transport):
         props = message.properties if self.mqtt5 else None
         response = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        inbound = Inbound(message.topic, bytes(message.payload), message.mid, message.qos, response, correlation)
+        inbound = Inbound(
+            message.topic, bytes(message.payload), message.mid, message.qos, response, correlation, bool(message.retain)
+        )
         self._inbox.put(inbound)
 
     def publish(self, message: Publish) -> None:
@@ -209,11 +271,14 @@ class MqttTransport(Transport):
         if removed:
             self._client.unsubscribe(removed)
 
+    def resubscribe(self, topics: list[str]) -> None:
+        for topic in topics:
+            if topic not in self._subscriptions:
+                self._subscriptions.append(topic)
+        self._client.subscribe([(t, 1) for t in topics])
+
     def receive(self, timeout: float) -> Inbound | None:
-        try:
-            return self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
-        except queue.Empty:
-            return None
+        return self._inbox.get(timeout)
 
     def ack(self, message: Inbound) -> None:
         if message.qos > 0:
@@ -227,4 +292,5 @@ class MqttTransport(Transport):
                 self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
             self._client.disconnect()
         finally:
+            self._inbox.close()  # a network thread waiting for room must not hold up loop_stop
             self._client.loop_stop()

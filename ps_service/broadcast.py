@@ -22,8 +22,9 @@ from schemas.topics import Publish, Topics
 class Broadcaster:
     """Turns the store's current version into the messages devices receive."""
 
-    def __init__(self, topics: Topics, pull_codec: str = "fp32", seed: int = 0) -> None:
+    def __init__(self, topics: Topics, pull_codec: str = "fp32", seed: int = 0, run: int = 0) -> None:
         self.topics = topics
+        self.run = run  # stamped on every snapshot (its seq field)
         self.codec = make_codec(pull_codec).spec
         self.deltas = self.codec != "fp32"
         self.view: Params | None = None
@@ -34,7 +35,7 @@ class Broadcaster:
     def publish(self, store: ParameterStore) -> tuple[list[Publish], int]:
         """The messages for the store's current version, and the bytes each device receives."""
         if not self.deltas:
-            self.snapshot = store.snapshot_frame()
+            self.snapshot = store.snapshot_frame(self.run)
             return [Publish(self.topics.params, self.snapshot, qos=1, retain=True)], len(self.snapshot)
         out = []
         per_device = 0
@@ -56,6 +57,32 @@ class Broadcaster:
             out.append(Publish(self.topics.delta, payload, qos=1))
             per_device = len(payload)
         self.view_version = store.version
-        self.snapshot = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=store.version, tensors=self.view))
+        self.snapshot = self._snapshot()
         out.append(Publish(self.topics.params, self.snapshot, qos=1, retain=True))
         return out, per_device or len(self.snapshot)
+
+    def _snapshot(self) -> bytes:
+        assert self.view is not None
+        return encode_frame(
+            Frame(kind=FrameKind.PARAMS, base_version=self.view_version, seq=self.run, tensors=self.view)
+        )
+
+    def to_state(self) -> dict:
+        return {
+            "codec": self.codec,
+            "view": self.view,
+            "view_version": self.view_version,
+            "rng": self._rng.bit_generator.state,
+        }
+
+    def load_state(self, state: dict, store: ParameterStore) -> None:
+        """Restore what ``to_state`` saved; the snapshot is encoded again (bit for bit the same)."""
+        if state["codec"] != self.codec:
+            raise ValueError(f"the broadcast view was kept for pull codec {state['codec']}, not {self.codec}")
+        self.view = None if state["view"] is None else {k: np.asarray(v, np.float32) for k, v in state["view"].items()}
+        self.view_version = int(state["view_version"])
+        self._rng.bit_generator.state = state["rng"]
+        if not self.deltas:
+            self.snapshot = store.snapshot_frame(self.run)
+        elif self.view is not None:
+            self.snapshot = self._snapshot()

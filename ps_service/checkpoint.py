@@ -1,4 +1,4 @@
-"""Server checkpoints: everything the server core knows, written atomically.
+"""Server checkpoints: the server core's explicit state, written atomically and signed.
 
 The MQTT driver writes one after processing each batch of inbound messages and before
 publishing the results and acknowledging the messages to the broker. So a commit the
@@ -6,51 +6,138 @@ broker saw acknowledged is in the checkpoint, and one that is not was never ackn
 the broker redelivers it to the restarted server (persistent session), which applies it
 once, or refuses it as replayed if the checkpoint already holds it.
 
-File layout: ``EPSCKPT1`` magic, the SHA-256 of the body, the body (a pickle of the core's
-state, the configuration it ran with, and the driver's clock when it was written). Only a
-file this server wrote is ever loaded (pickle runs code); keep the checkpoint directory as
-private as the server's credentials.
+File layout (nothing in it is code: no pickle):
+
+| bytes | content |
+|---|---|
+| 8 | magic ``EPSCKPT2`` |
+| 32 | HMAC-SHA256, keyed with the server's checkpoint key, of everything after it |
+| 4 + n | u32 little-endian n, then the state: UTF-8 JSON (``ServerCore.to_state``); tensors and |
+|  | payloads in it are references into the archive below |
+| 4 + m | u32 m, then the metrics history: a JSON array of Metrics records |
+| rest | a NumPy ``.npz`` archive of the tensors and payloads (read with ``allow_pickle=False``) |
+
+The state JSON has ``format`` (``edgeps-checkpoint/2``), the configuration the server ran with
+(refused if the server now runs another), and the core's fields by name; times are ages in
+seconds. The key (32 random bytes) lives in a file of its own (by default ``PATH.key`` beside
+the checkpoint, created mode 600 on first use): a file that does not verify under it is refused
+before anything in it is parsed. The checkpoint is mode 600 too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import io
+import json
 import os
-import pickle
+import secrets
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
-MAGIC = b"EPSCKPT1"
-#: Not saved: given again when the server starts (the evaluator holds the held-out data).
-TRANSIENT = frozenset({"config", "evaluator", "artifact"})
+import numpy as np
+
+from schemas.messages import MessageError, Metrics
+
+MAGIC = b"EPSCKPT2"
+FORMAT = "edgeps-checkpoint/2"
+KEY_BYTES = 32
+_U32 = struct.Struct("<I")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is damaged or belongs to another job configuration."""
+    """A checkpoint that is damaged, not signed by this server's key, or of another configuration."""
 
 
-def encode(core: Any, now: float) -> bytes:
-    state = {key: value for key, value in vars(core).items() if key not in TRANSIENT}
-    body = pickle.dumps(
-        {"config": core.config.model_dump_json(), "saved_at": now, "state": state}, protocol=pickle.HIGHEST_PROTOCOL
-    )
-    return MAGIC + hashlib.sha256(body).digest() + body
+def load_key(path: Path, create: bool = True) -> bytes:
+    """The checkpoint key in ``path``; with ``create``, a new random one written mode 600 if none exists."""
+    if not path.exists():
+        if not create:
+            raise CheckpointError(f"no checkpoint key at {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as file:
+            file.write(secrets.token_bytes(KEY_BYTES).hex().encode() + b"\n")
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        raise CheckpointError(f"{path} does not hold a checkpoint key (hex)") from None
+    if len(key) < 16:
+        raise CheckpointError(f"the checkpoint key in {path} is shorter than 16 bytes")
+    return key
 
 
-def decode(blob: bytes) -> dict[str, Any]:
+def _split(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """``tree`` with every array and bytes value replaced by a reference into ``arrays``."""
+    if isinstance(tree, np.ndarray):
+        key = f"t{len(arrays)}"
+        arrays[key] = tree
+        return {"$tensor": key}
+    if isinstance(tree, bytes):
+        key = f"t{len(arrays)}"
+        arrays[key] = np.frombuffer(tree, np.uint8)
+        return {"$bytes": key}
+    if isinstance(tree, dict):
+        return {str(k): _split(v, arrays) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_split(v, arrays) for v in tree]
+    return tree
+
+
+def _join(tree: Any, arrays: Any) -> Any:
+    if isinstance(tree, dict):
+        if set(tree) == {"$tensor"}:
+            return np.array(arrays[tree["$tensor"]])
+        if set(tree) == {"$bytes"}:
+            return np.array(arrays[tree["$bytes"]], np.uint8).tobytes()
+        return {k: _join(v, arrays) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_join(v, arrays) for v in tree]
+    return tree
+
+
+def encode(core: Any, now: float, key: bytes) -> bytes:
+    arrays: dict[str, np.ndarray] = {}
+    state = {"format": FORMAT, "config": json.loads(core.config.model_dump_json()), "core": core.to_state(now)}
+    text = json.dumps(_split(state, arrays), separators=(",", ":")).encode()
+    history = b"[" + b",".join(core.history_json) + b"]"
+    archive = io.BytesIO()
+    np.savez(archive, **arrays)
+    body = _U32.pack(len(text)) + text + _U32.pack(len(history)) + history + archive.getvalue()
+    return MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
+
+
+def decode(blob: bytes, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
+    """(state, metrics history) of a checkpoint; CheckpointError unless it verifies under ``key``."""
     if blob[: len(MAGIC)] != MAGIC:
-        raise CheckpointError("not an edgeps checkpoint (bad magic)")
-    digest, body = blob[len(MAGIC) : len(MAGIC) + 32], blob[len(MAGIC) + 32 :]
-    if hashlib.sha256(body).digest() != digest:
-        raise CheckpointError("checkpoint damaged: its SHA-256 does not match")
-    return pickle.loads(body)  # our own file, integrity-checked above
+        raise CheckpointError("not an edgeps checkpoint of this version (bad magic)")
+    mac, body = blob[len(MAGIC) : len(MAGIC) + 32], blob[len(MAGIC) + 32 :]
+    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
+        raise CheckpointError("checkpoint damaged or not signed with this server's key: refusing it")
+    try:
+        (n,) = _U32.unpack_from(body)
+        text = body[4 : 4 + n]
+        (m,) = _U32.unpack_from(body, 4 + n)
+        history_text = body[8 + n : 8 + n + m]
+        with np.load(io.BytesIO(body[8 + n + m :]), allow_pickle=False) as arrays:
+            state = _join(json.loads(text), arrays)
+        history = [Metrics.model_validate(record) for record in json.loads(history_text)]
+    except (struct.error, ValueError, KeyError, TypeError, OSError, zipfile.BadZipFile, MessageError) as exc:
+        raise CheckpointError(f"checkpoint unreadable: {exc}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint format {state.get('format') if isinstance(state, dict) else '?'}")
+    return state, history
 
 
 def write_atomic(path: Path, blob: bytes) -> None:
-    """Replace ``path`` with ``blob`` so that a crash leaves either the old file or the new one."""
+    """Replace ``path`` with ``blob`` (mode 600) so that a crash leaves either the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as file:
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        os.fchmod(file.fileno(), 0o600)  # a partial file left by an older version may have other bits
         file.write(blob)
         file.flush()
         os.fsync(file.fileno())
@@ -62,14 +149,16 @@ def write_atomic(path: Path, blob: bytes) -> None:
         os.close(directory)
 
 
-def save(core: Any, path: Path, now: float) -> None:
-    write_atomic(path, encode(core, now))
+def save(core: Any, path: Path, now: float, key: bytes) -> None:
+    write_atomic(path, encode(core, now, key))
 
 
-def restore(core: Any, path: Path, now: float) -> None:
+def restore(core: Any, path: Path, now: float, key: bytes) -> None:
     """Load ``path`` into ``core`` (built with the same configuration); times move to ``now``."""
-    saved = decode(path.read_bytes())
-    if saved["config"] != core.config.model_dump_json():
+    state, history = decode(path.read_bytes(), key)
+    if state["config"] != json.loads(core.config.model_dump_json()):
         raise CheckpointError(f"{path} was written by a server with another configuration; refusing to resume")
-    vars(core).update(saved["state"])
-    core.shift_clock(now - saved["saved_at"])
+    try:
+        core.load_state(state["core"], history, now)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"{path}: state unreadable: {exc!r}") from None

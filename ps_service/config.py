@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from schemas.codecs import make_codec
 
@@ -35,11 +35,26 @@ class ServerConfig(BaseModel):
     round_deadline_s: float | None = Field(
         30.0, gt=0, description="bsp/acbsp: devices not committed this long after a round began leave the barrier"
     )
-    max_commit_bytes: int = Field(8 << 20, ge=1024)
+    max_commit_bytes: int | None = Field(
+        None, ge=1024, description="largest commit accepted (None: the model's fp32 commit, the largest valid one)"
+    )
     max_commit_rate: float | None = Field(
-        100.0, gt=0, description="commits per second a device may send, sustained (None: no limit)"
+        100.0,
+        gt=0,
+        description="commits per second a device may send, sustained (None: no limit); in bytes, as many as that "
+        "many of the largest accepted commits",
     )
     max_commit_burst: int = Field(50, ge=1, description="commits a device may send at once")
+    max_uncommitted_factor: int = Field(
+        8, ge=1, description="a device holds at most this many times its push_every in uncommitted local steps"
+    )
+    clip_factor: float = Field(
+        8.0, ge=1, description="a device's per-step update is clipped to this many times the others' median norm"
+    )
+    samples_factor: float = Field(
+        2.0, ge=1, description="a device's declared data size counts at most this many times the job's median"
+    )
+    max_device_samples: int | None = Field(None, ge=1, description="a ceiling on any device's declared data size")
     metrics_interval_s: float | None = Field(
         None, gt=0, description="also publish metrics when none went out for this long (None: per version only)"
     )
@@ -66,3 +81,8 @@ class ServerConfig(BaseModel):
         return name
 
     allowed_devices: frozenset[str] | None = None
+
+    @field_serializer("allowed_devices")
+    def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:
+        """Sorted, so that a configuration's JSON is the same on every run (a checkpoint compares it)."""
+        return None if devices is None else sorted(devices)

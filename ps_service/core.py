@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +19,16 @@ from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
 from ps_service.frequency import Bounds, FrequencyController, make_policy
+from ps_service.membership import Membership
 from ps_service.pace import make_pace
 from ps_service.registry import DeviceRegistry
+from ps_service.robust import NormBound, bounded_sizes
 from ps_service.store import ParameterStore
+from ps_service.update import Update
 from ps_service.validation import Rejection, validate_commit
+from schemas.frame import peek_seq
 from schemas.messages import (
+    MAX_SAFE_INT,
     Barrier,
     Command,
     Control,
@@ -47,6 +53,21 @@ def _command_name(payload: bytes) -> str:
     return name[:32] if isinstance(name, str) else "invalid"
 
 
+#: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
+#: report a second at most): a flood of statuses is refused as ``rate_limited``.
+STATUS_BURST, STATUS_RATE = 10, 2.0
+
+
+def new_run() -> int:
+    """A random id for a new run of a job (1 .. 2**53 - 1)."""
+    return 1 + secrets.randbelow(MAX_SAFE_INT)
+
+
+def commit_size_limit(store: ParameterStore) -> int:
+    """The largest valid commit of the model: its fp32 frame with the longest device id."""
+    return len(store.snapshot_frame()) + 64
+
+
 @dataclass
 class Traffic:
     commits: int = 0
@@ -57,7 +78,11 @@ class Traffic:
 
 
 class ServerCore:
-    """One training job's parameter server as a state machine."""
+    """One training job's parameter server as a state machine.
+
+    ``run`` names this run of the job (a fresh server starts a new one; a server restored from
+    its checkpoint keeps the saved one): devices that hold another run's parameters start again
+    from this one's."""
 
     def __init__(
         self,
@@ -66,15 +91,21 @@ class ServerCore:
         evaluator: Evaluator,
         now: float = 0.0,
         artifact: bytes | None = None,
+        run: int | None = None,
     ) -> None:
         self.config = config
         self.artifact = artifact  # the devices' TFLite trainer (schemas/artifact.py), published retained
         self.topics = Topics(config.job)
+        self.run = run if run is not None else new_run()
         self.store = ParameterStore(params)
-        self.broadcaster = Broadcaster(self.topics, config.pull_codec)
+        self.commit_limit = config.max_commit_bytes or commit_size_limit(self.store)
+        self.broadcaster = Broadcaster(self.topics, config.pull_codec, run=self.run)
         self.codec = config.codec  # the commit codec; operators may change it during a run
+        self.previous_codec = config.codec  # still accepted: commits in flight when it changed
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
+        self.membership = Membership()  # who rounds wait for
+        self.bound = NormBound(config.clip_factor)  # each device's contribution against the others'
         self.evaluator = evaluator
         self.frequency = FrequencyController(
             make_policy(config.frequency, config.push_every),
@@ -84,19 +115,18 @@ class ServerCore:
         self._evaluation: tuple[int, float, float] | None = None  # (version, accuracy, loss)
         self.traffic = Traffic()
         self.history: list[Metrics] = []
+        self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
         self.paused = False
         self.finished = False
         self.quorum = False
-        self.stragglers: set[str] = set()  # online but dropped from the barrier past a deadline
         self.round_started = now
         self._unbroadcast = 0  # versions applied since the last parameter broadcast
         self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
         self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
-        self._rate_noticed: dict[str, float] = {}  # when each rate-limited device last got a notice
         self._metrics_at = now  # when metrics last went out
         self._started = now
 
-    # ----------------------------------------------------------------- events
+    # ----------------------------------------------------------------- start
     def start(self, now: float) -> list[Publish]:
         """Publish the model artifact if any, version 0 (retained), its metrics and the barrier."""
         self._started = self.round_started = now
@@ -111,15 +141,76 @@ class ServerCore:
         model = [Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)]
         return [*model, *self._last_broadcast, self._barrier(), self._metrics(now)]
 
-    def shift_clock(self, delta: float) -> None:
-        """Move every stored time by ``delta`` seconds (a restored server runs on a new clock)."""
-        self._started += delta
-        self.round_started += delta
-        self._metrics_at += delta
-        for rate in self.frequency.balancer.rates.values():
-            if rate.ready_at is not None:
-                rate.ready_at += delta
+    # ----------------------------------------------------------------- state
+    def to_state(self, now: float) -> dict[str, Any]:
+        """Everything the server knows, by name, in JSON values and numpy arrays (tensors) and
+        bytes (payloads); times are ages in seconds, so that a restored server runs on any clock.
+        The metrics history is apart (``history_json``). ps_service/checkpoint.py writes it."""
+        traffic = self.traffic
+        return {
+            "run": self.run,
+            "store": self.store.to_state(),
+            "broadcaster": self.broadcaster.to_state(),
+            "codec": self.codec,
+            "previous_codec": self.previous_codec,
+            "pace": {"spec": self.pace.name, "buffer": [u.to_state() for u in self.pace.buffered()]},
+            "registry": self.registry.to_state(now),
+            "membership": self.membership.to_state(),
+            "bound": self.bound.to_state(),
+            "frequency": self.frequency.to_state(now),
+            "evaluation": None if self._evaluation is None else list(self._evaluation),
+            "traffic": {
+                "commits": traffic.commits,
+                "applied": traffic.applied,
+                "bytes_up": traffic.bytes_up,
+                "bytes_down": traffic.bytes_down,
+                "rejected": dict(sorted(traffic.rejected.items())),
+            },
+            "paused": self.paused,
+            "finished": self.finished,
+            "quorum": self.quorum,
+            "unbroadcast": self._unbroadcast,
+            "server_step": self.server_step,
+            "last_broadcast": [
+                {"topic": m.topic, "payload": m.payload, "qos": m.qos, "retain": m.retain} for m in self._last_broadcast
+            ],
+            "started_age_s": now - self._started,
+            "round_age_s": now - self.round_started,
+            "metrics_age_s": now - self._metrics_at,
+        }
 
+    def load_state(self, state: dict[str, Any], history: list[Metrics], now: float) -> None:
+        """Become the server ``to_state`` described (built with the same configuration)."""
+        self.run = int(state["run"])
+        self.store = ParameterStore.from_state(state["store"])
+        self.broadcaster = Broadcaster(self.topics, self.config.pull_codec, run=self.run)
+        self.broadcaster.load_state(state["broadcaster"], self.store)
+        self.codec, self.previous_codec = str(state["codec"]), str(state["previous_codec"])
+        self.pace = make_pace(str(state["pace"]["spec"]))
+        for update in state["pace"]["buffer"]:
+            self.pace.add(Update.from_state(update))
+        self.registry.load_state(state["registry"], now)
+        self.membership.load_state(state["membership"])
+        self.bound.load_state(state["bound"])
+        self.frequency.load_state(state["frequency"], now, self.config.push_every)
+        evaluation = state["evaluation"]
+        self._evaluation = None if evaluation is None else (int(evaluation[0]), *map(float, evaluation[1:]))
+        t = state["traffic"]
+        self.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
+                               Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
+        self.paused, self.finished, self.quorum = bool(state["paused"]), bool(state["finished"]), bool(state["quorum"])
+        self._unbroadcast, self.server_step = int(state["unbroadcast"]), float(state["server_step"])
+        self._last_broadcast = [
+            Publish(str(m["topic"]), bytes(m["payload"]), int(m["qos"]), bool(m["retain"]))
+            for m in state["last_broadcast"]
+        ]
+        self._started = now - float(state["started_age_s"])
+        self.round_started = now - float(state["round_age_s"])
+        self._metrics_at = now - float(state["metrics_age_s"])
+        self.history = list(history)
+        self.history_json = [m.to_bytes() for m in history]
+
+    # ----------------------------------------------------------------- events
     def on_message(
         self,
         topic: str,
@@ -127,25 +218,37 @@ class ServerCore:
         now: float,
         response_topic: str | None = None,
         correlation: bytes | None = None,
+        retained: bool = False,
     ) -> list[Publish]:
-        """Dispatch one inbound MQTT message; never raises for bad input. ``response_topic`` and
-        ``correlation``: a command's MQTT 5 properties, where its sender spoke MQTT 5."""
+        """Dispatch one inbound MQTT message; never raises. ``response_topic`` and ``correlation``: a
+        command's MQTT 5 properties, where its sender spoke MQTT 5; ``retained``: the broker
+        delivered a retained message (one left on the topic, not sent live). A message the server
+        fails on is a counted ``unprocessable`` rejection, so that it is acknowledged and dropped
+        rather than redelivered to a crashing server again and again."""
         try:
             kind, device = self.topics.parse(topic)
         except ValueError as exc:
             log.warning("ignored message on %s: %s", topic, exc)
             return []
-        if kind == "grad" and device is not None:
-            return self.on_commit(device, payload, now)
-        if kind == "status" and device is not None:
-            return self.on_status(device, payload, now)
-        if kind == "cmd":
-            return self.on_command(payload, now, response_topic, correlation)
+        try:
+            if kind == "grad" and device is not None:
+                return self.on_commit(device, payload, now, retained)
+            if kind == "status" and device is not None:
+                return self.on_status(device, payload, now)
+            if kind == "cmd":
+                return self.on_command(payload, now, response_topic, correlation)
+        except Exception as exc:  # a bug: never let one message stop the job
+            log.exception("failed on a message on %s", topic)
+            rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
+            return self._reject(device, rejection) if device is not None and kind != "reply" else self._count(rejection)
         return []
 
     def on_status(self, device: str, payload: bytes, now: float) -> list[Publish]:
-        """A device's hello (online) or last will (offline)."""
-        if not payload:  # a cleared retained status
+        """A device's hello (online) or last will (offline); an empty (cleared) status is offline."""
+        record = self.registry.record(device)
+        if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):
+            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, "statuses too often"), now)
+        if not payload:
             return self._device_left(device, now)
         try:
             status = DeviceStatus.from_bytes(payload)
@@ -154,15 +257,20 @@ class ServerCore:
         if status.device != device:
             return self._reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
         if status.state == "offline":
-            return self._device_left(device, now)
+            return self._device_left(device, now, status.incarnation)
         if not self.registry.permits(device):
             return self._reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
+        assert status.incarnation is not None  # DeviceStatus requires it online
         if status.step_s is not None:
             self.frequency.balancer.on_report(device, status.step_s)
-        if not self.registry.set_online(device, status.samples):  # already online: a speed report
+        first, rebooted = self.registry.set_online(device, status.samples, status.incarnation)
+        if not first and not rebooted:  # already online: a speed report
             if status.step_s is None:
                 return []
             return self._reassign() + self._release(now)
+        if rebooted and not first:
+            log.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
+                     status.incarnation, self.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip
         log.info("device %s online (%d samples)", device, status.samples)
         if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
             self.traffic.bytes_down += len(self.broadcaster.snapshot)
@@ -174,15 +282,24 @@ class ServerCore:
             out += self._maybe_aggregate(now)
         return [*out, self._barrier()]
 
-    def on_commit(self, device: str, payload: bytes, now: float) -> list[Publish]:
+    def on_commit(self, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
         """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
         self.traffic.commits += 1
         self.traffic.bytes_up += len(payload)
+        R = RejectReason
+        if retained:  # left on the broker by someone: never a device's live work
+            return self._reject(device, Rejection(R.RETAINED, "commits must not be retained", peek_seq(payload)))
         if self.finished:
-            return []
-        rate = self.config.max_commit_rate
-        if rate is not None and not self.registry.take_token(device, now, rate, self.config.max_commit_burst):
-            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, f"more than {rate:g} commits/s"), now)
+            return self._reject(device, Rejection(R.FINISHED, "the job has finished", peek_seq(payload)))
+        rate, burst, record = self.config.max_commit_rate, self.config.max_commit_burst, self.registry.record(device)
+        if rate is not None and record is not None:
+            limit = self.commit_limit
+            if not record.commits.take(1, now, rate, burst):
+                return self._reject(device, Rejection(R.RATE_LIMITED, f"more than {rate:g} commits/s",
+                                                      peek_seq(payload)), now)  # fmt: skip
+            if not record.bytes.take(len(payload), now, rate * limit, burst * limit):
+                return self._reject(device, Rejection(R.RATE_LIMITED, f"more than {rate * limit:g} bytes/s",
+                                                      peek_seq(payload)), now)  # fmt: skip
         try:
             update = validate_commit(
                 payload,
@@ -190,16 +307,30 @@ class ServerCore:
                 self.registry,
                 self.store.version,
                 self.store.shapes,
-                self.config.max_commit_bytes,
+                self.commit_limit,
+                frozenset({self.codec, self.previous_codec}),
             )
         except Rejection as rejection:
-            return self._reject(device, rejection)
+            out = self._reject(device, rejection)
+            if rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and record is not None:
+                out += self._resequence(device)
+            return out
         self.frequency.balancer.on_commit(device, update.steps, now)
         self.pace.add(update)
-        if device in self.stragglers:  # a late device rejoins with this commit
-            self.stragglers.discard(device)
+        if device in self.registry.active() and self.membership.on_commit(
+            device, self.store.version - update.base_version
+        ):
             log.info("device %s rejoins the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
+
+    def _resequence(self, device: str) -> list[Publish]:
+        """A device used a sequence number at or below the highest received: its Control again,
+        with where its numbers resume (it may have lost count: a restart the server did not see)."""
+        record = self.registry.record(device)
+        if record is None or record.incarnation is None or record.seq_base >= record.highest_seq:
+            return []
+        record.seq_base = record.highest_seq
+        return [self._control(device)]
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
@@ -217,18 +348,29 @@ class ServerCore:
         deadline = self.config.round_deadline_s
         if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
             return []
-        if now - self.round_started < deadline:
-            return []
-        late = self.pace.waiting_for(self.barrier_set())
+        waited = now - self.round_started
+        late = [d for d in self.pace.waiting_for(self.barrier_set())
+                if waited >= self.membership.deadline([d], deadline)]  # fmt: skip
         if not late:
             return []
-        self.stragglers.update(late)
+        self.membership.missed(late)
         log.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
         return self._maybe_aggregate(now) or [self._barrier()]
 
     def barrier_set(self) -> frozenset[str]:
-        """Devices the next aggregate waits for: online, not dropped past a deadline."""
-        return self.registry.active() - self.stragglers
+        """Devices the next aggregate waits for: online, not left (past a deadline, or released)."""
+        return self.membership.barrier(self.registry.active())
+
+    def next_deadline(self) -> float | None:
+        """When the open round's deadline falls for the first device it waits for (None: no deadline
+        in force), on the core's clock."""
+        deadline = self.config.round_deadline_s
+        if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
+            return None
+        late = self.pace.waiting_for(self.barrier_set())
+        if not late:
+            return None
+        return self.round_started + min(self.membership.deadline([d], deadline) for d in late)
 
     def on_command(
         self, payload: bytes, now: float, response_topic: str | None = None, correlation_data: bytes | None = None
@@ -268,7 +410,7 @@ class ServerCore:
             "evaluated_version": evaluation[0],
             "devices_online": sorted(self.registry.active()),
             "waiting_for": self.pace.waiting_for(barrier) if self.pace.wait_for_barrier else [],
-            "left_barrier": sorted(self.stragglers),
+            "left": sorted(self.membership.left),
             "evicted": sorted(self.registry.evicted),
             "codec": self.codec,
             "pull_codec": self.config.pull_codec,
@@ -298,7 +440,7 @@ class ServerCore:
             self.paused = False
             return self._maybe_aggregate(now) or [self._barrier()], "aggregation resumed"
         if cmd == "set_codec" and command.codec is not None:
-            self.codec = command.codec
+            self.previous_codec, self.codec = self.codec, command.codec
             return [self._control(device) for device in sorted(self.registry.active())], f"codec {self.codec}"
         if cmd == "set_pace" and command.pace is not None:
             return self._set_pace(command.pace, now), f"pace {self.pace.name}"
@@ -320,6 +462,9 @@ class ServerCore:
         if not self.registry.known(device):
             raise ValueError(f"no device {device!r} in this job")
         self.registry.evict(device)
+        dropped = self.pace.drop(device)  # its buffered commits go with it, counted
+        if dropped:
+            self.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
         notice = Notice(
             device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job"
         )
@@ -369,11 +514,11 @@ class ServerCore:
         """Release balancing: stop waiting for devices much slower than the rest."""
         if not self.pace.wait_for_barrier or not self.quorum or self.finished:
             return []
-        released = self.frequency.released(sorted(self.registry.active())) - self.stragglers
+        released = self.frequency.released(sorted(self.registry.active())) - self.membership.left
         if not released:
             return []
         log.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
-        self.stragglers.update(released)
+        self.membership.release(released)
         return self._maybe_aggregate(now)
 
     def _reassign(self) -> list[Publish]:
@@ -384,10 +529,10 @@ class ServerCore:
         return [self._control(device) for device, value in after.items() if before[device] != value]
 
     # -------------------------------------------------------------- internals
-    def _device_left(self, device: str, now: float) -> list[Publish]:
-        self.stragglers.discard(device)
-        if not self.registry.set_offline(device):
+    def _device_left(self, device: str, now: float, incarnation: int | None = None) -> list[Publish]:
+        if not self.registry.set_offline(device, incarnation):  # not online, or an earlier boot's will
             return []
+        self.membership.forget(device)
         self.frequency.forget(device)
         log.info("device %s offline: it leaves the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
@@ -415,7 +560,13 @@ class ServerCore:
             updates = self.pace.take()
             try:
                 result = aggregate(
-                    updates, self.store.version, self.registry.sizes(), self.pace.mixing, self._max_extrapolation()
+                    updates,
+                    self.store.version,
+                    self._weights(updates),
+                    self.pace.mixing,
+                    self._max_extrapolation(),
+                    bound=self.bound,
+                    model_norm=self.store.norm(),
                 )
                 self.store.apply(result.delta)
                 self.server_step = result.step
@@ -424,6 +575,8 @@ class ServerCore:
                 self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
                 continue
             self.traffic.applied += len(updates)
+            if self.pace.wait_for_barrier:
+                self.membership.round_closed(now - self.round_started)
             self.round_started = now
             self._unbroadcast += 1
             last = self.store.version >= self.config.rounds
@@ -432,6 +585,17 @@ class ServerCore:
             else:
                 out.append(self._barrier())
         return out
+
+    def _weights(self, updates: list) -> dict[str, int]:
+        """The data size each device of an aggregate is weighted by: what it declared (else the
+        samples its commits consumed), bounded against the job's median (ps_service.robust)."""
+        declared = self.registry.sizes()
+        claimed = {u.device: declared.get(u.device) or 0 for u in updates}
+        for u in updates:
+            if not declared.get(u.device):
+                claimed[u.device] += u.samples
+        reference = [size for size in declared.values() if size > 0]
+        return bounded_sizes(claimed, reference, self.config.samples_factor, self.config.max_device_samples)
 
     def _broadcast_version(self, now: float) -> list[Publish]:
         self._unbroadcast = 0
@@ -446,7 +610,7 @@ class ServerCore:
         metrics = self._metrics(now)  # evaluates, and the policy observes the evaluation
         changed = [] if self.finished else self._reassign()
         if self.pace.wait_for_barrier and not self.finished:  # the new round waits only for those it should
-            self.stragglers.update(self.frequency.released(sorted(self.registry.active())))
+            self.membership.release(self.frequency.released(sorted(self.registry.active())))
         out = [*messages, *changed, self._barrier(), metrics]
         if self.finished:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
@@ -460,23 +624,35 @@ class ServerCore:
             return self._broadcast_version(now)
         return [self._barrier(), self._metrics(now)]
 
-    def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
+    def _count(self, rejection: Rejection) -> list[Publish]:
         self.traffic.rejected[rejection.reason.value] += 1
+        return []
+
+    def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
+        self._count(rejection)
         count = self.traffic.rejected[rejection.reason.value]
-        if rejection.reason is RejectReason.RATE_LIMITED and now is not None:
+        record = self.registry.record(device)
+        if rejection.reason is RejectReason.RATE_LIMITED and now is not None and record is not None:
             # a flooding device gets one notice (and one log line) a second, not one per message
-            if now - self._rate_noticed.get(device, -1e9) < 1.0:
+            if record.noticed_at is not None and now - record.noticed_at < 1.0:
                 return []
-            self._rate_noticed[device] = now
+            record.noticed_at = now
         if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
             log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
         notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
         return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
 
     def _control(self, device: str) -> Publish:
+        record = self.registry.record(device)
+        assert record is not None and record.incarnation is not None, "a control answers a device's hello"
+        push_every = self.frequency.push_every(device)
         control = Control(
             device=device,
-            push_every=self.frequency.push_every(device),
+            run=self.run,
+            incarnation=record.incarnation,
+            seq_base=record.seq_base,
+            max_uncommitted_steps=self.config.max_uncommitted_factor * push_every,
+            push_every=push_every,
             lr=self.config.lr,
             batch_size=self.config.batch_size,
             codec=self.codec,
@@ -491,13 +667,14 @@ class ServerCore:
         barrier_set = self.barrier_set()
         state = "finished" if self.finished else "paused" if self.paused else "running"
         barrier = Barrier(
+            run=self.run,
             round=self.store.version,
             version=self.store.version,
             pace=self.pace.name,
             state=state,
             waiting_for=self.pace.waiting_for(barrier_set),
             committed=self.pace.committed(),
-            left=sorted(self.stragglers),
+            left=sorted(self.membership.left),
             slowest_clock=self.registry.slowest_clock(barrier_set),
         )
         return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)
@@ -518,6 +695,7 @@ class ServerCore:
         evaluated, accuracy, loss = self._evaluate(now)
         metrics = Metrics(
             job=self.config.job,
+            run=self.run,
             version=self.store.version,
             round=self.store.version,
             pace=self.pace.name,
@@ -540,4 +718,5 @@ class ServerCore:
         )
         if not self.history or self.history[-1].version != metrics.version or metrics.finished:
             self.history.append(metrics)
+            self.history_json.append(metrics.to_bytes())
         return Publish(self.topics.metrics, metrics.to_bytes(), qos=1)

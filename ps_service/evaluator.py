@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from learning.data import Dataset
 from learning.model import Params, evaluate
+
+MAX_LOSS = 1e30  # the loss reported for a model whose loss is not even finite in double precision
 
 
 class Evaluator:
@@ -25,10 +28,16 @@ class Evaluator:
         self.calls = 0
 
     def __call__(self, params: Params) -> tuple[float, float]:
-        """(accuracy, loss)."""
+        """(accuracy, loss), both finite: where float32 overflows, the evaluation is made again in
+        double precision, and a loss beyond even that is reported as ``MAX_LOSS``."""
         started = time.perf_counter()
         try:
-            return evaluate(params, self.holdout.x, self.holdout.y)
+            accuracy, loss = evaluate(params, self.holdout.x, self.holdout.y)
+            if not (math.isfinite(accuracy) and math.isfinite(loss)):
+                wide = {name: values.astype(np.float64) for name, values in params.items()}
+                with np.errstate(all="ignore"):
+                    accuracy, loss = evaluate(wide, self.holdout.x.astype(np.float64), self.holdout.y)
+            return (accuracy if math.isfinite(accuracy) else 0.0), (loss if math.isfinite(loss) else MAX_LOSS)
         finally:
             self.seconds += time.perf_counter() - started
             self.calls += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,13 @@ class FrequencyPolicy(ABC):
         """The policy's view of the accuracy trend, for metrics (None if it has none)."""
         return None
 
+    def to_state(self) -> dict[str, Any]:
+        """What the policy has learnt, for a checkpoint (JSON values)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - a policy that learns nothing keeps nothing
+        """Take back what ``to_state`` gave."""
+
 
 class Fixed(FrequencyPolicy):
     """push_every never changes."""
@@ -64,6 +72,12 @@ class Fixed(FrequencyPolicy):
 
     def value(self, bounds: Bounds) -> int:
         return bounds.clip(self.push_every)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"push_every": self.push_every}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.push_every = int(state["push_every"])
 
 
 class AdaComm(FrequencyPolicy):
@@ -87,6 +101,12 @@ class AdaComm(FrequencyPolicy):
         if self.initial_loss is None or self.loss is None or self.initial_loss <= 0:
             return bounds.high
         return bounds.clip(math.ceil(math.sqrt(max(self.loss, 0.0) / self.initial_loss) * bounds.high))
+
+    def to_state(self) -> dict[str, Any]:
+        return {"initial_loss": self.initial_loss, "loss": self.loss}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.initial_loss, self.loss = state["initial_loss"], state["loss"]
 
 
 class Trend(FrequencyPolicy):
@@ -158,6 +178,13 @@ class Trend(FrequencyPolicy):
         self.level = bounds.clip(self.level)
         return self.level
 
+    def to_state(self) -> dict[str, Any]:
+        return {"points": [list(p) for p in self.points], "level": self.level, "votes": self.votes, "gain": self._gain}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.points = [(float(t), float(a)) for t, a in state["points"]]
+        self.level, self.votes, self._gain = state["level"], int(state["votes"]), state["gain"]
+
 
 POLICIES = FREQUENCY_POLICIES
 
@@ -186,6 +213,15 @@ class StepRate:
             sample = steps / (now - self.ready_at)
             self.rate = sample if self.rate is None else (1 - smoothing) * self.rate + smoothing * sample
         self.ready_at = now
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        age = None if self.ready_at is None else now - self.ready_at
+        return {"ready_age_s": age, "rate": self.rate, "history": list(self.history)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], now: float) -> StepRate:
+        age = state["ready_age_s"]
+        return cls(None if age is None else now - float(age), state["rate"], [float(x) for x in state["history"]])
 
 
 class Balancer:
@@ -253,6 +289,18 @@ class Balancer:
             out[device] = current
         return out
 
+    def to_state(self, now: float) -> dict[str, Any]:
+        return {
+            "rates": {d: r.to_state(now) for d, r in sorted(self.rates.items())},
+            "reported": dict(sorted(self.reported.items())),
+            "current": dict(sorted(self.current.items())),
+        }
+
+    def load_state(self, state: dict[str, Any], now: float) -> None:
+        self.rates = {str(d): StepRate.from_state(r, now) for d, r in state["rates"].items()}
+        self.reported = {str(d): float(r) for d, r in state["reported"].items()}
+        self.current = {str(d): int(c) for d, c in state["current"].items()}
+
     def released(self, push_every: dict[str, int]) -> set[str]:
         """``release`` mode: the devices the barrier should not wait for."""
         if self.mode != "release":
@@ -311,3 +359,22 @@ class FrequencyController:
         """``device`` went offline: it starts afresh when it returns."""
         self.balancer.forget(device)
         self.assigned.pop(device, None)
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        return {
+            "policy": self.policy.name,
+            "policy_state": self.policy.to_state(),
+            "bounds": [self.bounds.low, self.bounds.high],
+            "frozen": self.frozen,
+            "assigned": dict(sorted(self.assigned.items())),
+            "balancer": self.balancer.to_state(now),
+        }
+
+    def load_state(self, state: dict[str, Any], now: float, push_every: int) -> None:
+        """Take back ``to_state``'s dict; ``push_every``: the job's, for a fixed policy set by an operator."""
+        self.policy = make_policy(str(state["policy"]), push_every)
+        self.policy.load_state(state["policy_state"])
+        self.bounds = Bounds(*(int(b) for b in state["bounds"]))
+        self.frozen = state["frozen"]
+        self.assigned = {str(d): int(p) for d, p in state["assigned"].items()}
+        self.balancer.load_state(state["balancer"], now)

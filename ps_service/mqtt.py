@@ -8,16 +8,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeps.transport import BrokerAddress, MqttTransport, Transport
-from ps_service.checkpoint import restore, save
+from edgeps.transport import BrokerAddress, Inbox, MqttTransport, Transport
+from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint
-from schemas.messages import Metrics
+from schemas.messages import MessageError, Metrics
 
 log = logging.getLogger("edgeps.ps")
 
 
 BATCH = 64  # inbound messages processed per checkpoint
+#: The server's inbox: at most this many messages (and bytes) received and not yet processed; the
+#: rest waits in the broker (MQTT 5 Receive Maximum, and TCP flow control under MQTT 3.1.1).
+INBOX_MESSAGES = 256
+INBOX_BYTES = 64 << 20
+
+
+def default_key_path(checkpoint: Path) -> Path:
+    return checkpoint.with_name(checkpoint.name + ".key")
 
 
 def serve(
@@ -28,45 +36,60 @@ def serve(
     linger_s: float = 1.0,
     checkpoint: Path | None = None,
     endpoint: MetricsEndpoint | None = None,
+    checkpoint_key: bytes | None = None,
 ) -> None:
     """Drive ``core`` until its job finishes (or ``stop`` is set), then let the final messages out.
 
     A message is acknowledged to the broker only after the core has processed it and, with
     ``checkpoint``, after the state it led to is on disk (written before its results are
-    published). An existing checkpoint is resumed from: the job goes on where it was.
-    ``endpoint`` (Prometheus) shows the newest metrics record published.
+    published). An existing checkpoint is resumed from: the job goes on where it was. On
+    ``stop`` the server leaves at once: what it received and did not process is not
+    acknowledged, so the broker delivers it to the next server. After the job's end it goes on
+    processing for ``linger_s`` (late commits are refused as ``finished``, and counted), the same
+    way. ``endpoint`` (Prometheus) shows the newest metrics record published.
     """
     clock = time.monotonic
     seen = 0
+    key = checkpoint_key
+    if checkpoint is not None and key is None:
+        key = load_key(default_key_path(checkpoint), create=not checkpoint.exists())
     if checkpoint is not None and checkpoint.exists():
-        restore(core, checkpoint, clock())
-        log.info("resumed job %s from %s at version %d", core.config.job, checkpoint, core.store.version)
+        assert key is not None
+        restore(core, checkpoint, clock(), key)
+        log.info("resumed job %s (run %d) from %s at version %d", core.config.job, core.run, checkpoint,
+                 core.store.version)  # fmt: skip
         outgoing = core.resume(clock())
     else:
         outgoing = core.start(clock())
     if checkpoint is not None:
-        save(core, checkpoint, clock())
+        assert key is not None
+        save(core, checkpoint, clock(), key)
 
     def publish(messages: list) -> None:
         for message in messages:
             transport.publish(message)
             if endpoint is not None and message.topic == core.topics.metrics:
-                endpoint.update(Metrics.from_bytes(message.payload))
+                try:
+                    endpoint.update(Metrics.from_bytes(message.payload))
+                except MessageError as exc:  # never: metrics are built finite; but not worth a crash
+                    log.error("metrics record not shown on /metrics: %s", exc)
 
-    publish(outgoing)
-    while not core.finished and not (stop is not None and stop.is_set()):
+    def process(timeout: float) -> None:
+        """One batch: receive, process, checkpoint, publish, acknowledge."""
+        nonlocal seen
         batch = []
-        inbound = transport.receive(timeout=0.1)
+        inbound = transport.receive(timeout=timeout)
         while inbound is not None:
             batch.append(inbound)
             inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
         outgoing = core.on_tick(clock())
         for message in batch:
             outgoing += core.on_message(
-                message.topic, message.payload, clock(), message.response_topic, message.correlation
+                message.topic, message.payload, clock(), message.response_topic, message.correlation, message.retain
             )
         if checkpoint is not None and (batch or outgoing):
-            save(core, checkpoint, clock())
+            assert key is not None
+            save(core, checkpoint, clock(), key)
         publish(outgoing)
         for message in batch:
             transport.ack(message)
@@ -74,28 +97,38 @@ def serve(
             for metrics in core.history[seen:]:
                 on_metrics(metrics)
             seen = len(core.history)
-    # Keep acknowledging late commits for a moment so that devices can leave cleanly.
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
+    publish(outgoing)
+    while not core.finished and not stopped():
+        process(0.1)
+    if stopped():
+        return
+    # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
     deadline = clock() + linger_s
-    while clock() < deadline:
-        inbound = transport.receive(timeout=0.1)
-        if inbound is not None:
-            core.on_message(inbound.topic, inbound.payload, clock())
-            transport.ack(inbound)
+    while clock() < deadline and not stopped():
+        process(min(0.1, max(0.0, deadline - clock())))
 
 
 def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:
     """An MQTT transport subscribed to everything the server consumes: MQTT 5 where the broker
-    speaks it (commands may then carry response topics and correlation data), else 3.1.1."""
+    speaks it (commands may then carry response topics and correlation data), else 3.1.1. Its
+    inbox is bounded (``INBOX_MESSAGES``, ``INBOX_BYTES``): under overload the backlog stays in
+    the broker and the server's memory stays flat."""
     t = core.topics
     subscriptions = [t.all_status, t.all_grad, t.cmd]
     client_id = f"edgeps-ps-{core.config.job}"
-    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions, mqtt5=True)
+    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions, mqtt5=True,
+                              inbox=Inbox(INBOX_MESSAGES, INBOX_BYTES))  # fmt: skip
     try:
         transport.wait_connected(min(timeout, 5.0))
         return transport
     except ConnectionError:
         transport.close()
         log.info("no MQTT 5 connection: using MQTT 3.1.1")
-    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions)
+    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions,
+                              inbox=Inbox(INBOX_MESSAGES, INBOX_BYTES))  # fmt: skip
     transport.wait_connected(timeout)
     return transport

@@ -70,9 +70,19 @@ class Pace(ABC):
         taken, self._buffer = self._buffer, []
         return taken
 
+    def drop(self, device: str) -> list[Update]:
+        """Forget (and return) the buffered updates of ``device`` (evicted by an operator)."""
+        dropped = [u for u in self._buffer if u.device == device]
+        self._buffer = [u for u in self._buffer if u.device != device]
+        return dropped
+
     @property
     def pending(self) -> int:
         return len(self._buffer)
+
+    def buffered(self) -> list[Update]:
+        """The buffered updates, oldest first (for a checkpoint)."""
+        return list(self._buffer)
 
 
 class Bsp(Pace):
@@ -128,8 +138,13 @@ class Asp(Pace):
         return bool(self._buffer)
 
     def take(self) -> list[Update]:
-        first, self._buffer = self._buffer[:1], self._buffer[1:]
-        return first
+        """The oldest buffered update with every other one buffered from the same device (there is
+        more than one only while aggregation is paused or a device floods): a device's batch makes
+        one version, as one device's share, however many commits it sent."""
+        device = self._buffer[0].device
+        taken = [u for u in self._buffer if u.device == device]
+        self._buffer = [u for u in self._buffer if u.device != device]
+        return taken
 
 
 class Ssp(Asp):

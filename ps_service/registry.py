@@ -1,21 +1,84 @@
-"""What the server knows of each device: online state, samples, and sequence numbers."""
+"""What the server knows of each device: online state, incarnation, samples, sequence numbers and
+its rate limits."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 RECENT_SEQS = 256
+
+
+@dataclass
+class TokenBucket:
+    """``burst`` units at once, ``rate`` per second sustained; full when first used."""
+
+    tokens: float | None = None
+    refilled_at: float = 0.0
+
+    def take(self, amount: float, now: float, rate: float, burst: float) -> bool:
+        """Take ``amount`` units if the bucket holds them (an amount above ``burst`` passes only from a
+        full bucket, leaving it empty); False otherwise, and nothing is taken."""
+        if self.tokens is None:
+            self.tokens, self.refilled_at = float(burst), now
+        self.tokens = min(float(burst), self.tokens + max(0.0, now - self.refilled_at) * rate)
+        self.refilled_at = now
+        if self.tokens < min(amount, float(burst)):
+            return False
+        self.tokens = max(0.0, self.tokens - amount)
+        return True
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        return {"tokens": self.tokens, "age_s": now - self.refilled_at}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], now: float) -> TokenBucket:
+        return cls(state["tokens"], now - float(state["age_s"]))
 
 
 @dataclass
 class DeviceRecord:
     online: bool = False
     samples: int = 0
+    incarnation: int | None = None  # the boot of the device last seen online
+    seq_base: int = 0  # where that incarnation's sequence numbers resume (exclusive)
     highest_seq: int = 0
     recent_seqs: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_SEQS))
-    tokens: float | None = None  # the rate limiter's bucket; full when first used
-    refilled_at: float = 0.0
+    commits: TokenBucket = field(default_factory=TokenBucket)  # rate limit in commits
+    bytes: TokenBucket = field(default_factory=TokenBucket)  # rate limit in payload bytes
+    statuses: TokenBucket = field(default_factory=TokenBucket)  # rate limit of status messages
+    noticed_at: float | None = None  # when it last got a rate-limit notice (one a second at most)
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        return {
+            "online": self.online,
+            "samples": self.samples,
+            "incarnation": self.incarnation,
+            "seq_base": self.seq_base,
+            "highest_seq": self.highest_seq,
+            "recent_seqs": list(self.recent_seqs),
+            "commits": self.commits.to_state(now),
+            "bytes": self.bytes.to_state(now),
+            "statuses": self.statuses.to_state(now),
+            "noticed_age_s": None if self.noticed_at is None else now - self.noticed_at,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], now: float) -> DeviceRecord:
+        noticed = state["noticed_age_s"]
+        return cls(
+            online=bool(state["online"]),
+            samples=int(state["samples"]),
+            incarnation=state["incarnation"],
+            seq_base=int(state["seq_base"]),
+            highest_seq=int(state["highest_seq"]),
+            recent_seqs=deque((int(s) for s in state["recent_seqs"]), maxlen=RECENT_SEQS),
+            commits=TokenBucket.from_state(state["commits"], now),
+            bytes=TokenBucket.from_state(state["bytes"], now),
+            statuses=TokenBucket.from_state(state["statuses"], now),
+            noticed_at=None if noticed is None else now - float(noticed),
+        )
 
 
 class DeviceRegistry:
@@ -36,16 +99,28 @@ class DeviceRegistry:
         """Remove ``device`` from the job: its statuses and commits are refused from now on."""
         self.evicted.add(device)
 
-    def set_online(self, device: str, samples: int) -> bool:
-        """Mark ``device`` online; return True if it was not online before."""
-        record = self._devices.setdefault(device, DeviceRecord())
-        was_online, record.online, record.samples = record.online, True, samples
-        return not was_online
+    def record(self, device: str) -> DeviceRecord | None:
+        return self._devices.get(device)
 
-    def set_offline(self, device: str) -> bool:
-        """Mark ``device`` offline; return True if it was online before."""
+    def set_online(self, device: str, samples: int, incarnation: int) -> tuple[bool, bool]:
+        """Mark ``device`` online as ``incarnation``; return (it was not online before, the
+        incarnation is new). A new incarnation's sequence numbers resume above the highest one
+        received: a rebooted device that starts counting again loses nothing to ``replayed``, and
+        a commit captured from an earlier incarnation stays refused."""
+        record = self._devices.setdefault(device, DeviceRecord())
+        new = record.incarnation != incarnation
+        if new:
+            record.incarnation, record.seq_base = incarnation, record.highest_seq
+        was_online, record.online, record.samples = record.online, True, samples
+        return not was_online, new
+
+    def set_offline(self, device: str, incarnation: int | None = None) -> bool:
+        """Mark ``device`` offline; return True if it was online before. An offline status of
+        another incarnation (the last will of an earlier boot, delivered late) changes nothing."""
         record = self._devices.get(device)
         if record is None or not record.online:
+            return False
+        if incarnation is not None and incarnation != record.incarnation:
             return False
         record.online = False
         return True
@@ -64,22 +139,6 @@ class DeviceRegistry:
     def active(self) -> frozenset[str]:
         return frozenset(d for d, r in self._devices.items() if r.online)
 
-    def take_token(self, device: str, now: float, rate: float, burst: int) -> bool:
-        """Rate limiting, a token bucket per device: ``burst`` commits at once, ``rate`` per second
-        sustained. False if ``device`` has none left (a device the registry does not know passes:
-        validation refuses it anyway)."""
-        record = self._devices.get(device)
-        if record is None:
-            return True
-        if record.tokens is None:
-            record.tokens, record.refilled_at = float(burst), now
-        record.tokens = min(float(burst), record.tokens + max(0.0, now - record.refilled_at) * rate)
-        record.refilled_at = now
-        if record.tokens < 1.0:
-            return False
-        record.tokens -= 1.0
-        return True
-
     def check_seq(self, device: str, seq: int) -> str | None:
         """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
         record = self._devices[device]
@@ -90,3 +149,13 @@ class DeviceRegistry:
         record.highest_seq = seq
         record.recent_seqs.append(seq)
         return None
+
+    def to_state(self, now: float) -> dict[str, Any]:
+        return {
+            "evicted": sorted(self.evicted),
+            "devices": {device: record.to_state(now) for device, record in sorted(self._devices.items())},
+        }
+
+    def load_state(self, state: dict[str, Any], now: float) -> None:
+        self.evicted = {str(d) for d in state["evicted"]}
+        self._devices = {str(d): DeviceRecord.from_state(r, now) for d, r in state["devices"].items()}

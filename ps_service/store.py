@@ -17,7 +17,7 @@ class ParameterStore:
     def __init__(self, params: Params, version: int = 0) -> None:
         self._params = {name: np.array(values, dtype=np.float32) for name, values in params.items()}
         self.version = version
-        self._frame: bytes | None = None
+        self._frame: tuple[bytes, int] | None = None  # (frame, run)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -51,8 +51,21 @@ class ParameterStore:
         self._frame = None
         return self.version
 
-    def snapshot_frame(self) -> bytes:
-        """The parameter frame of the current version (cached until the next apply)."""
-        if self._frame is None:
-            self._frame = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=self.version, tensors=self._params))
-        return self._frame
+    def snapshot_frame(self, run: int = 0) -> bytes:
+        """The parameter frame of the current version, stamped with the job's ``run`` (cached until
+        the next apply)."""
+        if self._frame is None or self._frame[1] != run:
+            frame = Frame(kind=FrameKind.PARAMS, base_version=self.version, seq=run, tensors=self._params)
+            self._frame = (encode_frame(frame), run)
+        return self._frame[0]
+
+    def norm(self) -> float:
+        """The model's L2 norm (double precision)."""
+        return float(np.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in self._params.values())))
+
+    def to_state(self) -> dict:
+        return {"version": self.version, "params": self.params()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> ParameterStore:
+        return cls(state["params"], int(state["version"]))

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
-from schemas.frame import FrameError, FrameKind, UnsupportedCodec, decode_frame
+from schemas.frame import FrameError, FrameKind, UnsupportedCodec, parse_frame, peek_seq
 from schemas.messages import RejectReason
 
 
 class Rejection(Exception):
-    """A refused message: ``reason`` is counted, ``detail`` is for people."""
+    """A refused message: ``reason`` is counted, ``detail`` is for people, ``seq`` names the refused
+    commit whenever its header could be read."""
 
     def __init__(self, reason: RejectReason, detail: str, seq: int | None = None) -> None:
         super().__init__(f"{reason.value}: {detail}")
@@ -25,26 +28,31 @@ def validate_commit(
     version: int,
     shapes: dict[str, tuple[int, ...]],
     max_bytes: int,
+    codecs: frozenset[str],
 ) -> Update:
     """Check a commit payload from ``grad/{topic_device}``; raise Rejection on the first fault.
 
-    The sequence number is recorded as soon as the sender is authenticated by topic and
-    body, so a commit refused for its content still consumes its number and cannot be replayed.
+    The checks run in a fixed order (docs/PROTOCOL.md lists it); the sequence number is recorded
+    as soon as the sender is established by topic and body, so a commit refused from then on
+    (for its version, codec, shapes or values) still consumes its number and cannot be replayed.
+    Tensor names and shapes are compared with the model's before any payload is decoded: nothing
+    is allocated for more values than the model has. ``codecs``: the codec specs the job accepts.
     """
     R = RejectReason
+    peeked = peek_seq(payload)
     if len(payload) > max_bytes:
-        raise Rejection(R.OVERSIZED, f"{len(payload)} bytes exceed the limit of {max_bytes}")
+        raise Rejection(R.OVERSIZED, f"{len(payload)} bytes exceed the limit of {max_bytes}", peeked)
     try:
-        frame = decode_frame(payload, max_bytes=max_bytes)
+        raw = parse_frame(payload, max_bytes=max_bytes, max_elements=sum(math.prod(s) for s in shapes.values()))
     except UnsupportedCodec as exc:
-        raise Rejection(R.UNSUPPORTED_CODEC, str(exc)) from None
+        raise Rejection(R.UNSUPPORTED_CODEC, str(exc), peeked) from None
     except FrameError as exc:
-        raise Rejection(R.MALFORMED, str(exc)) from None
-    seq = frame.seq
-    if frame.kind != FrameKind.COMMIT:
-        raise Rejection(R.WRONG_KIND, f"expected a commit frame, got {frame.kind.name.lower()}", seq)
-    if frame.device != topic_device:
-        raise Rejection(R.DEVICE_MISMATCH, f"body says {frame.device!r}, topic says {topic_device!r}", seq)
+        raise Rejection(R.MALFORMED, str(exc), peeked) from None
+    seq = raw.seq
+    if raw.kind != FrameKind.COMMIT:
+        raise Rejection(R.WRONG_KIND, f"expected a commit frame, got {raw.kind.name.lower()}", seq)
+    if raw.device != topic_device:
+        raise Rejection(R.DEVICE_MISMATCH, f"body says {raw.device!r}, topic says {topic_device!r}", seq)
     if not registry.known(topic_device) or not registry.permits(topic_device):
         raise Rejection(R.UNKNOWN_DEVICE, f"device {topic_device!r} has not announced itself online", seq)
     if seq < 1:
@@ -52,13 +60,19 @@ def validate_commit(
     seq_fault = registry.check_seq(topic_device, seq)
     if seq_fault is not None:
         raise Rejection(R(seq_fault), f"sequence number {seq} was already used or passed", seq)
-    if frame.base_version > version:
-        raise Rejection(R.FUTURE_VERSION, f"base version {frame.base_version} > current {version}", seq)
-    if frame.steps < 1 or frame.samples < 1:
+    # From here on the sequence number is consumed.
+    if raw.base_version > version:
+        raise Rejection(R.FUTURE_VERSION, f"base version {raw.base_version} > current {version}", seq)
+    if raw.steps < 1 or raw.samples < 1:
         raise Rejection(R.MALFORMED, "a commit needs steps >= 1 and samples >= 1", seq)
-    got = {name: values.shape for name, values in frame.tensors.items()}
-    if got != shapes:
-        raise Rejection(R.SHAPE_MISMATCH, f"tensors {got} do not match the model's {shapes}", seq)
+    if raw.codec.spec not in codecs:
+        raise Rejection(R.WRONG_CODEC, f"codec {raw.codec.spec} is not the job's ({', '.join(sorted(codecs))})", seq)
+    if raw.shapes != shapes:
+        raise Rejection(R.SHAPE_MISMATCH, f"tensors {raw.shapes} do not match the model's {shapes}", seq)
+    try:
+        frame = raw.decode()
+    except FrameError as exc:
+        raise Rejection(R.MALFORMED, str(exc), seq) from None
     for name, values in frame.tensors.items():
         if not np.isfinite(values).all():
             raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)

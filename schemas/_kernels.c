@@ -155,7 +155,8 @@ static inline float ternary_value(uint32_t pos, uint32_t neg, int k, float scale
 HOT static int ternary_decode_loop(const float *restrict scales, const uint8_t *restrict pos,
                                    const uint8_t *restrict neg, float *restrict y, idx n, idx bucket) {
     uint8_t both = 0;
-    for (idx j = 0; j < (n + 7) / 8; j++) both |= pos[j] & neg[j];
+    for (idx j = 0; j < n / 8; j++) both |= pos[j] & neg[j];
+    if (n % 8) both |= pos[n / 8] & neg[n / 8] & (uint8_t)((1u << (n % 8)) - 1u); /* padding bits are ignored */
     if (both) return 0;
     for (idx lo = 0; lo < n; lo += bucket) {
         idx last = (lo + bucket < n ? lo + bucket : n) / 8; /* full bytes of this bucket end here */

@@ -33,6 +33,10 @@ class CodecError(ValueError):
     """A payload that does not decode under its codec, or a codec spec that does not parse."""
 
 
+class UnknownCodecId(CodecError):
+    """A frame header names a codec id this side does not implement."""
+
+
 class Codec(ABC):
     """Turns a float32 tensor into bytes and back.
 
@@ -291,13 +295,9 @@ class Ternary(Codec):
         scales = np.frombuffer(payload, dtype="<f4", count=nb).astype(np.float32)
         positive = _bits(payload, 4 * nb, n)
         negative = _bits(payload, 4 * nb + plane, n)
-        positive -= negative  # 0, +1 or -1; 0 also where both are set, which is refused below
-        both = np.bitwise_and(
-            np.frombuffer(payload, np.uint8, count=plane, offset=4 * nb),
-            np.frombuffer(payload, np.uint8, count=plane, offset=4 * nb + plane),
-        )
-        if both.any():
+        if (positive & negative).any():  # only the n values' bits: padding bits are ignored
             raise CodecError("ternary value both positive and negative")
+        positive -= negative  # 0, +1 or -1
         return _scale_buckets(positive, scales, out=np.empty(n, np.float32)).reshape(shape)
 
 
@@ -359,7 +359,10 @@ class TopK(Codec):
     """The fraction p of the values largest in magnitude; the rest are zero (after Deep
     Gradient Compression). Payload: u32 k, f32 scale (max |kept| / 127), u8 index width w
     (1, 2 or 4), k ascending indices delta-encoded (first index, then gaps) as w-byte
-    unsigned little-endian integers, then k int8 values (value / scale, rounded)."""
+    unsigned little-endian integers, then k int8 values (value / scale, rounded).
+
+    k is exactly ``keep(n)``: ceil(P * n) with P the header's float32 argument, computed in
+    double precision, at least 1 and at most n; a decoder refuses any other k."""
 
     id = 6
     name = "topk"
@@ -375,10 +378,14 @@ class TopK(Codec):
     def spec(self) -> str:
         return f"topk:{self.fraction:g}"
 
+    def keep(self, n: int) -> int:
+        """How many of ``n`` values a frame keeps."""
+        return min(n, max(1, math.ceil(self.arg * n))) if n else 0
+
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = _flat(values)
         n = len(x)
-        k = min(n, max(1, math.ceil(self.fraction * n))) if n else 0
+        k = self.keep(n)
         idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k :]) if k else np.zeros(0, np.int64)
         kept = x[idx]
         scale = np.float32(np.max(np.abs(kept)) / 127) if k else np.float32(0)
@@ -396,8 +403,8 @@ class TopK(Codec):
         k = int(np.frombuffer(payload, "<u4", count=1)[0])
         scale = np.frombuffer(payload, "<f4", count=1, offset=4)[0]
         width = payload[8]
-        if width not in (1, 2, 4) or k > n:
-            raise CodecError(f"topk: bad index width {width} or k {k} > {n}")
+        if width not in (1, 2, 4) or k != self.keep(n):
+            raise CodecError(f"topk: bad index width {width}, or k {k} is not ceil({self.arg:g} * {n})")
         _expect(payload, 9 + k * width + k, "topk")
         gaps = np.frombuffer(payload, {1: "<u1", 2: "<u2", 4: "<u4"}[width], count=k, offset=9)
         idx = np.cumsum(gaps, dtype=np.int64)
@@ -450,16 +457,22 @@ def compiled() -> bool:
 
 
 def codec_from_header(codec_id: int, arg: float) -> Codec:
-    """The codec a frame header names; CodecError if unknown or its argument is invalid."""
+    """The codec a frame header names: UnknownCodecId for an id this side does not implement,
+    CodecError for an argument the codec does not take (qsgd: an integer 1..127 of levels;
+    topk: a fraction in (0, 1]; every other codec: exactly 0)."""
     cls = _BY_ID.get(codec_id)
     if cls is None:
-        raise CodecError(f"unknown codec id {codec_id}")
+        raise UnknownCodecId(f"unknown codec id {codec_id}")
     if cls is Qsgd:
-        if not float(arg).is_integer():
+        if not (math.isfinite(arg) and float(arg).is_integer()):
             raise CodecError(f"qsgd levels must be an integer, got {arg}")
         return Qsgd(int(arg))
     if cls is TopK:
-        return TopK(float(arg)) if math.isfinite(arg) else TopK(-1.0)
+        if not math.isfinite(arg):
+            raise CodecError(f"topk needs a finite fraction, got {arg}")
+        return TopK(float(arg))
+    if arg != 0:
+        raise CodecError(f"{cls.name} takes no argument: the header's codec argument must be 0.0, got {arg}")
     return cls()
 
 
@@ -474,10 +487,15 @@ class ErrorFeedback:
     def compensate(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``tensors`` plus the carried residual; the codec's loss on them becomes the new residual.
 
-        Returns the compensated tensors to encode (for unbiased codecs: ``tensors`` unchanged).
-        """
+        Returns the compensated tensors to encode. An unbiased codec keeps no residual: one left
+        by a biased codec before a switch (``codec`` may change between calls) goes out once,
+        added to these tensors."""
         if not self.codec.biased:
-            return tensors
+            if not self.residual:
+                return tensors
+            carried, self.residual = self.residual, {}
+            return {name: (values + carried[name]).astype(np.float32) if name in carried else values
+                    for name, values in tensors.items()}  # fmt: skip
         out = {}
         for name, values in tensors.items():
             carried = values + self.residual[name] if name in self.residual else values

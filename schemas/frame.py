@@ -7,6 +7,7 @@ FrameError, so arbitrary bytes cannot crash the server.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 import zlib
@@ -15,13 +16,13 @@ from enum import IntEnum
 
 import numpy as np
 
-from schemas.codecs import Codec, CodecError, codec_from_header, make_codec
+from schemas.codecs import Codec, CodecError, UnknownCodecId, codec_from_header, make_codec
 
 MAGIC = b"EPSF"
 FORMAT_VERSION = 1
 MAX_TENSORS = 256
 MAX_NDIM = 8
-MAX_ELEMENTS = 1 << 28
+MAX_FRAME_ELEMENTS = 1 << 28  # values all tensors of a frame declare together
 _NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 
 # magic, format version, kind, codec id, flags, codec arg, base version, seq, samples, steps
@@ -43,7 +44,7 @@ class FrameError(ValueError):
 
 
 class UnsupportedCodec(FrameError):
-    """A well-formed header naming a codec this side does not implement."""
+    """A well-formed header naming a codec id this side does not implement."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,70 @@ class _Reader:
             raise FrameError(f"{what} is not ASCII") from None
 
 
-def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
-    """Parse and verify a frame; raise FrameError with the first problem found."""
+@dataclass(frozen=True)
+class RawTensor:
+    """One tensor record as read from a frame, its payload not yet decoded."""
+
+    name: str
+    shape: tuple[int, ...]
+    payload: memoryview
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class RawFrame:
+    """A frame whose header, lengths and CRC are verified and whose tensor payloads are still
+    bytes: a receiver checks names and shapes against what it expects *before* ``decode``
+    allocates anything (a small top-k payload may declare a huge tensor)."""
+
+    kind: FrameKind
+    base_version: int
+    records: list[RawTensor]
+    codec: Codec
+    device: str = ""
+    seq: int = 0
+    samples: int = 0
+    steps: int = 0
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {record.name: record.shape for record in self.records}
+
+    def decode(self) -> Frame:
+        """Decode every payload; FrameError if one does not fit its codec."""
+        tensors: dict[str, np.ndarray] = {}
+        for record in self.records:
+            try:
+                tensors[record.name] = self.codec.decode(record.payload, record.shape)
+            except CodecError as exc:
+                raise FrameError(f"tensor {record.name!r}: {exc}") from exc
+        return Frame(
+            kind=self.kind,
+            base_version=self.base_version,
+            tensors=tensors,
+            device=self.device,
+            seq=self.seq,
+            samples=self.samples,
+            steps=self.steps,
+            codec=self.codec.spec,
+        )
+
+
+def peek_seq(data: bytes) -> int | None:
+    """The ``seq`` field of what looks like a frame header (magic and length), unverified: for
+    naming a refused message in a notice before (or without) parsing it."""
+    if len(data) < _HEADER.size or data[:4] != MAGIC:
+        return None
+    return int(_HEADER.unpack_from(data)[7])
+
+
+def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_FRAME_ELEMENTS) -> RawFrame:
+    """Verify a frame's CRC, header and every length, without decoding the tensors; raise
+    FrameError with the first problem found (UnsupportedCodec for an unknown codec id).
+    ``max_elements`` bounds the values all tensors declare together."""
     if len(data) > max_bytes:
         raise FrameError(f"frame of {len(data)} bytes exceeds the limit of {max_bytes}")
     if len(data) < _HEADER.size + _CRC.size:
@@ -158,42 +221,46 @@ def decode_frame(data: bytes, max_bytes: int = 64 << 20) -> Frame:
     if flags != 0:
         raise FrameError(f"reserved flags must be 0, got {flags:#x}")
     try:
-        codec: Codec = codec_from_header(codec_id, codec_arg)
-    except CodecError as exc:
-        raise UnsupportedCodec(str(exc)) from exc
+        codec = codec_from_header(codec_id, codec_arg)
+    except UnknownCodecId as exc:
+        raise UnsupportedCodec(str(exc)) from None
+    except CodecError as exc:  # a known codec with an argument it does not take
+        raise FrameError(str(exc)) from None
     device = reader.ascii("device id")
     (count,) = reader.unpack(_U16, "tensor count")
     if count > MAX_TENSORS:
         raise FrameError(f"{count} tensors exceed the limit of {MAX_TENSORS}")
-    tensors: dict[str, np.ndarray] = {}
+    records: list[RawTensor] = []
+    names: set[str] = set()
+    total = 0
     for i in range(count):
         name = reader.ascii(f"tensor {i} name")
-        if not _NAME.match(name) or name in tensors:
+        if not _NAME.match(name) or name in names:
             raise FrameError(f"tensor {i}: invalid or duplicate name {name!r}")
+        names.add(name)
         (ndim,) = reader.unpack(_U8, f"tensor {name!r} ndim")
         if ndim > MAX_NDIM:
             raise FrameError(f"tensor {name!r}: {ndim} dimensions exceed {MAX_NDIM}")
-        shape = struct.unpack(f"<{ndim}I", reader.take(4 * ndim, f"tensor {name!r} dims"))
-        elements = 1
-        for d in shape:
-            elements *= d
-        if elements > MAX_ELEMENTS:
-            raise FrameError(f"tensor {name!r}: {elements} elements exceed {MAX_ELEMENTS}")
+        shape = tuple(struct.unpack(f"<{ndim}I", reader.take(4 * ndim, f"tensor {name!r} dims")))
+        total += math.prod(shape)
+        if total > max_elements:
+            raise FrameError(f"tensors declare more than {max_elements} values in all")
         (length,) = reader.unpack(_U32, f"tensor {name!r} payload length")
-        payload = reader.take(length, f"tensor {name!r} payload")
-        try:
-            tensors[name] = codec.decode(payload, tuple(shape))
-        except CodecError as exc:
-            raise FrameError(f"tensor {name!r}: {exc}") from exc
+        records.append(RawTensor(name, shape, reader.take(length, f"tensor {name!r} payload")))
     if reader.pos != len(reader.data):
         raise FrameError(f"{len(reader.data) - reader.pos} trailing bytes after the last tensor")
-    return Frame(
+    return RawFrame(
         kind=kind,
         base_version=base_version,
-        tensors=tensors,
+        records=records,
+        codec=codec,
         device=device,
         seq=seq,
         samples=samples,
         steps=steps,
-        codec=codec.spec,
     )
+
+
+def decode_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_FRAME_ELEMENTS) -> Frame:
+    """Parse, verify and decode a frame; raise FrameError with the first problem found."""
+    return parse_frame(data, max_bytes, max_elements).decode()

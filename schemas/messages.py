@@ -1,11 +1,14 @@
 """Pydantic models of every JSON message on the topic tree (see docs/PROTOCOL.md).
 
 Every model forbids unknown fields, so a typo in a field name is an error rather than
-a silently ignored setting.
+a silently ignored setting: the server parses what it receives strictly. Devices parse what
+the server sends with ``tolerant=True`` (unknown fields are dropped), so that a newer server
+can add fields without breaking older devices. No float may be NaN or infinite.
 """
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
@@ -26,23 +29,38 @@ DeviceId = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
 
 MAX_JSON_BYTES = 64 * 1024
 FREQUENCY_POLICIES = ("fixed", "adacomm", "trend")
+#: The largest integer every JSON implementation reads exactly (IEEE doubles): run ids and
+#: incarnations stay at or below it.
+MAX_SAFE_INT = 2**53 - 1
+MAX_U32 = 2**32 - 1
+#: A device re-publishes its status (a speed report) at most this often.
+STATUS_INTERVAL_S = 1.0
 
 
 class Message(BaseModel):
-    """Base of all JSON messages: strict field names, compact UTF-8 JSON on the wire."""
+    """Base of all JSON messages: strict field names, finite numbers, compact UTF-8 JSON on the wire."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json().encode()
 
     @classmethod
-    def from_bytes(cls, payload: bytes) -> Self:
-        """Parse and validate a payload; raise MessageError with a readable reason."""
+    def from_bytes(cls, payload: bytes, tolerant: bool = False) -> Self:
+        """Parse and validate a payload; raise MessageError with a readable reason. ``tolerant``
+        (devices reading what the server sends): fields this version does not know are dropped."""
         if len(payload) > MAX_JSON_BYTES:
             raise MessageError(f"{cls.__name__}: payload of {len(payload)} bytes exceeds {MAX_JSON_BYTES}")
         try:
-            return cls.model_validate_json(payload)
+            if not tolerant:
+                return cls.model_validate_json(payload)
+            try:
+                body = json.loads(payload)
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                raise MessageError(f"{cls.__name__}: not JSON") from None
+            if isinstance(body, dict):
+                body = {key: value for key, value in body.items() if key in cls.model_fields}
+            return cls.model_validate(body)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -54,23 +72,43 @@ class MessageError(ValueError):
 
 
 class DeviceStatus(Message):
-    """``status/{device}``, retained. ``online`` on connect; the last will publishes ``offline``."""
+    """``status/{device}``, retained. ``online`` on connect; the last will publishes ``offline``.
+
+    ``incarnation`` names this boot of the device (a random number, or a boot counter): the server
+    answers a new one with where the device's sequence numbers resume (``Control.seq_base``), and
+    ignores an ``offline`` status of an earlier incarnation (a late last will)."""
 
     device: DeviceId
     state: Literal["online", "offline"]
-    samples: int = Field(0, ge=0, description="training samples held by the device")
+    incarnation: int | None = Field(
+        None, ge=1, le=MAX_SAFE_INT, description="this boot of the device; required when online"
+    )
+    samples: int = Field(0, ge=0, le=MAX_U32, description="training samples held by the device")
     backend: str = Field("numpy", max_length=32)
     busy_s: float = Field(0.0, ge=0, description="seconds spent training so far (in the offline status: the total)")
     idle_s: float = Field(0.0, ge=0, description="seconds spent waiting for parameters or the staleness bound")
     step_s: float | None = Field(
-        None, gt=0, le=3600, description="measured compute seconds per local step (sent again when it drifts)"
+        None, ge=1e-6, le=3600, description="measured compute seconds per local step (sent again when it drifts)"
     )
+
+    @model_validator(mode="after")
+    def _online_names_its_incarnation(self) -> DeviceStatus:
+        if self.state == "online" and self.incarnation is None:
+            raise ValueError("an online status needs its incarnation")
+        return self
 
 
 class Control(Message):
-    """``ctrl/{device}``, retained: how this device trains and when it commits."""
+    """``ctrl/{device}``, retained: how this device trains and when it commits, for one incarnation
+    of the device in one run of the job."""
 
     device: DeviceId
+    run: int = Field(ge=1, le=MAX_SAFE_INT, description="the job's run: a new run starts from its own version 0")
+    incarnation: int = Field(ge=1, le=MAX_SAFE_INT, description="the device incarnation this control answers")
+    seq_base: int = Field(0, ge=0, description="the device's next commit has a sequence number above this")
+    max_uncommitted_steps: int = Field(
+        ge=1, le=10_000_000, description="a device does not train while it holds this many uncommitted steps"
+    )
     push_every: int = Field(ge=1, le=100_000, description="local steps per commit")
     lr: float = Field(gt=0, le=100)
     batch_size: int = Field(ge=1, le=65_536)
@@ -99,6 +137,7 @@ class Control(Message):
 class Barrier(Message):
     """``barrier``, retained: the round in progress and who it waits for."""
 
+    run: int = Field(ge=1, le=MAX_SAFE_INT, description="the job's run this barrier belongs to")
     round: int = Field(ge=0)
     version: int = Field(ge=0)
     pace: str
@@ -124,8 +163,19 @@ class RejectReason(StrEnum):
     FUTURE_VERSION = "future_version"  # based on a parameter version the server never published
     OVERSIZED = "oversized"  # payload larger than the server accepts
     INVALID_COMMAND = "invalid_command"
-    RATE_LIMITED = "rate_limited"  # more commits per second than the server allows a device
+    RATE_LIMITED = "rate_limited"  # more commits (or bytes) per second than the server allows a device
     EVICTED = "evicted"  # an operator removed the device from the job
+    FINISHED = "finished"  # a commit after the job's last version
+    WRONG_CODEC = "wrong_codec"  # a commit in a codec other than the one the job asked for
+    RETAINED = "retained"  # a commit delivered as a retained message (left on the broker, not sent live)
+    UNPROCESSABLE = "unprocessable"  # the server failed on this message (a bug): counted, acknowledged, dropped
+
+
+#: Rejections after which a device puts the refused commit's progress back into its next commit:
+#: the work was valid, only its delivery was refused.
+CARRIED = frozenset(
+    {RejectReason.RATE_LIMITED, RejectReason.UNKNOWN_DEVICE, RejectReason.REPLAYED, RejectReason.OUT_OF_ORDER}
+)
 
 
 class Notice(Message):
@@ -141,6 +191,7 @@ class Metrics(Message):
     """``metrics``: one record per new global version, for operators and reports."""
 
     job: str
+    run: int = Field(0, ge=0, description="the job's run")
     version: int
     round: int
     pace: str

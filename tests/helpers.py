@@ -49,8 +49,30 @@ def small_server(pace: str = "bsp", rounds: int = 5, **overrides: object) -> Ser
     return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data))
 
 
-def small_device(name: str, seed: int = 0) -> DeviceCore:
-    return DeviceCore("t", name, blobs(seed=seed + 1), NumpyTrainer(), seed=seed)
+#: The run of the job that device tests pretend a server started, and every test device's incarnation.
+RUN = 7
+INCARNATION = 11
+
+
+def small_device(name: str, seed: int = 0, incarnation: int = INCARNATION) -> DeviceCore:
+    return DeviceCore("t", name, blobs(seed=seed + 1), NumpyTrainer(), seed=seed, incarnation=incarnation)
+
+
+def control_bytes(device: str = "d1", **fields) -> bytes:
+    """A Control for ``device`` of run ``RUN``, answering incarnation ``INCARNATION``; ``fields`` override."""
+    from schemas.messages import Control
+
+    values = {"run": RUN, "incarnation": INCARNATION, "lr": 0.1, "batch_size": 8, "push_every": 3,
+              "wait_for_params": False, **fields}  # fmt: skip
+    values.setdefault("max_uncommitted_steps", 8 * values["push_every"])
+    return Control(device=device, **values).to_bytes()
+
+
+def params_bytes(version: int, tensors, run: int = RUN) -> bytes:
+    """A parameter snapshot of ``version`` in run ``run``."""
+    from schemas.frame import Frame, FrameKind, encode_frame
+
+    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=version, seq=run, tensors=tensors))
 
 
 def commit_bytes(
@@ -72,11 +94,18 @@ def commit_bytes(
     return encode_frame(Frame(**fields))
 
 
-def hello(server: ServerCore, device: str, state: str = "online", samples: int = 10) -> list:
+def hello(
+    server: ServerCore,
+    device: str,
+    state: str = "online",
+    samples: int = 10,
+    incarnation: int = INCARNATION,
+    now: float = 0.0,
+) -> list:
     from schemas.messages import DeviceStatus
 
-    body = DeviceStatus(device=device, state=state, samples=samples).to_bytes()
-    return server.on_message(server.topics.status(device), body, now=0.0)
+    body = DeviceStatus(device=device, state=state, samples=samples, incarnation=incarnation).to_bytes()
+    return server.on_message(server.topics.status(device), body, now=now)
 
 
 def next_message(transport, timeout: float = 10.0):

@@ -10,9 +10,8 @@ from edge_client.core import DeviceCore
 from edge_client.trainer import NumpyTrainer, make_trainer
 from learning.model import init_mlp
 from schemas.artifact import ArtifactError
-from schemas.frame import Frame, FrameKind, encode_frame
 from schemas.messages import Control, DeviceStatus
-from tests.helpers import blobs, small_server
+from tests.helpers import INCARNATION, blobs, control_bytes, params_bytes, small_server
 
 pytest.importorskip("tensorflow", reason="the tf extra builds the artifact")
 pytest.importorskip("ai_edge_litert", reason="the tflite extra runs it")
@@ -36,9 +35,9 @@ def tampered(payload: bytes) -> bytes:
 
 def device(backend: str) -> DeviceCore:
     trainer, use_artifact = make_trainer(backend)
-    core = DeviceCore("t", "d1", blobs(), trainer, use_artifact=use_artifact)
-    core.on_message(f"{T}/params", encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=PARAMS)))
-    ctrl = Control(device="d1", push_every=3, lr=0.1, batch_size=8, wait_for_params=False)
+    core = DeviceCore("t", "d1", blobs(), trainer, use_artifact=use_artifact, incarnation=INCARNATION)
+    core.on_message(f"{T}/params", params_bytes(0, PARAMS))
+    ctrl = Control.from_bytes(control_bytes("d1", push_every=3))
     core.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
     return core
 
@@ -69,7 +68,7 @@ def test_numpy_and_auto_devices(artifact) -> None:
 def test_an_artifact_for_another_model_is_refused(artifact) -> None:
     core = DeviceCore("t", "d1", blobs(), NumpyTrainer(), use_artifact=True)
     other = init_mlp([8, 5, 3], seed=0)
-    core.on_message(f"{T}/params", encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=other)))
+    core.on_message(f"{T}/params", params_bytes(0, other))
     core.on_message(f"{T}/model", artifact)
     assert core.trainer.name == "numpy" and "differ" in core.artifact_error
 

@@ -6,19 +6,19 @@ import pytest
 from edge_client.core import DeviceCore
 from edge_client.trainer import make_trainer
 from learning.model import init_mlp
-from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
-from schemas.messages import Barrier, Control, Notice, RejectReason
-from tests.helpers import blobs, small_device
+from schemas.frame import FrameKind, decode_frame
+from schemas.messages import Barrier, Notice, RejectReason
+from tests.helpers import RUN, blobs, control_bytes, params_bytes, small_device
 
 T = "edgeps/t"
 
 
-def params_frame(version: int, seed: int = 0) -> bytes:
-    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=version, tensors=init_mlp([8, 16, 3], seed)))
+def params_frame(version: int, seed: int = 0, run: int = RUN) -> bytes:
+    return params_bytes(version, init_mlp([8, 16, 3], seed), run)
 
 
-def control(wait: bool, push_every: int = 3) -> bytes:
-    return Control(device="d1", push_every=push_every, lr=0.1, batch_size=8, wait_for_params=wait).to_bytes()
+def control(wait: bool, push_every: int = 3, **fields) -> bytes:
+    return control_bytes("d1", push_every=push_every, wait_for_params=wait, **fields)
 
 
 def test_not_ready_until_params_and_control_arrive() -> None:
@@ -85,12 +85,11 @@ def test_without_waiting_new_params_are_adopted_with_uncommitted_progress_carrie
 def test_ssp_device_blocks_beyond_the_staleness_bound() -> None:
     device = small_device("d1")
     device.on_message(f"{T}/params", params_frame(0))
-    ctrl = Control(device="d1", push_every=1, lr=0.1, batch_size=8, wait_for_params=False, staleness_bound=2)
-    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1, staleness_bound=2))
     for _ in range(3):
         device.step()
     assert device.seq == 3 and device.blocked and not device.ready  # 3 ahead of clock 0 > 2
-    barrier = Barrier(round=3, version=3, pace="ssp:2", state="running", slowest_clock=1)
+    barrier = Barrier(run=RUN, round=3, version=3, pace="ssp:2", state="running", slowest_clock=1)
     device.on_message(f"{T}/barrier", barrier.to_bytes())
     assert device.ready
 
@@ -105,7 +104,11 @@ def test_sequence_numbers_increase_by_one() -> None:
 
 def test_finished_barrier_stops_the_device() -> None:
     device = small_device("d1")
-    barrier = Barrier(round=3, version=3, pace="bsp", state="finished").to_bytes()
+    device.on_message(f"{T}/ctrl/d1", control(wait=True))
+    other_run = Barrier(run=RUN + 1, round=3, version=3, pace="bsp", state="finished").to_bytes()
+    device.on_message(f"{T}/barrier", other_run)
+    assert not device.finished  # a retained barrier left by an earlier run of the job
+    barrier = Barrier(run=RUN, round=3, version=3, pace="bsp", state="finished").to_bytes()
     device.on_message(f"{T}/barrier", barrier)
     assert device.finished
 
@@ -131,8 +134,7 @@ def test_status_messages() -> None:
 def test_acbsp_device_commits_once_per_version_and_carries_the_rest() -> None:
     device = small_device("d1")
     device.on_message(f"{T}/params", params_frame(0))
-    ctrl = Control(device="d1", push_every=2, lr=0.1, batch_size=8, wait_for_params=False, one_commit_per_version=True)
-    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=2, one_commit_per_version=True))
     device.step()
     assert len(device.step()) == 1  # the commit on version 0
     for _ in range(5):  # keeps training, never idle, but holds further commits
@@ -147,8 +149,7 @@ def test_acbsp_device_commits_once_per_version_and_carries_the_rest() -> None:
 def test_commits_use_the_control_codec_and_keep_what_it_dropped() -> None:
     device = small_device("d1")
     device.on_message(f"{T}/params", params_frame(0))
-    ctrl = Control(device="d1", push_every=1, lr=0.1, batch_size=8, wait_for_params=False, codec="sign")
-    device.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1, codec="sign"))
     before = {k: v.copy() for k, v in device._local.items()}
     (commit,) = device.step()
     frame = decode_frame(commit.payload)

@@ -100,7 +100,11 @@ def test_bad_frames_from_a_raw_client_are_rejected_and_the_model_is_unchanged(mo
     raw.publish(Publish(t.grad("evil"), commit_bytes(server, "evil", 1)))  # before its hello
     wait_until(lambda: notices() == ["unknown_device"], what="unknown_device notice")
     raw.publish(
-        Publish(t.status("evil"), DeviceStatus(device="evil", state="online", samples=5).to_bytes(), retain=True)
+        Publish(
+            t.status("evil"),
+            DeviceStatus(device="evil", state="online", incarnation=1, samples=5).to_bytes(),
+            retain=True,
+        )
     )
     wait_until(lambda: server.registry.known("evil"), what="hello processed")
 
@@ -119,7 +123,7 @@ def test_bad_frames_from_a_raw_client_are_rejected_and_the_model_is_unchanged(mo
     expected = ["unknown_device"] + [reason for reason, _ in bad]
     wait_until(lambda: notices() == expected, what="a notice per bad frame")
     assert server.store.version == 0
-    assert server.store.snapshot_frame() == snapshot  # the model is unchanged, byte for byte
+    assert server.store.snapshot_frame(server.run) == snapshot  # the model is unchanged, byte for byte
 
     # A good commit still goes through; its replay is refused; counters reach the metrics topic.
     good = commit_bytes(server, "evil", 6)
@@ -161,8 +165,8 @@ def test_a_crashed_device_leaves_the_barrier_through_its_last_will(mosquitto) ->
     holdout = load_digits()
     server, thread, stop = start_server(address, holdout, job="will", pace="bsp", rounds=1000, min_devices=2)
     t = server.topics
-    offline = DeviceStatus(device="doomed", state="offline").to_bytes()
-    online = DeviceStatus(device="doomed", state="online", samples=50).to_bytes()
+    offline = DeviceStatus(device="doomed", state="offline", incarnation=1).to_bytes()
+    online = DeviceStatus(device="doomed", state="online", incarnation=1, samples=50).to_bytes()
     doomed = MqttTransport(
         address,
         "doomed",
@@ -209,7 +213,9 @@ def test_clients_reconnect_and_say_hello_again_after_a_broker_restart(tmp_path) 
     first = start_broker(workdir=tmp_path / "b", embedded=False)
     port = first.port
     address = BrokerAddress(first.host, port)
-    hello = Publish("edgeps/r/status/d1", DeviceStatus(device="d1", state="online").to_bytes(), retain=True)
+    hello = Publish(
+        "edgeps/r/status/d1", DeviceStatus(device="d1", state="online", incarnation=1).to_bytes(), retain=True
+    )
     device = MqttTransport(address, "d1", ["edgeps/r/params"], hello=hello)
     device.wait_connected(10)
     first.stop()

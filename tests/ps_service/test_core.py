@@ -69,8 +69,10 @@ def test_job_finishes_after_the_configured_rounds() -> None:
     for seq in (1, 2):
         server.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq), float(seq))
     assert server.finished and server.store.version == 2
-    assert server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 3), 3.0) == []
-    assert server.store.version == 2
+    out = server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 3), 3.0)
+    assert [Notice.from_bytes(p.payload).reason.value for p in out] == ["finished"]  # refused, counted, noticed
+    assert server.store.version == 2 and server.traffic.rejected == {"finished": 1}
+    assert server.traffic.commits == server.traffic.applied + sum(server.traffic.rejected.values())
 
 
 def test_pause_holds_aggregation_until_resume() -> None:
@@ -118,8 +120,10 @@ def _bad_commits(server):
         ("replayed", "a", commit_bytes(server, "a", 11)),
         ("out_of_order", "a", commit_bytes(server, "a", 4)),
         ("malformed", "a", commit_bytes(server, "a", 12, steps=0)),
-        ("oversized", "a", b"x" * (server.config.max_commit_bytes + 1)),
+        ("oversized", "a", b"x" * (server.commit_limit + 1)),
         ("unsupported_codec", "a", _recrc(good[:6] + b"\x09" + good[7:-4])),
+        ("malformed", "a", _recrc(good[:8] + b"\x00\x00\x80\x3f" + good[12:-4])),  # fp32 takes no argument
+        ("wrong_codec", "a", commit_bytes(server, "a", 13, codec="sign")),  # not the job's codec
     ]
 
 
@@ -141,7 +145,7 @@ def test_every_bad_commit_is_rejected_counted_noticed_and_never_applied() -> Non
         expected[reason] = expected.get(reason, 0) + 1
     assert dict(server.traffic.rejected) == expected
     # The device can still commit normally afterwards.
-    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 13), 2.0)
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 14), 2.0)
     assert server.store.version == 1
 
 
@@ -204,12 +208,12 @@ def test_round_deadline_drops_a_straggler_whose_late_commit_joins_a_later_round(
     server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 1.0)
     assert server.on_tick(4.9) == [] and server.store.version == 0
     out = server.on_tick(5.1)
-    assert server.store.version == 1 and server.stragglers == {"b"}
+    assert server.store.version == 1 and server.membership.left == {"b"}
     barrier = Barrier.from_bytes(by_topic(out, server.topics.barrier)[-1].payload)
     assert barrier.left == ["b"] and barrier.waiting_for == ["a"]  # the new round waits for a alone
-    # Round 2 now waits for a only; b's late commit (based on version 0) rejoins it.
+    # Round 2 now waits for a only; b's late commit (based on version 0, one behind: keeping up) rejoins it.
     server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1, base=0), 6.0)
-    assert server.stragglers == set() and server.store.version == 1
+    assert server.membership.left == set() and server.store.version == 1
     assert server.pace.waiting_for(server.barrier_set()) == ["a"]
     server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 2), 7.0)
     assert server.store.version == 2 and server.traffic.applied == 3
@@ -221,7 +225,7 @@ def test_a_silent_fleet_cannot_deadlock_a_round() -> None:
     for device in ("a", "b", "c"):
         hello(server, device)
     server.on_tick(2.0)
-    assert server.stragglers == {"a", "b", "c"} and server.store.version == 0
+    assert server.membership.left == {"a", "b", "c"} and server.store.version == 0
     server.on_message(server.topics.grad("c"), commit_bytes(server, "c", 1), 3.0)
     assert server.store.version == 1  # the first device back closes the round on its own
 

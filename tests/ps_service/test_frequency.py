@@ -142,7 +142,7 @@ def test_controller_operator_levers() -> None:
 
 # ---------------------------------------------------------------- in the server core
 from schemas.messages import Command, Control, DeviceStatus, Metrics  # noqa: E402
-from tests.helpers import blobs, commit_bytes, hello, small_server  # noqa: E402
+from tests.helpers import INCARNATION, blobs, commit_bytes, hello, small_server  # noqa: E402
 
 
 def controls(server, out) -> dict[str, int]:
@@ -152,7 +152,7 @@ def controls(server, out) -> dict[str, int]:
 
 
 def report_speed(server, device: str, step_s: float, now: float = 0.1) -> list:
-    body = DeviceStatus(device=device, state="online", samples=10, step_s=step_s).to_bytes()
+    body = DeviceStatus(device=device, state="online", incarnation=INCARNATION, samples=10, step_s=step_s).to_bytes()
     return server.on_message(server.topics.status(device), body, now)
 
 
@@ -175,7 +175,7 @@ def test_release_mode_closes_the_round_without_the_slow_device_and_applies_its_c
     server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 1.0)
     assert server.store.version == 0  # still waiting for c
     report_speed(server, "c", 0.05)  # c turns out five times slower: the round stops waiting
-    assert server.store.version == 1 and "c" in server.stragglers
+    assert server.store.version == 1 and "c" in server.membership.left
     server.on_message(server.topics.grad("c"), commit_bytes(server, "c", 1, base=0), 2.0)  # late, stale
     for device in ("a", "b"):
         server.on_message(server.topics.grad(device), commit_bytes(server, device, 2), 2.0)

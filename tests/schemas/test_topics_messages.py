@@ -32,8 +32,9 @@ def test_invalid_job_names(name) -> None:
 
 def test_messages_round_trip() -> None:
     messages = [
-        DeviceStatus(device="d1", state="online", samples=10),
-        Control(device="d1", push_every=5, lr=0.1, batch_size=8, wait_for_params=True),
+        DeviceStatus(device="d1", state="online", incarnation=3, samples=10),
+        Control(device="d1", run=1, incarnation=3, push_every=5, lr=0.1, batch_size=8, wait_for_params=True,
+                max_uncommitted_steps=40),
         Notice(device="d1", seq=3, reason=RejectReason.NON_FINITE, detail="x"),
         Command(cmd="pause"),
         Metrics(

@@ -1,0 +1,113 @@
+"""Who a round waits for: the online devices, less those that ``left`` the barrier.
+
+A device leaves when a round's deadline passes without its commit, or when release balancing
+lets it go. Its commits still count, as a late device's (with their staleness weight); it
+takes its place again by keeping up: commits based on the newest version, or the one before
+(``on_time``). A device that keeps missing deadlines is trusted less each time (after FedBuff's
+and ADSP's treatment of stragglers, and against a device that rejoins just after each deadline
+to hold every next round up):
+
+* each missed deadline is a *strike*; with s strikes a device rejoins after 2^(s-1) on-time
+  commits in a row (at most ``MAX_REJOIN``), and every 2^s on-time commits in the barrier take
+  one strike away;
+* while a device with strikes is waited for, the round's deadline shrinks to ``PROBATION`` times
+  the median of the last rounds' durations (at least ``PROBATION_FLOOR_S``, at most the job's
+  deadline), so that the wait it can cause is about a round, not the job's whole deadline.
+
+Pure logic: device ids and durations in, sets out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAX_REJOIN = 64
+PROBATION = 4.0
+PROBATION_FLOOR_S = 0.5
+ROUNDS_REMEMBERED = 16
+
+
+@dataclass
+class Standing:
+    strikes: int = 0  # deadlines missed, less those worked off
+    streak: int = 0  # on-time commits in a row: towards rejoining (while left) or towards a strike less
+
+
+class Membership:
+    """The devices that left the barrier, each device's standing, and recent round durations."""
+
+    def __init__(self) -> None:
+        self.left: set[str] = set()
+        self.standing: dict[str, Standing] = {}
+        self.durations: deque[float] = deque(maxlen=ROUNDS_REMEMBERED)
+
+    def barrier(self, online: frozenset[str]) -> frozenset[str]:
+        """The devices the next aggregate waits for."""
+        return online - self.left
+
+    def missed(self, devices: list[str]) -> None:
+        """``devices`` let a round's deadline pass: they leave, with a strike each."""
+        for device in devices:
+            standing = self.standing.setdefault(device, Standing())
+            standing.strikes += 1
+            standing.streak = 0
+            self.left.add(device)
+
+    def release(self, devices: set[str]) -> None:
+        """Release balancing lets ``devices`` go (no strike: they are slow, not failing)."""
+        self.left.update(devices)
+
+    def rejoin_after(self, device: str) -> int:
+        """On-time commits in a row that ``device`` needs to take its place again."""
+        strikes = self.standing[device].strikes if device in self.standing else 0
+        return 1 if strikes == 0 else min(MAX_REJOIN, 2 ** (strikes - 1))
+
+    def on_commit(self, device: str, staleness: int) -> bool:
+        """``device`` committed, based ``staleness`` versions back; True if it takes its place again.
+        A device without strikes rejoins with any commit."""
+        standing = self.standing.setdefault(device, Standing())
+        on_time = staleness <= 1
+        standing.streak = standing.streak + 1 if on_time else 0
+        if device in self.left:
+            if standing.strikes == 0 or standing.streak >= self.rejoin_after(device):
+                self.left.discard(device)
+                standing.streak = 0
+                return True
+            return False
+        if standing.strikes and standing.streak >= 2**standing.strikes:
+            standing.strikes -= 1
+            standing.streak = 0
+        return False
+
+    def forget(self, device: str) -> None:
+        """``device`` went offline: it is no longer left (it is not in the barrier at all); its
+        strikes stay, so that leaving and coming back does not wipe them."""
+        self.left.discard(device)
+
+    def round_closed(self, duration: float) -> None:
+        if duration >= 0:
+            self.durations.append(duration)
+
+    def deadline(self, waited_for: list[str], configured: float) -> float:
+        """How long this round waits for ``waited_for``: the job's deadline, or a probation one
+        when any of them has strikes."""
+        if not any(self.standing.get(d, Standing()).strikes for d in waited_for) or not self.durations:
+            return configured
+        typical = float(np.median(list(self.durations)))
+        return min(configured, max(PROBATION_FLOOR_S, PROBATION * typical))
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "left": sorted(self.left),
+            "standing": {d: [s.strikes, s.streak] for d, s in sorted(self.standing.items())},
+            "durations": list(self.durations),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.left = {str(d) for d in state["left"]}
+        self.standing = {str(d): Standing(int(a), int(b)) for d, (a, b) in state["standing"].items()}
+        self.durations = deque((float(x) for x in state["durations"]), maxlen=ROUNDS_REMEMBERED)
