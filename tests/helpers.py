@@ -42,11 +42,11 @@ def blobs(n: int = 200, features: int = 8, classes: int = 3, seed: int = 0) -> D
     return Dataset(x.astype(np.float32), y.astype(np.int64))
 
 
-def small_server(pace: str = "bsp", rounds: int = 5, **overrides: object) -> ServerCore:
+def small_server(pace: str = "bsp", rounds: int = 5, run: int | None = None, **overrides: object) -> ServerCore:
     data = blobs()
     settings: dict = {"push_every": 2, "lr": 0.1, "batch_size": 16, **overrides}
     config = ServerConfig(job="t", pace=pace, rounds=rounds, **settings)
-    return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data))
+    return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data), run=run)
 
 
 #: The run of the job that device tests pretend a server started, and every test device's incarnation.
@@ -114,3 +114,83 @@ def next_message(transport, timeout: float = 10.0):
     if message is None:
         raise AssertionError(f"no message within {timeout} s")
     return message
+
+
+class Relay:
+    """A lossless in-memory broker between one ServerCore and DeviceCores: retained messages,
+    each device's subscriptions (and re-subscriptions), FIFO delivery. For sans-IO tests of the
+    protocol between the two cores; the MQTT tests use Mosquitto."""
+
+    def __init__(self, server: ServerCore, now: float = 0.0) -> None:
+        self.server = server
+        self.now = now
+        self.devices: dict[str, DeviceCore] = {}
+        self.retained: dict[str, bytes] = {}
+        self.log: list = []  # every message the server published
+        self._pending: list = []  # (target, message): "server" or a device id
+
+    def start(self) -> None:
+        self._from_server(self.server.start(self.now))
+        self.flush()
+
+    def _from_server(self, messages: list) -> None:
+        for message in messages:
+            self.log.append(message)
+            if message.retain:
+                self.retained[message.topic] = message.payload
+            for name, device in self.devices.items():
+                if message.topic in device.subscriptions():
+                    self._pending.append((name, message))
+
+    def connect(self, device: DeviceCore) -> None:
+        """``device`` connects: it subscribes (getting the retained messages) and says hello."""
+        self.devices[device.device] = device
+        for topic in device.subscriptions():
+            if topic in self.retained:
+                device.on_message(topic, self.retained[topic])
+        self.send(device, [device.status("online")])
+        self.flush()
+
+    def send(self, device: DeviceCore, messages: list) -> None:
+        for message in messages:
+            if message.retain:
+                self.retained[message.topic] = message.payload
+            self._pending.append(("server", message))
+
+    def flush(self) -> None:
+        """Deliver until nothing is in flight."""
+        while self._pending:
+            target, message = self._pending.pop(0)
+            if target == "server":
+                self._from_server(self.server.on_message(message.topic, message.payload, self.now))
+                continue
+            device = self.devices.get(target)
+            if device is None:
+                continue
+            before = set(device.subscriptions())
+            device.on_message(message.topic, message.payload)
+            fresh = set(device.subscriptions()) - before
+            if device.resync:
+                device.resync = False
+                fresh.add(device.topics.params)
+            for topic in fresh:
+                if topic in self.retained:
+                    self._pending.append((target, type(message)(topic, self.retained[topic], retain=True)))
+
+    def train(self, rounds: int = 1, limit: int = 10_000) -> None:
+        """Step every ready device until the server has made ``rounds`` more versions."""
+        goal = self.server.store.version + rounds
+        for _ in range(limit):
+            if self.server.store.version >= goal or self.server.finished:
+                return
+            stepped = False
+            for device in list(self.devices.values()):
+                if device.ready:
+                    self.send(device, device.step())
+                    stepped = True
+            self.flush()
+            if not stepped:
+                self.now += 0.1
+                self._from_server(self.server.on_tick(self.now))
+                self.flush()
+        raise AssertionError(f"no version {goal} after {limit} steps (at {self.server.store.version})")
