@@ -7,11 +7,14 @@ over time (VmRSS sampled twice a second), bounded in count and time, loopback on
 from __future__ import annotations
 
 import json
+import multiprocessing
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +33,74 @@ def _rss_mib(pid: int) -> float | None:
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
-def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print) -> dict[str, Any]:
-    """Run the load; return the report."""
-    from broker.launcher import start_broker
+def _sender(
+    names: list[str], host: str, port: int, job: str, rate: float, seconds: float, flood: bool, go, results
+) -> None:
+    """One load process: a client per device in ``names``, each sending ``rate`` valid commits a
+    second for ``seconds`` once ``go`` is set (the first device 250 a second with ``flood``); puts
+    the number sent on ``results``. Frames are encoded once: each commit patches its sequence
+    number and CRC, so that the load is not bound by this process's encoding."""
     from edgeps.transport import BrokerAddress, MqttTransport
     from learning.model import init_mlp
     from schemas.frame import Frame, FrameKind, encode_frame
-    from schemas.messages import Command, DeviceStatus, Metrics
+    from schemas.messages import DeviceStatus
+    from schemas.topics import Publish, Topics
+
+    topics, address = Topics(job), BrokerAddress(host, port)
+    rng = np.random.default_rng(0)
+    shapes = {name: values.shape for name, values in init_mlp([64, 64, 10], seed=0).items()}
+    update = {name: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for name, shape in shapes.items()}
+    clients, templates = [], []
+    for name in names:
+        online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
+        offline = DeviceStatus(device=name, state="offline", incarnation=1).to_bytes()
+        clients.append(
+            MqttTransport(
+                address,
+                f"edgeps-dev-{job}-{name}",
+                [],
+                will=Publish(topics.status(name), offline, retain=True),
+                hello=Publish(topics.status(name), online, retain=True),
+            )
+        )
+        frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=name, seq=1, samples=10, steps=1)
+        templates.append(bytearray(encode_frame(frame)))
+    for client in clients:
+        client.wait_connected(60)
+    go.wait()
+    sent, seq = 0, [0] * len(names)
+    started = time.monotonic()
+    interval = 1.0 / (rate * len(names))
+    i = 0
+    while time.monotonic() - started < seconds:
+        k = i % len(names)
+        for _ in range(250 if flood and k == 0 else 1):  # 250/s: over the default limit of 100/s
+            seq[k] += 1
+            body = templates[k]
+            struct.pack_into("<Q", body, 20, seq[k])
+            struct.pack_into("<I", body, len(body) - 4, zlib.crc32(memoryview(body)[:-4]))
+            clients[k].publish(Publish(topics.grad(names[k]), bytes(body), qos=1))
+            sent += 1
+        i += 1
+        time.sleep(max(0.0, started + i * interval - time.monotonic()))
+    for client in clients:
+        client.close(timeout=60)
+    results.put(sent)
+
+
+def bench_load(
+    devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print, senders: int = 4
+) -> dict[str, Any]:
+    """Run the load; return the report."""
+    from broker.launcher import start_broker
+    from edgeps.transport import BrokerAddress, MqttTransport
+    from schemas.messages import Command, Metrics
     from schemas.topics import Publish, Topics
 
     if not 1 <= devices <= MAX_DEVICES or not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"the load is bounded: 1..{MAX_DEVICES} devices, up to {MAX_SECONDS:.0f} s")
     job, topics = "load", Topics("load")
-    shapes = {name: value.shape for name, value in init_mlp([64, 64, 10], seed=0).items()}
-    rng = np.random.default_rng(0)
-    update = {name: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for name, shape in shapes.items()}
+    senders = max(1, min(senders, devices))
     with tempfile.TemporaryDirectory(prefix="edgeps-load-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         address = BrokerAddress(broker.host, broker.port)
         report_path = Path(tmp) / "metrics.json"
@@ -70,42 +126,33 @@ def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = Fa
             read_metrics(0.2)  # its first metrics: the server is connected and subscribed
         if not latest:
             raise RuntimeError(f"the server did not start: see {Path(tmp) / 'ps.log'}")
-        say(f"server pid {server.pid} is up; connecting {devices} device clients ...")
+        say(f"server pid {server.pid} is up; connecting {devices} device clients in {senders} processes ...")
         names = [f"load-{i:04d}" for i in range(devices)]
-        clients = []
-        for name in names:
-            online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
-            hello = Publish(topics.status(name), online, qos=1, retain=True)
-            offline = DeviceStatus(device=name, state="offline", incarnation=1).to_bytes()
-            will = Publish(topics.status(name), offline, qos=1, retain=True)
-            clients.append(MqttTransport(address, f"edgeps-dev-{job}-{name}", [], will=will, hello=hello))
-        for client in clients:
-            client.wait_connected(30)
-        deadline = time.monotonic() + 60
+        context = multiprocessing.get_context("spawn")
+        go, results = context.Event(), context.Queue()
+        workers = [
+            context.Process(
+                target=_sender,
+                args=(names[k::senders], address.host, address.port, job, rate, seconds, flood and k == 0, go, results),
+                daemon=True,
+            )
+            for k in range(senders)
+        ]
+        for worker in workers:
+            worker.start()
+        deadline = time.monotonic() + 120
         while latest.get("devices_online", 0) < devices and time.monotonic() < deadline:
             read_metrics(0.2)  # every hello registered before the first commit
+        if latest.get("devices_online", 0) < devices:
+            raise RuntimeError(f"only {latest.get('devices_online', 0)} of {devices} devices came online")
         rss: list[tuple[float, float]] = []
-        sent, seqs = 0, dict.fromkeys(names, 0)
-        started = time.monotonic()
-        interval = 1.0 / (rate * devices)
-        next_rss = started
         say(f"sending {rate:g} commit/s per device for {seconds:g} s" + (", one device flooding" if flood else ""))
-        i = 0
-        while (now := time.monotonic()) - started < seconds:
-            name = names[i % devices]
-            burst = 250 if flood and name == names[0] else 1  # 250/s: over the default limit of 100/s
-            for _ in range(burst):
-                seqs[name] += 1
-                frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=name, seq=seqs[name],
-                              samples=10, steps=1)  # fmt: skip
-                clients[i % devices].publish(Publish(topics.grad(name), encode_frame(frame), qos=1))
-                sent += 1
-            i += 1
-            if now >= next_rss:
-                rss.append((round(now - started, 2), _rss_mib(server.pid) or 0.0))
-                next_rss += 0.5
-                read_metrics(0)
-            time.sleep(max(0.0, started + i * interval - time.monotonic()))
+        started = time.monotonic()
+        go.set()
+        while time.monotonic() - started < seconds:
+            rss.append((round(time.monotonic() - started, 2), _rss_mib(server.pid) or 0.0))
+            read_metrics(0.5)
+        sent = sum(results.get(timeout=60) for _ in workers)
         load_s = time.monotonic() - started
         say(f"sent {sent} commits in {load_s:.1f} s; waiting for the server to take them all ...")
         deadline = time.monotonic() + 60
@@ -120,12 +167,13 @@ def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = Fa
         except subprocess.TimeoutExpired:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=10)
-        for client in clients:
-            client.close()
+        for worker in workers:
+            worker.join(timeout=30)
         watcher.close()
         final = json.loads(report_path.read_text())[-1] if report_path.exists() else latest
     rejected = final.get("rejected", {})
-    quarter = [r for t, r in rss if t >= load_s / 4]
+    quarter = [r for t, r in rss if load_s / 4 <= t <= load_s]
+    first = [r for t, r in rss if t < load_s / 4]
     return {
         "devices": devices,
         "seconds": seconds,
@@ -139,7 +187,9 @@ def bench_load(devices: int, seconds: float, rate: float = 1.0, flood: bool = Fa
         "apply_rate_per_s": round(final.get("applied", 0) / load_s, 1),
         "drain_s": round(drain_s, 2),
         "server_peak_rss_mib": round(peak, 1),
+        "server_rss_first_quarter_mib": round(max(first), 1) if first else None,
         "server_rss_after_warmup_mib": [round(min(quarter), 1), round(max(quarter), 1)] if quarter else None,
+        "rss_growth_after_first_quarter": round(max(quarter) / max(first) - 1, 3) if first and quarter else None,
         "rss_series": rss,
     }
 
@@ -157,7 +207,9 @@ def format_load(report: dict[str, Any]) -> str:
             f"rejected          {rejected}",
             f"sent = applied + rejected: {'yes' if report['balanced'] else 'NO'}",
             f"apply rate        {report['apply_rate_per_s']} commits/s (all in {report['drain_s']} s after the load)",
-            f"server RSS        peak {report['server_peak_rss_mib']} MiB; after the first quarter {low}..{high} MiB",
+            f"server RSS        peak {report['server_peak_rss_mib']} MiB; first quarter of the load up to "
+            f"{report['server_rss_first_quarter_mib']} MiB, then {low}..{high} MiB "
+            f"({100 * (report['rss_growth_after_first_quarter'] or 0):+.0f}%)",
         ]
     )
 

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -36,38 +36,38 @@ class Inbound:
 class Inbox:
     """The messages received and not yet taken, bounded in count and bytes (``0``: no bound).
 
-    ``put`` blocks the network thread while the inbox is full, so that paho stops reading its
-    socket and the backlog stays in the broker (TCP flow control), bounded by the broker's own
-    limits, instead of in this process's memory. At least one message always fits.
+    The bound holds by not reading: while the inbox is full the network thread reads nothing
+    from the socket (``wait_for_room``), so TCP flow control keeps the backlog in the broker,
+    bounded by the broker's own limits, instead of in this process's memory. It goes on writing
+    meanwhile (acknowledgements, publishes). At least one message always fits.
     """
 
     def __init__(self, max_messages: int = 0, max_bytes: int = 0) -> None:
         self.max_messages, self.max_bytes = max_messages, max_bytes
         self._items: deque[Inbound] = deque()
         self._bytes = 0
-        self._closed = False
         self._changed = threading.Condition()
 
-    def _full(self) -> bool:
+    def full(self) -> bool:
         if not self._items:
             return False
         return (0 < self.max_messages <= len(self._items)) or (0 < self.max_bytes <= self._bytes)
 
-    def put(self, message: Inbound) -> bool:
-        """Add ``message``, waiting for room; False (and dropped, so never acknowledged) once closed."""
+    def wait_for_room(self, timeout: float) -> bool:
+        """Whether another message may be read, waiting up to ``timeout`` seconds for room."""
         with self._changed:
-            self._changed.wait_for(lambda: self._closed or not self._full())
-            if self._closed:
-                return False
+            return self._changed.wait_for(lambda: not self.full(), timeout=timeout)
+
+    def put(self, message: Inbound) -> None:
+        with self._changed:
             self._items.append(message)
             self._bytes += len(message.payload)
             self._changed.notify_all()
-            return True
 
     def get(self, timeout: float) -> Inbound | None:
         with self._changed:
             if timeout > 0:
-                self._changed.wait_for(lambda: bool(self._items) or self._closed, timeout=timeout)
+                self._changed.wait_for(lambda: bool(self._items), timeout=timeout)
             if not self._items:
                 return None
             message = self._items.popleft()
@@ -75,14 +75,35 @@ class Inbox:
             self._changed.notify_all()
             return message
 
-    def close(self) -> None:
-        """Release a network thread waiting for room: what it holds is dropped, unacknowledged."""
-        with self._changed:
-            self._closed = True
-            self._changed.notify_all()
-
     def __len__(self) -> int:
         return len(self._items)
+
+
+#: Packets the network thread reads in a row before it writes again.
+READ_BURST = 32
+
+
+class _FlowControlledClient(mqtt.Client):
+    """paho's client, reading at most ``READ_BURST`` packets at a time and none while ``inbox`` is
+    full. (paho reads as many packets in a row as it has messages in flight, and has no way to
+    stop reading: a blocked callback would also stop its writes, acknowledgements included.)"""
+
+    def __init__(self, *args, inbox: Inbox, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._edgeps_inbox = inbox
+
+    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
+        for _ in range(READ_BURST):
+            if not self._edgeps_inbox.wait_for_room(0.005):
+                return MQTTErrorCode.MQTT_ERR_SUCCESS  # full: leave the rest in the socket for now
+            if self._sock is None:
+                return MQTTErrorCode.MQTT_ERR_NO_CONN
+            rc = self._packet_read()
+            if rc > 0:
+                return self._loop_rc_handle(rc)
+            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
 @dataclass(frozen=True)
@@ -156,7 +177,7 @@ class MqttTransport(Transport):
         mqtt5: bool = False,
         inbox: Inbox | None = None,
     ) -> None:
-        self._inbox = inbox or Inbox()
+        self._inbox = inbox if inbox is not None else Inbox()
         self._subscriptions = subscriptions
         self._hello = hello
         # QoS 1 publishes not yet acknowledged by the broker. paho keeps them across a
@@ -167,8 +188,12 @@ class MqttTransport(Transport):
         self.connected = threading.Event()
         self.mqtt5 = mqtt5
         if mqtt5:  # a persistent session is clean_start False plus a session that does not expire
-            client = mqtt.Client(
-                CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True
+            client = _FlowControlledClient(
+                CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                protocol=mqtt.MQTTv5,
+                manual_ack=True,
+                inbox=self._inbox,
             )
             connect_properties = Properties(PacketTypes.CONNECT)
             connect_properties.SessionExpiryInterval = 0xFFFFFFFF if persistent else 0
@@ -176,8 +201,12 @@ class MqttTransport(Transport):
                 connect_properties.ReceiveMaximum = min(self._inbox.max_messages, 65535)
             connect_options = {"clean_start": not persistent, "properties": connect_properties}
         else:
-            client = mqtt.Client(
-                CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=not persistent, manual_ack=True
+            client = _FlowControlledClient(
+                CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                clean_session=not persistent,
+                manual_ack=True,
+                inbox=self._inbox,
             )
             connect_options = {}
         if broker.username:
@@ -292,5 +321,4 @@ class MqttTransport(Transport):
                 self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
             self._client.disconnect()
         finally:
-            self._inbox.close()  # a network thread waiting for room must not hold up loop_stop
             self._client.loop_stop()
