@@ -184,8 +184,15 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     if args.action == "init":
         return cmd_broker_init(args)
-    broker = start_broker(port=args.port, host=args.host, embedded=True if args.embedded else None)
-    print(f"{broker.kind} listening on {broker.host}:{broker.port} (logs in {broker.workdir}); Ctrl-C stops it")
+    broker = start_broker(
+        port=args.port,
+        host=args.host,
+        embedded=True if args.embedded else None,
+        workdir=Path(args.data_dir),
+        ws_port=args.ws_port,
+    )
+    print(f"{broker.kind} listening on {', '.join(broker.listeners)}; data and log in {broker.workdir}; "
+          "Ctrl-C stops it")  # fmt: skip
     stop = _stop_on_signals()
     try:
         while not stop.wait(0.5) and broker.process.poll() is None:
@@ -211,14 +218,17 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         hostnames=tuple(args.hostnames.split(",")),
         client_certs=args.client_certs,
     )
-    d = setup.directory
-    print(f"wrote {setup.config}, passwd, acl, tls/ and credentials/ under {d} for job {args.job}")
-    print(f"start the broker:  mosquitto -c {setup.config}")
-    print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file "
-          f"{d / 'credentials' / (setup.server + '.password')} --tls-ca {d / 'tls' / 'ca.crt'} "
-          f"--devices {','.join(setup.devices)} ...")  # fmt: skip
-    print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file "
-          f"{d / 'credentials'}/DEVICE.password --tls-ca {d / 'tls' / 'ca.crt'} --device DEVICE ...")  # fmt: skip
+    d, creds = setup.directory, setup.credentials_dir
+    print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
+          f"offline) and {d}/credentials (each account's password, ca.crt) for job {args.job}")  # fmt: skip
+    owned = setup.broker_dir.owner() == "mosquitto"
+    owner = "owned by the mosquitto account" if owned else "chown -R it to the broker's account if it runs as one"
+    print(f"start the broker:  mosquitto -c {setup.config}   ({d}/broker: {owner})")
+    password = creds / f"{setup.server}.password"
+    print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file {password} "
+          f"--tls-ca {setup.ca_cert} --devices {','.join(setup.devices)} ...")  # fmt: skip
+    print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
+          f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0
 
 
@@ -495,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument("--host", default="127.0.0.1")
     broker.add_argument("--port", type=int, default=1883)
     broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
+    broker.add_argument("--ws-port", type=int, default=9001, help="MQTT over WebSockets (the dashboard), on --host")
+    broker.add_argument(
+        "--data-dir", default="edgeps-broker", help="persistence (sessions, queued and retained messages) and log"
+    )
     broker.add_argument("action", nargs="?", default="run", choices=["run", "init"], help="init DIR: write a "
                         "deployable setup (accounts, ACLs, TLS) instead of starting the local broker")  # fmt: skip
     broker.add_argument("directory", nargs="?", help="init: where to write it")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.launcher import render_config, start_broker
@@ -13,6 +15,8 @@ def test_render_config_sets_listener_and_persistence_only(tmp_path) -> None:
     assert "listener 12345 127.0.0.1" in text
     assert f"persistence_location {tmp_path}/" in text
     assert "max_queued_messages 0" in text and "max_inflight_messages 0" in text
+    ws = render_config(12345, "127.0.0.1", tmp_path, ws_port=12346)
+    assert "listener 12346 127.0.0.1\nprotocol websockets\nsocket_domain ipv4\n" in ws
     bad = tmp_path / "bad.conf"
     bad.write_text("persistence true\n")
     with pytest.raises(ValueError, match="listener"):
@@ -86,3 +90,43 @@ def test_sessions_and_queued_messages_survive_a_broker_restart(tmp_path) -> None
         back.close()
     finally:
         broker.stop()
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* give them) listening on ``port``."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if fields[3] == "0A" and int(hex_port, 16) == port:
+                out.add(address)
+    return out
+
+
+def test_the_local_profile_listens_on_loopback_only_websockets_included(mosquitto) -> None:
+    """1.0: the WebSockets listener, written as 127.0.0.1 and anonymous, was bound on every address
+    by Mosquitto 2.0.11: anyone on the network could pause, stop or poison a demo."""
+    assert mosquitto.ws_port is not None
+    for port in (mosquitto.port, mosquitto.ws_port):
+        assert _listening_addresses(port) == {"0100007F"}, port  # 127.0.0.1, and nothing else
+
+
+def test_edgeps_broker_refuses_a_port_in_use_and_keeps_its_data(mosquitto, tmp_path) -> None:
+    """1.0: `edgeps broker --port P` with P taken said "listening" and exited 0, and every client
+    then used whatever broker held the port (on Debian: one that drops queued commits)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "edgeps.cli", "broker", "--port", str(mosquitto.port),
+               "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"port {mosquitto.port}" in lines[0] and "already in use" in lines[0]
+    # The data folder survives the broker (1.0 deleted it: "survives a broker restart" was false).
+    from broker.launcher import free_port, start_broker
+
+    with start_broker(workdir=tmp_path / "kept", embedded=False, ws_port=free_port()) as broker:
+        assert broker.listeners == [f"mqtt://127.0.0.1:{broker.port}", f"ws://127.0.0.1:{broker.ws_port}"]
+    assert (tmp_path / "kept" / "mosquitto.db").exists() and oct((tmp_path / "kept").stat().st_mode)[-3:] == "700"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +24,7 @@ from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
 from ps_service.mqtt import connect_server, serve
 from schemas.topics import Publish, Topics
-from tests.helpers import wait_until
+from tests.helpers import next_message, wait_until
 
 JOB = "sec"
 T = Topics(JOB)
@@ -41,7 +44,7 @@ def address(secure, account: str | None, password: str | None = None, ca: str | 
     setup, broker = secure
     if account is not None and password is None:
         password = setup.passwords[account]
-    ca = ca or str(setup.directory / "tls" / "ca.crt")
+    ca = ca or str(setup.ca_cert)
     return BrokerAddress(broker.host, broker.port, account, password, tls_ca=ca)
 
 
@@ -135,7 +138,7 @@ def test_the_acl_names_every_account_explicitly() -> None:
 def test_client_certificates_when_required(tmp_path) -> None:
     setup = init_secure_broker(tmp_path / "setup", JOB, devices=["dev-a"], operators=["op"], client_certs=True)
     broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
-    tls = setup.directory / "tls"
+    tls = setup.credentials_dir
     try:
         base = {"tls_ca": str(tls / "ca.crt")}
         good = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base,
@@ -164,7 +167,7 @@ def test_a_job_trains_over_tls_with_accounts_and_acls(tmp_path) -> None:
     devices = ["dev-0", "dev-1"]
     setup = init_secure_broker(tmp_path / "setup", "tls-job", devices=devices)
     broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
-    ca = str(setup.directory / "tls" / "ca.crt")
+    ca = str(setup.ca_cert)
     try:
         shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
         holdout = Dataset.load(shards.holdout)
@@ -208,7 +211,7 @@ def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
 
     setup, broker = secure
     server = client(secure, "ps", [T.cmd])
-    ca = str(setup.directory / "tls" / "ca.crt")
+    ca = str(setup.ca_cert)
     for account in ("op", "dev-a"):  # only the operator may command
         argv = ["ctl", "pause", "--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
                 "--password", setup.passwords[account], "--tls-ca", ca, "--reason", f"by {account}",
@@ -230,7 +233,7 @@ def test_the_dashboards_secure_websockets_listener_takes_the_same_accounts(secur
         result = threading.Event()
         outcome = {}
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"ws-{username}", transport="websockets")
-        client.tls_set(ca_certs=str(setup.directory / "tls" / "ca.crt"))
+        client.tls_set(ca_certs=str(setup.ca_cert))
         if username:
             client.username_pw_set(username, password)
 
@@ -249,3 +252,103 @@ def test_the_dashboards_secure_websockets_listener_takes_the_same_accounts(secur
     assert connects("op", setup.passwords["op"])
     assert not connects("op", "wrong")
     assert not connects(None, None)
+
+
+def test_no_account_can_take_over_another_accounts_session(secure) -> None:
+    """1.0: client ids were predictable and any account could use any of them: a device took over
+    another's session, and with the server's id and a clean session it kicked the server off and
+    deleted its queued messages (a queued operator command was lost; bsp then waited forever)."""
+    server_id = "edgeps-ps-sec"  # what edgeps ps calls itself
+    server = MqttTransport(address(secure, "ps"), server_id, [T.cmd], persistent=True)
+    server.wait_connected(5)
+    server.close()  # away for a moment: its session keeps what comes for it
+    operator = client(secure, "op")
+    operator.publish(Publish(T.cmd, b'{"cmd": "pause"}', qos=1))
+    operator.close()
+    for victim_id in (server_id, "test-dev-b"):  # the server's id, and another device's
+        thief = MqttTransport(address(secure, "dev-a"), victim_id, [T.cmd], persistent=False)
+        thief.wait_connected(5)
+        assert thief.receive(timeout=0.5) is None  # dev-a may not read commands, under any id
+        thief.close()
+    device_b = client(secure, "dev-b")
+    thief = MqttTransport(address(secure, "dev-a"), "test-dev-b", [], persistent=False)
+    thief.wait_connected(5)
+    time.sleep(0.5)  # a takeover would drop device_b now
+    assert device_b.connected.is_set()  # not kicked off by a connection that named its id
+    thief.close()
+    device_b.close()
+    back = MqttTransport(address(secure, "ps"), server_id, [T.cmd], persistent=True)
+    assert next_message(back, timeout=5).payload == b'{"cmd": "pause"}'  # the queued command survived
+    back.close()
+
+
+def test_the_generated_broker_starts_as_root_and_as_its_service_account(tmp_path) -> None:
+    """1.0: started as root, the generated config failed ("Unable to open pwfile"); the broker's
+    folder held the plaintext passwords and the CA key (OPERATIONS.md said chown -R the whole folder)."""
+    import os
+    import shutil
+
+    from broker.launcher import free_port
+
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root and runuser to start the broker as root and as the mosquitto account")
+    import tempfile
+
+    port, ws_port = free_port(), free_port()
+    # pytest's own folders are private to root: the mosquitto account could not reach one inside them
+    with tempfile.TemporaryDirectory(prefix="edgeps-init-") as where:
+        os.chmod(where, 0o755)
+        setup = init_secure_broker(Path(where) / "setup", JOB, devices=["dev-a"], port=port, host="127.0.0.1",
+                                   ws_port=ws_port)  # fmt: skip
+        _start_as_root_and_as_mosquitto(setup, port)
+
+
+def _start_as_root_and_as_mosquitto(setup, port: int) -> None:
+    import shutil
+    import subprocess
+
+    from broker.launcher import wait_for_port
+
+    inside = {p.relative_to(setup.broker_dir).as_posix() for p in setup.broker_dir.rglob("*")}
+    assert inside == {"mosquitto.conf", "passwd", "acl", "ca.crt", "server.crt", "server.key", "data"}
+    assert not any(setup.passwords["dev-a"] in p.read_text() for p in setup.broker_dir.rglob("*") if p.is_file())
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    for prefix in ([], ["runuser", "-u", "mosquitto", "--"]):
+        broker = subprocess.Popen([*prefix, mosquitto, "-c", str(setup.config)], stderr=subprocess.PIPE)
+        try:
+            wait_for_port("127.0.0.1", port, 10, broker)
+            device = MqttTransport(BrokerAddress("127.0.0.1", port, "dev-a", setup.passwords["dev-a"],
+                                                 tls_ca=str(setup.ca_cert)), "x", [], persistent=False)  # fmt: skip
+            device.wait_connected(5)
+            device.close()
+        finally:
+            broker.terminate()
+            broker.wait(timeout=10)
+
+
+@pytest.mark.parametrize("bad", ["a.example\nbasicConstraints=CA:TRUE", "-x", "a b", "", "x" * 300])
+def test_bad_hostnames_are_refused_with_one_line_and_ip_addresses_become_ip_names(tmp_path, bad) -> None:
+    import subprocess
+
+    from broker.secure import subject_alt_names
+
+    assert subject_alt_names(["::1", "10.0.0.5", "broker.example.org"]) == [
+        "IP:::1", "IP:10.0.0.5", "DNS:broker.example.org"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
+        subject_alt_names([bad])
+    if bad:  # the whole command, as a user meets it
+        result = subprocess.run(
+            [sys.executable, "-m", "edgeps.cli", "broker", "init", str(tmp_path / "s"), "--devices", "d1",
+             "--hostnames", f"localhost,{bad}"], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "s").exists()
+
+
+def test_the_broker_certificate_is_never_a_ca(tmp_path) -> None:
+    import subprocess
+
+    setup = init_secure_broker(tmp_path / "s", JOB, devices=["d1"], hostnames=("localhost", "::1"))
+    text = subprocess.run(["openssl", "x509", "-in", str(setup.broker_dir / "server.crt"), "-noout", "-text"],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "CA:FALSE" in text and "IP Address:0:0:0:0:0:0:0:1" in text and "DNS:::1" not in text
