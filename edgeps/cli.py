@@ -143,8 +143,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from ps_service.prometheus import MetricsEndpoint
 
-        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host)
-        logging.getLogger("edgeps").info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, endpoint.port)
+        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, args.metrics_tls_cert, args.metrics_tls_key)
+        where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
+        page = f"the dashboard on {where}/" if endpoint.dashboard else "no dashboard (off loopback it needs HTTPS)"
+        logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
     transport = connect_server(core, _address(args))
     logging.getLogger("edgeps").info(
         "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
@@ -477,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--metrics-interval", type=float, default=1.0, help="metrics at least every S s (0: per version)")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
+    ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")
+    ps.add_argument("--metrics-tls-key", help="the certificate's key (PEM)")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
     ps.add_argument(
         "--checkpoint-key", help="the key that signs the checkpoint (hex); default CHECKPOINT.key, made on first use"

@@ -3,6 +3,8 @@ text exposition format) and the dashboard (a static page that talks MQTT over We
 
 from __future__ import annotations
 
+import ipaddress
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -66,12 +68,25 @@ PAGES = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class MetricsEndpoint:
     """Serves ``/metrics`` and the dashboard on ``host:port`` from a thread; ``update`` sets the
-    metrics record ``/metrics`` shows."""
+    metrics record ``/metrics`` shows. The dashboard, where an operator types a password, is
+    served only over HTTPS (``tls_cert`` and ``tls_key``) or on a loopback address; elsewhere only
+    ``/metrics`` is (a Prometheus scrape carries no secret)."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, port: int, host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None
+    ) -> None:
         self.latest: Metrics | None = None
+        self.dashboard = bool(tls_cert) or is_loopback(host)
+        self.scheme = "https" if tls_cert else "http"
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,11 +94,11 @@ class MetricsEndpoint:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     body, kind = exposition(endpoint.latest).encode(), "text/plain; version=0.0.4; charset=utf-8"
-                elif path in PAGES:  # a fixed list of files: nothing else on disk is reachable
+                elif path in PAGES and endpoint.dashboard:  # a fixed list of files: nothing else is reachable
                     page = DASHBOARD / PAGES[path]
                     body, kind = page.read_bytes(), TYPES[page.suffix]
                 else:
-                    self.send_error(404, "/metrics, or the dashboard at /")
+                    self.send_error(404, "/metrics, or the dashboard at / (over HTTPS, or on loopback)")
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", kind)
@@ -95,6 +110,11 @@ class MetricsEndpoint:
                 pass
 
         self._server = ThreadingHTTPServer((host, port), Handler)
+        if tls_cert:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(tls_cert, tls_key)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 

@@ -1,6 +1,8 @@
 // The edgeps dashboard: subscribes to a job's metrics, barrier and device statuses over MQTT on
 // WebSockets and sends operator commands, answered on the dashboard's own reply topic.
-// URL parameters: job (default demo), broker (default ws://<this host>:9001), username, password.
+// URL parameters: job (default demo), broker (default ws://<this host>:9001). Never a password: the
+// page connects anonymously (the local demo's broker), and where the broker refuses, it asks for an
+// account in a form; the password stays in this page's memory only.
 "use strict";
 
 const params = new URLSearchParams(location.search);
@@ -8,7 +10,7 @@ const job = params.get("job") || "demo";
 const brokerUrl = params.get("broker") || `ws://${location.hostname || "127.0.0.1"}:9001`;
 const prefix = `edgeps/${job}`;
 const client = `dashboard-${Math.random().toString(16).slice(2, 10)}`;
-const replyTopic = `${prefix}/reply/${params.get("username") || client}`;
+let replyTopic = `${prefix}/reply/${client}`;
 const $ = (id) => document.getElementById(id);
 const devices = new Map(); // id -> {state, backend, push_every, barrier}
 const curve = [];
@@ -71,15 +73,28 @@ function onReply(r) {
   $("reply").textContent = r.status ? JSON.stringify(r.status, null, 1) : `${r.ok ? "ok" : "refused"}: ${r.cmd}: ${r.detail}`;
 }
 
-const mqtt = new MqttLite(brokerUrl, { clientId: client, username: params.get("username"), password: params.get("password") });
-mqtt.on("connect", (code) => {
-  const ok = code === 0;
-  $("connection").textContent = ok ? `connected to ${brokerUrl}` : `refused (code ${code})`;
-  $("connection").className = ok ? "ok" : "bad";
-  if (ok) mqtt.subscribe([`${prefix}/metrics`, `${prefix}/barrier`, `${prefix}/status/+`, replyTopic]);
-});
-mqtt.on("close", () => { $("connection").textContent = "disconnected"; $("connection").className = "bad"; });
-mqtt.on("message", (topic, payload) => {
+let mqtt = null;
+
+function connect(username, password) {
+  if (mqtt) mqtt.close();
+  replyTopic = `${prefix}/reply/${username || client}`;  // an operator reads its own reply topic only
+  mqtt = new MqttLite(brokerUrl, { clientId: client, username, password });
+  mqtt.on("connect", (code) => {
+    const ok = code === 0;
+    $("connection").textContent = ok ? `connected to ${brokerUrl}${username ? " as " + username : ""}` : `refused (code ${code})`;
+    $("connection").className = ok ? "ok" : "bad";
+    $("login").hidden = ok;
+    if (ok) mqtt.subscribe([`${prefix}/metrics`, `${prefix}/barrier`, `${prefix}/status/+`, replyTopic]);
+  });
+  mqtt.on("close", () => {
+    if ($("connection").className === "ok") $("connection").textContent = "disconnected";
+    $("connection").className = "bad";
+    $("login").hidden = false;
+  });
+  mqtt.on("message", onMessage);
+}
+
+function onMessage(topic, payload) {
   if (!payload.length) return;
   const body = JSON.parse(new TextDecoder().decode(payload));
   if (topic === `${prefix}/metrics`) onMetrics(body);
@@ -93,7 +108,14 @@ mqtt.on("message", (topic, payload) => {
     devices.set(body.device, { ...(devices.get(body.device) || {}), state: body.state, backend: body.backend });
     renderDevices();
   } else if (topic === replyTopic) onReply(body);
+}
+
+$("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  connect($("username").value || undefined, $("password").value || undefined);
+  $("password").value = "";
 });
+connect(undefined, undefined);
 
 for (const cmd of ["pause", "resume", "status", "stop"]) {
   $(cmd).addEventListener("click", () => {

@@ -16,6 +16,7 @@ class MqttLite {
   }
 
   on(event, handler) { this.handlers[event].push(handler); return this; }
+  close() { clearInterval(this.ping); this.handlers.close = []; this.ws.close(); }
   _emit(event, ...args) { for (const handler of this.handlers[event]) handler(...args); }
   _send(bytes) { this.ws.send(bytes); }
 

@@ -104,3 +104,33 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
         stop_devices(devices, runners)
         transport.close()
         endpoint.close()
+
+
+def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_of_the_url(tmp_path, browser) -> None:
+    """1.0 took the operator's password in the page's URL (query string, plain HTTP, history)."""
+    from selenium.webdriver.common.by import By
+
+    from broker.launcher import start_broker
+    from broker.secure import init_secure_broker
+
+    setup = init_secure_broker(tmp_path / "setup", "dash", devices=["dev-0"], operators=["op"])
+    broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
+    endpoint = MetricsEndpoint(0)
+    browser.execute_cdp_cmd("Security.setIgnoreCertificateErrors", {"ignore": True})  # the job's own CA
+    try:
+        browser.get(f"http://127.0.0.1:{endpoint.port}/?job=dash&broker=wss://127.0.0.1:{broker.ws_port}")
+        text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
+        wait_until(lambda: "refused" in text("connection"), timeout=15, what="the anonymous attempt to be refused")
+        assert browser.find_element(By.ID, "login").is_displayed()
+        browser.find_element(By.ID, "username").send_keys("op")
+        browser.find_element(By.ID, "password").send_keys(setup.passwords["op"])
+        browser.find_element(By.ID, "connect").click()
+        wait_until(lambda: "connected" in text("connection") and "as op" in text("connection"), timeout=15,
+                   what="the operator's login")  # fmt: skip
+        assert (
+            setup.passwords["op"] not in browser.current_url and not browser.find_element(By.ID, "login").is_displayed()
+        )
+        assert browser.find_element(By.ID, "password").get_attribute("value") == ""
+    finally:
+        endpoint.close()
+        broker.stop()
