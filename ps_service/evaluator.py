@@ -32,7 +32,8 @@ class Evaluator:
         double precision, and a loss beyond even that is reported as ``MAX_LOSS``."""
         started = time.perf_counter()
         try:
-            accuracy, loss = evaluate(params, self.holdout.x, self.holdout.y)
+            with np.errstate(over="ignore", invalid="ignore"):  # a model gone bad is measured below
+                accuracy, loss = evaluate(params, self.holdout.x, self.holdout.y)
             if not (math.isfinite(accuracy) and math.isfinite(loss)):
                 wide = {name: values.astype(np.float64) for name, values in params.items()}
                 with np.errstate(all="ignore"):
