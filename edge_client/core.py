@@ -104,8 +104,9 @@ class DeviceCore:
         self._replica_run: int | None = None  # the run the replica belongs to
         self._anchor: Params | None = None  # where uncommitted progress is measured from
         self._local: Params | None = None
-        self.steps = 0
+        self.steps = 0  # local steps the next commit carries (a refused commit's carried ones included)
         self.samples = 0
+        self.since_commit = 0  # local steps since the last commit: what push_every and the cap count
         self.seq = 0
         self.waiting = False
         self.gap = False  # a delta did not follow on from our replica: resync from the snapshot
@@ -166,12 +167,12 @@ class DeviceCore:
             and not self.waiting
             and not self.blocked
             and not self.finished
-            and (self.steps < self.control.max_uncommitted_steps or self._commit_due)
+            and (self.since_commit < self.control.max_uncommitted_steps or self._commit_due)
         )
 
     @property
     def _commit_due(self) -> bool:
-        return self.control is not None and self.steps >= self.control.push_every and not self.holding
+        return self.control is not None and self.since_commit >= self.control.push_every and not self.holding
 
     # ---------------------------------------------------------------- events
     def on_message(self, topic: str, payload: bytes) -> None:
@@ -214,7 +215,7 @@ class DeviceCore:
     def _forget_replica(self) -> None:
         self.server_version, self._replica, self._replica_run = -1, None, None
         self._local = self._anchor = None
-        self.steps = self.samples = 0
+        self.steps = self.samples = self.since_commit = 0
         self.waiting, self.committed_on, self.sent = False, -1, None
         self.feedback.residual.clear()
         self.resync = True
@@ -319,7 +320,7 @@ class DeviceCore:
         if not self.ready:
             raise RuntimeError("step() called while the device is not ready")
         assert self.control is not None and self._local is not None and self.trainer is not None
-        self.trained = self.steps < self.control.max_uncommitted_steps
+        self.trained = self.since_commit < self.control.max_uncommitted_steps
         if self.trained:
             self._train(self.control)
         return [self._commit()] if self._commit_due else []
@@ -339,6 +340,7 @@ class DeviceCore:
         for name, g in grads.items():
             self._local[name] -= lr * g
         self.steps += 1
+        self.since_commit += 1
         self.samples += len(batch)
 
     def timed_step(self, seconds: float) -> list[Publish]:
@@ -389,7 +391,7 @@ class DeviceCore:
         residual = self.feedback.residual if self.feedback.codec.biased else {}
         sent = {name: values - residual[name] if name in residual else values for name, values in tensors.items()}
         self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples)
-        self.steps = self.samples = 0
+        self.steps = self.samples = self.since_commit = 0
         self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}
         self.waiting = self.control.wait_for_params

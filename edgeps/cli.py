@@ -427,6 +427,15 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
     return 0 if report["balanced"] else 1
 
 
+def cmd_bench_attack(args: argparse.Namespace) -> int:
+    from edgeps.attack import run_bench_attack
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    run_bench_attack(args.rounds, args.round_deadline, args.json)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench import bench_codecs
     from schemas.codecs import make_codec
@@ -599,6 +608,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
+
+    attack = bench.add_parser("attack", help="a job with one of three devices hostile, beside a clean one (TLS broker)")
+    attack.add_argument("--rounds", type=int, default=100, help="bsp versions in each job")
+    attack.add_argument("--round-deadline", type=float, default=2.0, help="the jobs' round deadline, seconds")
+    attack.add_argument("--json", help="write the report as JSON here")
+    attack.set_defaults(func=cmd_bench_attack)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")

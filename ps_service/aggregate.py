@@ -9,7 +9,6 @@ from typing import NamedTuple
 import numpy as np
 
 from learning.model import Params
-from ps_service.robust import NormBound
 from ps_service.update import Update
 from schemas.codecs import make_codec, typical_error
 
@@ -39,13 +38,7 @@ class Aggregate(NamedTuple):
 
 
 def aggregate(
-    updates: list[Update],
-    version: int,
-    sizes: dict[str, int],
-    mixing: float = 1.0,
-    max_extrapolation: float = 1.0,
-    bound: NormBound | None = None,
-    model_norm: float = 0.0,
+    updates: list[Update], version: int, sizes: dict[str, int], mixing: float = 1.0, max_extrapolation: float = 1.0
 ) -> Aggregate:
     """One global delta from the updates of an aggregate, after FedNova.
 
@@ -53,37 +46,28 @@ def aggregate(
     device's commits are summed (each scaled by its staleness weight) and divided by its
     steps, giving its mean per-step update d_i; the global delta is
     ``mixing * eta * tau_eff * sum_i p_i d_i`` with p_i its share of the data (``sizes``, the
-    samples it holds, as the server bounds them). The direction weights every device by its
-    data alone, so devices that train more do not pull the model towards their own data; with
-    equal steps this is FedAvg.
+    samples it holds, as the server bounds them: ps_service.robust). The direction weights
+    every device by its data alone, so devices that train more do not pull the model towards
+    their own data; with equal steps this is FedAvg.
 
     tau_eff, the server's step length in local steps, does not change the direction.
     FedNova's default is the mean sum_i p_i tau_i; we use the median of the tau_i, the
     work of a typical device: on the default pace scenario it reaches the target sooner
     (docs/PACES.md), and unlike a maximum it ignores one outlier that piled up steps.
 
-    ``bound`` clips each d_i against the fleet's recent per-step norms (ps_service.robust;
-    ``model_norm``: the model's own norm, the bound before any other device is known); an
-    unclipped device's arithmetic is exactly the plain average's.
-
     eta is 1 unless ``max_extrapolation`` > 1: then halfway (``DAMPING``) from 1 to FedExP's
     step (``extrapolation``), at most ``max_extrapolation``.
     """
     if not updates:
         raise ValueError("nothing to aggregate")
-    weights = {id(u): staleness_weight(version - u.base_version) for u in updates}
+    summed: dict[str, Params] = {}
     steps: dict[str, int] = defaultdict(int)
     for u in updates:
-        steps[u.device] += u.steps
-    scale_of = dict.fromkeys(steps, 1.0)
-    if bound is not None:
-        scale_of = bound.scales(_per_step_norms(updates, weights, steps), version, model_norm)
-    summed: dict[str, Params] = {}
-    for u in updates:
-        weight = np.float32(weights[id(u)] * scale_of[u.device])
+        weight = np.float32(staleness_weight(version - u.base_version))
         into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
         for name, values in u.delta.items():
             into[name] += weight * values
+        steps[u.device] += u.steps
     # A device whose data size is unknown counts as holding the samples it trained on.
     data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
     total = float(sum(data.values()))
@@ -132,16 +116,3 @@ def norms_hold(codec: str) -> bool:
 
 def _squared_norm(params: Params) -> float:
     return float(sum(np.vdot(v, v) for v in params.values()))
-
-
-def _per_step_norms(updates: list[Update], weights: dict[int, float], steps: dict[str, int]) -> dict[str, float]:
-    """Each device's |sum of its weighted commits| / its steps, in double precision (no overflow)."""
-    sums: dict[str, dict[str, np.ndarray]] = {}
-    for u in updates:
-        into = sums.setdefault(u.device, {name: np.zeros(v.shape, np.float64) for name, v in u.delta.items()})
-        for name, values in u.delta.items():
-            into[name] += weights[id(u)] * values.astype(np.float64)
-    return {
-        device: float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device]
-        for device, delta in sums.items()
-    }

@@ -105,7 +105,7 @@ class ServerCore:
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
         self.membership = Membership()  # who rounds wait for
-        self.bound = NormBound(config.clip_factor)  # each device's contribution against the others'
+        self.bound = NormBound(config.outlier_factor)  # each device's update against the others'
         self.evaluator = evaluator
         self.frequency = FrequencyController(
             make_policy(config.frequency, config.push_every),
@@ -557,16 +557,15 @@ class ServerCore:
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
         while self.quorum and not self.paused and not self.finished and self.pace.ready(self.barrier_set()):
-            updates = self.pace.take()
+            taken = self.pace.take()
+            refused = self.bound.outliers(taken, self.store.version, self.store.norm())
+            updates = [u for u in taken if u.device not in refused]
+            out += [self._refuse_outlier(u) for u in taken if u.device in refused]
+            if not updates:
+                continue
             try:
                 result = aggregate(
-                    updates,
-                    self.store.version,
-                    self._weights(updates),
-                    self.pace.mixing,
-                    self._max_extrapolation(),
-                    bound=self.bound,
-                    model_norm=self.store.norm(),
+                    updates, self.store.version, self._weights(updates), self.pace.mixing, self._max_extrapolation()
                 )
                 self.store.apply(result.delta)
                 self.server_step = result.step
@@ -586,7 +585,12 @@ class ServerCore:
                 out.append(self._barrier())
         return out
 
-    def _weights(self, updates: list) -> dict[str, int]:
+    def _refuse_outlier(self, update: Update) -> Publish:
+        detail = "its update is far from the other devices' (ps_service.robust): not applied"
+        [notice] = self._reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
+        return notice
+
+    def _weights(self, updates: list[Update]) -> dict[str, int]:
         """The data size each device of an aggregate is weighted by: what it declared (else the
         samples its commits consumed), bounded against the job's median (ps_service.robust)."""
         declared = self.registry.sizes()

@@ -11,8 +11,9 @@ to hold every next round up):
   commits in a row (at most ``MAX_REJOIN``), and every 2^s on-time commits in the barrier take
   one strike away;
 * while a device with strikes is waited for, the round's deadline shrinks to ``PROBATION`` times
-  the median of the last rounds' durations (at least ``PROBATION_FLOOR_S``, at most the job's
-  deadline), so that the wait it can cause is about a round, not the job's whole deadline.
+  the median duration of the last rounds that closed without a missed deadline (at least
+  ``PROBATION_FLOOR_S``, at most the job's deadline), so that the wait it can cause is about a
+  round, not the job's whole deadline.
 
 Pure logic: device ids and durations in, sets out.
 """
@@ -27,7 +28,7 @@ import numpy as np
 
 MAX_REJOIN = 64
 PROBATION = 4.0
-PROBATION_FLOOR_S = 0.5
+PROBATION_FLOOR_S = 0.25
 ROUNDS_REMEMBERED = 16
 
 
@@ -44,6 +45,7 @@ class Membership:
         self.left: set[str] = set()
         self.standing: dict[str, Standing] = {}
         self.durations: deque[float] = deque(maxlen=ROUNDS_REMEMBERED)
+        self._missed = False  # a deadline passed in the open round: its duration is not typical
 
     def barrier(self, online: frozenset[str]) -> frozenset[str]:
         """The devices the next aggregate waits for."""
@@ -51,6 +53,7 @@ class Membership:
 
     def missed(self, devices: list[str]) -> None:
         """``devices`` let a round's deadline pass: they leave, with a strike each."""
+        self._missed = self._missed or bool(devices)
         for device in devices:
             standing = self.standing.setdefault(device, Standing())
             standing.strikes += 1
@@ -89,8 +92,10 @@ class Membership:
         self.left.discard(device)
 
     def round_closed(self, duration: float) -> None:
-        if duration >= 0:
+        """A round closed after ``duration`` seconds; remembered if no deadline passed in it."""
+        if duration >= 0 and not self._missed:
             self.durations.append(duration)
+        self._missed = False
 
     def deadline(self, waited_for: list[str], configured: float) -> float:
         """How long this round waits for ``waited_for``: the job's deadline, or a probation one
@@ -105,9 +110,11 @@ class Membership:
             "left": sorted(self.left),
             "standing": {d: [s.strikes, s.streak] for d, s in sorted(self.standing.items())},
             "durations": list(self.durations),
+            "missed": self._missed,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.left = {str(d) for d in state["left"]}
         self.standing = {str(d): Standing(int(a), int(b)) for d, (a, b) in state["standing"].items()}
         self.durations = deque((float(x) for x in state["durations"]), maxlen=ROUNDS_REMEMBERED)
+        self._missed = bool(state["missed"])

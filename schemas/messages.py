@@ -169,6 +169,7 @@ class RejectReason(StrEnum):
     WRONG_CODEC = "wrong_codec"  # a commit in a codec other than the one the job asked for
     RETAINED = "retained"  # a commit delivered as a retained message (left on the broker, not sent live)
     UNPROCESSABLE = "unprocessable"  # the server failed on this message (a bug): counted, acknowledged, dropped
+    OUTLIER = "outlier"  # an update far larger or smaller than the other devices': left out of its aggregate
 
 
 #: Rejections after which a device puts the refused commit's progress back into its next commit:

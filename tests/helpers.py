@@ -184,6 +184,7 @@ class Relay:
             if self.server.store.version >= goal or self.server.finished:
                 return
             stepped = False
+            self.now += 0.001  # a local step takes a millisecond
             for device in list(self.devices.values()):
                 if device.ready:
                     self.send(device, device.step())

@@ -91,7 +91,7 @@ def test_a_refused_commit_releases_a_bsp_device_and_its_work_goes_into_the_next_
     relay.now += 1.5  # the bucket refills
     (payload,) = relay_commits(relay, core)
     frame = decode_frame(payload)
-    assert frame.steps == refused.steps + 1  # the refused commit's steps go out with the next step
+    assert frame.steps == 2 * refused.steps  # the refused commit's steps go out with push_every new ones
     assert server.store.version == 2
 
 
