@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,17 @@ class HostileDevice:
         """Before the job: a retained commit of 1e30 on its own commit topic."""
         self.commit(0, 1e30, retain=True)
 
+    def flood(self, size: int, stop: threading.Event) -> None:
+        """Publish junk commits of ``size`` bytes on its own topic as fast as it can until ``stop``."""
+        from schemas.topics import Publish
+
+        payload = b"EPSF" + bytes(max(0, size - 4))
+        while not stop.is_set():
+            self.transport.publish(Publish(self.topics.grad(HOSTILE), payload, qos=1))
+            self.sent += 1
+            if self.sent % 256 == 0:  # let the broker's acknowledgements catch up (paho queues the rest)
+                self.transport.wait_acknowledged(30)
+
     def run(self) -> None:
         """Say hello with a billion samples, then flap: commit only once left out of the barrier."""
         from schemas.messages import Barrier, Control, DeviceStatus, MessageError
@@ -99,10 +111,18 @@ def _client(setup, name: str, shard: Path, broker) -> subprocess.Popen:
 
 
 def run_job(
-    hostile: bool, rounds: int, deadline: float, workdir: Path, shards, setup, absent: bool = False
+    hostile: bool,
+    rounds: int,
+    deadline: float,
+    workdir: Path,
+    shards,
+    setup,
+    absent: bool = False,
+    flood: int = 0,
 ) -> dict[str, Any]:
     """One job over a fresh broker from ``setup``; the metrics of its end. ``absent``: the third
-    device takes no part at all (what the honest two can do alone)."""
+    device takes no part at all (what the honest two can do alone); ``flood``: it floods junk
+    commits of that many bytes instead of attacking otherwise."""
     from broker.launcher import start_broker
     from edgeps.transport import BrokerAddress
     from learning.model import init_mlp
@@ -114,29 +134,31 @@ def run_job(
     try:
         address = BrokerAddress(broker.host, broker.port, HOSTILE,
                                 setup.passwords[HOSTILE], tls_ca=str(setup.ca_cert))  # fmt: skip
-        if hostile:
+        if hostile or flood:
             shapes = {name: values.shape for name, values in init_mlp([64, 64, 10], seed=0).items()}
             attacker = HostileDevice(address, shapes)
+        if hostile:
             attacker.poison()
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{broker.host}:{broker.port}", "--job", JOB,
              "--username", "ps", "--password-file", str(setup.credentials_dir / "ps.password"),
              "--tls-ca", str(setup.ca_cert), "--devices", ",".join(DEVICES), "--rounds", str(rounds),
-             "--min-devices", "2" if absent else "3", "--round-deadline", str(deadline),
+             "--min-devices", "2" if absent or flood else "3", "--round-deadline", str(deadline),
              "--eval-data", str(shards.holdout), "--report", str(report)],
             stdout=subprocess.DEVNULL, stderr=open(workdir / "ps.log", "wb"), cwd=ROOT,  # noqa: SIM115
         ))  # fmt: skip
-        honest = [d for d in DEVICES if not ((hostile or absent) and d == HOSTILE)]
+        honest = [d for d in DEVICES if not ((hostile or absent or flood) and d == HOSTILE)]
         processes += [_client(setup, name, shards.devices[DEVICES.index(name)], broker) for name in honest]
         runner = None
         if attacker is not None:
-            runner = threading.Thread(target=attacker.run, daemon=True)
+            work = attacker.run if hostile else partial(attacker.flood, flood, attacker.finished)
+            runner = threading.Thread(target=work, daemon=True)
             runner.start()
         if processes[0].wait(timeout=600) != 0:
             raise RuntimeError(f"the server failed; see {workdir / 'ps.log'}")
         if attacker is not None and runner is not None:
             attacker.finished.set()
-            runner.join(timeout=10)
+            runner.join(timeout=30)
     finally:
         for process in processes:
             if process.poll() is None:
@@ -145,7 +167,7 @@ def run_job(
         broker.stop()
     final = json.loads(report.read_text())[-1]
     return {
-        "run": "hostile" if hostile else "two alone" if absent else "clean",
+        "run": "hostile" if hostile else "two alone" if absent else f"flood {flood} B" if flood else "clean",
         "final_accuracy": final["accuracy"],
         "versions": final["version"],
         "elapsed_s": final["elapsed_s"],
@@ -155,7 +177,9 @@ def run_job(
     }
 
 
-def bench_attack(rounds: int = 100, deadline: float = 2.0, say=print) -> dict[str, Any]:
+def bench_attack(rounds: int = 100, deadline: float = 2.0, floods: tuple[int, ...] = (), say=print) -> dict[str, Any]:
+    """The clean job, the hostile one, the two honest devices alone, and one job per size in
+    ``floods`` in which the third device floods junk commits of that many bytes."""
     from broker.secure import init_secure_broker
     from learning.data import load_digits
     from learning.prepare import prepare_shards
@@ -165,11 +189,13 @@ def bench_attack(rounds: int = 100, deadline: float = 2.0, say=print) -> dict[st
         setup = init_secure_broker(root / "setup", JOB, devices=list(DEVICES), operators=["op"])
         shards = prepare_shards(load_digits(), root / "data", devices=len(DEVICES), alpha=0.5, seed=0)
         runs = []
-        for name, hostile, absent in (("clean", False, False), ("hostile", True, False), ("two alone", False, True)):
+        kinds = [("clean", False, False, 0), ("hostile", True, False, 0), ("two alone", False, True, 0)]
+        kinds += [(f"flood-{size}", False, False, size) for size in floods]
+        for name, hostile, absent, flood in kinds:
             say(f"{name} run: {rounds} bsp rounds, round deadline {deadline:g} s ...")
             (root / name).mkdir()
-            runs.append(run_job(hostile, rounds, deadline, root / name, shards, setup, absent))
-    clean, attacked, alone = runs
+            runs.append(run_job(hostile, rounds, deadline, root / name, shards, setup, absent, flood))
+    clean, attacked, alone = runs[:3]
     return {
         "rounds": rounds,
         "round_deadline_s": deadline,
@@ -177,6 +203,7 @@ def bench_attack(rounds: int = 100, deadline: float = 2.0, say=print) -> dict[st
         "accuracy_drop": round(clean["final_accuracy"] - attacked["final_accuracy"], 4),
         "speed_ratio": round(attacked["versions_per_s"] / clean["versions_per_s"], 3),
         "accuracy_drop_vs_two_alone": round(alone["final_accuracy"] - attacked["final_accuracy"], 4),
+        "flood_speed_ratios": {r["run"]: round(r["versions_per_s"] / alone["versions_per_s"], 3) for r in runs[3:]},
     }
 
 
@@ -189,11 +216,13 @@ def format_attack(report: dict[str, Any]) -> str:
     lines.append(f"hostile against clean: accuracy drop {report['accuracy_drop']:+.4f}, versions/s ratio "
                  f"{report['speed_ratio']:.2f}; against the two honest devices alone: accuracy drop "
                  f"{report['accuracy_drop_vs_two_alone']:+.4f}")  # fmt: skip
+    for run, ratio in report["flood_speed_ratios"].items():
+        lines.append(f"{run}: versions/s {ratio:.2f}x the two honest devices' alone")
     return "\n".join(lines)
 
 
-def run_bench_attack(rounds: int, deadline: float, json_path: str | None) -> dict[str, Any]:
-    report = bench_attack(rounds, deadline)
+def run_bench_attack(rounds: int, deadline: float, floods: tuple[int, ...], json_path: str | None) -> dict[str, Any]:
+    report = bench_attack(rounds, deadline, floods)
     print()
     print(format_attack(report))
     if json_path:

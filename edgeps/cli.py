@@ -432,7 +432,9 @@ def cmd_bench_attack(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
-    run_bench_attack(args.rounds, args.round_deadline, args.json)
+    floods = tuple(int(float(x.rstrip("kKmM")) * {"k": 1 << 10, "m": 1 << 20}.get(x[-1].lower(), 1))
+                   for x in args.flood.split(",") if x)  # fmt: skip
+    run_bench_attack(args.rounds, args.round_deadline, floods, args.json)
     return 0
 
 
@@ -612,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     attack = bench.add_parser("attack", help="a job with one of three devices hostile, beside a clean one (TLS broker)")
     attack.add_argument("--rounds", type=int, default=100, help="bsp versions in each job")
     attack.add_argument("--round-deadline", type=float, default=2.0, help="the jobs' round deadline, seconds")
+    attack.add_argument("--flood", default="", help="also: the third device floods junk commits of these sizes, "
+                        "e.g. 100,8M")  # fmt: skip
     attack.add_argument("--json", help="write the report as JSON here")
     attack.set_defaults(func=cmd_bench_attack)
 

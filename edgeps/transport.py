@@ -313,12 +313,16 @@ class MqttTransport(Transport):
         if message.qos > 0:
             self._client.ack(message.mid, message.qos)
 
+    def wait_acknowledged(self, timeout: float) -> bool:
+        """Wait until the broker acknowledged every QoS 1 message published so far."""
+        with self._unacked_changed:
+            return self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
+
     def close(self, last: Publish | None = None, timeout: float = 5.0) -> None:
         try:
             if last is not None:
                 self.publish(last)
-            with self._unacked_changed:  # deliver what is queued before leaving
-                self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
+            self.wait_acknowledged(timeout)  # deliver what is queued before leaving
             self._client.disconnect()
         finally:
             self._client.loop_stop()

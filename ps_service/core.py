@@ -311,7 +311,10 @@ class ServerCore:
                 frozenset({self.codec, self.previous_codec}),
             )
         except Rejection as rejection:
-            out = self._reject(device, rejection)
+            # a copy of a commit the server holds (its work is in the model) gets no notice: the device
+            # would send that work again
+            redelivered = rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
+            out = self._count(rejection) if redelivered else self._reject(device, rejection)
             if rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and record is not None:
                 out += self._resequence(device)
             return out
@@ -676,7 +679,7 @@ class ServerCore:
             version=self.store.version,
             pace=self.pace.name,
             state=state,
-            waiting_for=self.pace.waiting_for(barrier_set),
+            waiting_for=self.pace.waiting_for(barrier_set) if self.pace.wait_for_barrier else [],
             committed=self.pace.committed(),
             left=sorted(self.membership.left),
             slowest_clock=self.registry.slowest_clock(barrier_set),

@@ -43,6 +43,7 @@ class DeviceRecord:
     samples: int = 0
     incarnation: int | None = None  # the boot of the device last seen online
     seq_base: int = 0  # where that incarnation's sequence numbers resume (exclusive)
+    first_seq: int = 0  # the highest number received when that incarnation came online: its own are above
     highest_seq: int = 0
     recent_seqs: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_SEQS))
     commits: TokenBucket = field(default_factory=TokenBucket)  # rate limit in commits
@@ -56,6 +57,7 @@ class DeviceRecord:
             "samples": self.samples,
             "incarnation": self.incarnation,
             "seq_base": self.seq_base,
+            "first_seq": self.first_seq,
             "highest_seq": self.highest_seq,
             "recent_seqs": list(self.recent_seqs),
             "commits": self.commits.to_state(now),
@@ -72,6 +74,7 @@ class DeviceRecord:
             samples=int(state["samples"]),
             incarnation=state["incarnation"],
             seq_base=int(state["seq_base"]),
+            first_seq=int(state["first_seq"]),
             highest_seq=int(state["highest_seq"]),
             recent_seqs=deque((int(s) for s in state["recent_seqs"]), maxlen=RECENT_SEQS),
             commits=TokenBucket.from_state(state["commits"], now),
@@ -110,7 +113,7 @@ class DeviceRegistry:
         record = self._devices.setdefault(device, DeviceRecord())
         new = record.incarnation != incarnation
         if new:
-            record.incarnation, record.seq_base = incarnation, record.highest_seq
+            record.incarnation, record.seq_base, record.first_seq = incarnation, record.highest_seq, record.highest_seq
         was_online, record.online, record.samples = record.online, True, samples
         return not was_online, new
 
@@ -149,6 +152,13 @@ class DeviceRegistry:
         record.highest_seq = seq
         record.recent_seqs.append(seq)
         return None
+
+    def redelivered(self, device: str, seq: int | None) -> bool:
+        """Whether ``seq``, refused as ``replayed``, is a number the device's current incarnation
+        already delivered: a copy of a commit the server holds (an MQTT redelivery), not work the
+        device lost count of."""
+        record = self._devices.get(device)
+        return record is not None and seq is not None and seq > record.first_seq and record.incarnation is not None
 
     def to_state(self, now: float) -> dict[str, Any]:
         return {

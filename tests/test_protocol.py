@@ -95,6 +95,28 @@ def test_a_refused_commit_releases_a_bsp_device_and_its_work_goes_into_the_next_
     assert server.store.version == 2
 
 
+def test_a_redelivered_commit_is_counted_but_not_noticed_so_its_work_is_not_sent_twice() -> None:
+    """A server restarted between its checkpoint and its acknowledgement gets a commit it holds
+    again (the broker redelivers it). Noticed as ``replayed``, a bsp device still waiting on that
+    commit carried its work into the next one: the same steps in the model twice."""
+    server = small_server(pace="bsp", rounds=10**6, min_devices=2)
+    relay = Relay(server)
+    relay.start()
+    a, b = device("a", incarnation=1), device("b", incarnation=2, seed=3)
+    relay.connect(a)
+    relay.connect(b)
+    (payload,) = relay_commits(relay, a)  # a waits for the round, which waits for b
+    assert a.waiting and server.pace.committed() == ["a"]
+    relay.send(a, [type(relay.log[0])(a.topics.grad("a"), payload, qos=1)])  # the redelivered copy
+    relay.flush()
+    assert rejected(server) == {"replayed": 1}
+    assert not [m for m in relay.log if m.topic == a.topics.notice("a")] and a.waiting and a.steps == 0
+    relay_commits(relay, b)
+    assert server.store.version == 1
+    (again,) = relay_commits(relay, a)
+    assert decode_frame(again).steps == a.control.push_every  # new work only
+
+
 def test_a_commit_refused_for_its_content_releases_the_device_but_is_not_carried() -> None:
     server = small_server(pace="bsp", rounds=10**6)
     relay = Relay(server)
