@@ -438,6 +438,15 @@ def cmd_bench_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_restart(args: argparse.Namespace) -> int:
+    from edgeps.restart import run_bench_restart
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    run_bench_restart(args.trials, args.signal, args.round_deadline, args.json)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench import bench_codecs
     from schemas.codecs import make_codec
@@ -618,6 +627,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. 100,8M")  # fmt: skip
     attack.add_argument("--json", help="write the report as JSON here")
     attack.set_defaults(func=cmd_bench_attack)
+
+    restart = bench.add_parser("restart", help="a job whose server, then one of whose devices, restarts N times")
+    restart.add_argument("--trials", type=int, default=10, help="restarts in each job")
+    restart.add_argument("--signal", default="SIGTERM", choices=["SIGTERM", "SIGKILL"], help="how the server stops")
+    restart.add_argument("--round-deadline", type=float, default=10.0, help="the jobs' round deadline, seconds")
+    restart.add_argument("--json", help="write the report as JSON here")
+    restart.set_defaults(func=cmd_bench_restart)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")

@@ -291,15 +291,15 @@ class ServerCore:
             return self._reject(device, Rejection(R.RETAINED, "commits must not be retained", peek_seq(payload)))
         if self.finished:
             return self._reject(device, Rejection(R.FINISHED, "the job has finished", peek_seq(payload)))
-        rate, burst, record = self.config.max_commit_rate, self.config.max_commit_burst, self.registry.record(device)
-        if rate is not None and record is not None:
-            limit = self.commit_limit
-            if not record.commits.take(1, now, rate, burst):
-                return self._reject(device, Rejection(R.RATE_LIMITED, f"more than {rate:g} commits/s",
-                                                      peek_seq(payload)), now)  # fmt: skip
-            if not record.bytes.take(len(payload), now, rate * limit, burst * limit):
-                return self._reject(device, Rejection(R.RATE_LIMITED, f"more than {rate * limit:g} bytes/s",
-                                                      peek_seq(payload)), now)  # fmt: skip
+        rate, burst, limit = self.config.max_commit_rate, self.config.max_commit_burst, self.commit_limit
+        record = self.registry.record(device)
+        if rate is not None and self.registry.permits(device):
+            record = self.registry.limits(device)
+            over = (f"more than {rate:g} commits/s" if not record.commits.take(1, now, rate, burst)
+                    else f"more than {rate * limit:g} bytes/s"
+                    if not record.bytes.take(len(payload), now, rate * limit, burst * limit) else None)  # fmt: skip
+            if over is not None:
+                return self._flooding(device, over, peek_seq(payload), now)
         try:
             update = validate_commit(
                 payload,
@@ -326,6 +326,27 @@ class ServerCore:
             log.info("device %s rejoins the barrier", device)
         return self._maybe_aggregate(now) or [self._barrier()]
 
+    def _flooding(self, device: str, over: str, seq: int | None, now: float) -> list[Publish]:
+        """A commit beyond the device's rate limit: refused, and the server stops listening to the
+        device's commits for a while (``DeviceRegistry.mute``), so that the broker drops a flood
+        instead of queueing it in front of the other devices' commits."""
+        if self.registry.muted(device):  # already in flight when it was muted
+            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, over, seq), now)
+        duration = self.registry.mute(device, now)
+        log.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
+        detail = f"{over}: its commits are not received for {duration:g} s"
+        record = self.registry.limits(device)
+        record.noticed_at = None  # this notice goes out whatever the one-a-second rule says
+        return self._reject(device, Rejection(RejectReason.RATE_LIMITED, detail, seq), now)
+
+    def subscriptions(self) -> list[str]:
+        """The topics the server listens to now: statuses, commands, and the commit topic of each
+        device in ``DeviceRegistry.listening``. The driver makes them its subscriptions after every
+        batch, before publishing the batch's results (a device's control goes out after the
+        subscription to its commits)."""
+        t = self.topics
+        return [t.all_status, t.cmd, *(t.grad(device) for device in self.registry.listening())]
+
     def _resequence(self, device: str) -> list[Publish]:
         """A device used a sequence number at or below the highest received: its Control again,
         with where its numbers resume (it may have lost count: a restart the server did not see)."""
@@ -338,6 +359,8 @@ class ServerCore:
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
         none went out for ``metrics_interval_s`` (so that traffic shows between versions)."""
+        for device in self.registry.unmute_due(now):
+            log.info("listening to device %s again", device)
         duration = self.config.duration_s
         if duration is not None and self.quorum and not self.finished and now - self._started >= duration:
             log.info("job %s reached its duration of %.1f s", self.config.job, duration)
@@ -365,15 +388,17 @@ class ServerCore:
         return self.membership.barrier(self.registry.active())
 
     def next_deadline(self) -> float | None:
-        """When the open round's deadline falls for the first device it waits for (None: no deadline
-        in force), on the core's clock."""
+        """When ``on_tick`` next has something to do for the open round's deadline, or a mute that
+        ends (None: nothing timed in force), on the core's clock."""
+        unmute = self.registry.next_unmute()
         deadline = self.config.round_deadline_s
         if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
-            return None
+            return unmute
         late = self.pace.waiting_for(self.barrier_set())
         if not late:
-            return None
-        return self.round_started + min(self.membership.deadline([d], deadline) for d in late)
+            return unmute
+        due = self.round_started + min(self.membership.deadline([d], deadline) for d in late)
+        return due if unmute is None else min(due, unmute)
 
     def on_command(
         self, payload: bytes, now: float, response_topic: str | None = None, correlation_data: bytes | None = None

@@ -75,6 +75,9 @@ def serve(
         assert key is not None
         save(core, checkpoint, clock(), key)
 
+    def listen() -> None:  # before publishing: a device's control goes out after its subscription
+        transport.subscribe_only(core.subscriptions())
+
     def publish(messages: list) -> None:
         for message in messages:
             transport.publish(message)
@@ -100,6 +103,7 @@ def serve(
         if checkpoint is not None and (batch or outgoing):
             assert key is not None
             save(core, checkpoint, clock(), key)
+        listen()
         publish(coalesce(outgoing))
         for message in batch:
             transport.ack(message)
@@ -111,6 +115,11 @@ def serve(
     def stopped() -> bool:
         return stop is not None and stop.is_set()
 
+    # The persistent session may hold an earlier process's subscriptions (a muted device's commit
+    # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
+    known = [core.topics.grad(d) for d in sorted(core.registry.devices())]
+    transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
+    listen()
     publish(outgoing)
     while not core.finished and not stopped():
         process(0.1)
@@ -123,12 +132,11 @@ def serve(
 
 
 def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:
-    """An MQTT transport subscribed to everything the server consumes: MQTT 5 where the broker
-    speaks it (commands may then carry response topics and correlation data), else 3.1.1. Its
+    """An MQTT transport subscribed to what the server consumes (``ServerCore.subscriptions``): MQTT 5
+    where the broker speaks it (commands may then carry response topics and correlation data), else 3.1.1. Its
     inbox is bounded (``INBOX_MESSAGES``, ``INBOX_BYTES``): under overload the backlog stays in
     the broker and the server's memory stays flat."""
-    t = core.topics
-    subscriptions = [t.all_status, t.all_grad, t.cmd]
+    subscriptions = core.subscriptions()  # serve() keeps them up to date
     client_id = f"edgeps-ps-{core.config.job}"
     transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions, mqtt5=True,
                               inbox=Inbox(INBOX_MESSAGES, INBOX_BYTES))  # fmt: skip

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RECENT_SEQS = 256
+#: The longest a flooding device is not listened to.
+MUTE_MAX_S = 60.0
 
 
 @dataclass
@@ -50,6 +52,8 @@ class DeviceRecord:
     bytes: TokenBucket = field(default_factory=TokenBucket)  # rate limit in payload bytes
     statuses: TokenBucket = field(default_factory=TokenBucket)  # rate limit of status messages
     noticed_at: float | None = None  # when it last got a rate-limit notice (one a second at most)
+    muted_until: float | None = None  # flooding: the server does not listen to its commits until then
+    mutes: int = 0  # mutes in a row (each one twice as long), forgotten after a quiet MUTE_MAX_S
 
     def to_state(self, now: float) -> dict[str, Any]:
         return {
@@ -64,11 +68,13 @@ class DeviceRecord:
             "bytes": self.bytes.to_state(now),
             "statuses": self.statuses.to_state(now),
             "noticed_age_s": None if self.noticed_at is None else now - self.noticed_at,
+            "muted_for_s": None if self.muted_until is None else self.muted_until - now,
+            "mutes": self.mutes,
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], now: float) -> DeviceRecord:
-        noticed = state["noticed_age_s"]
+        noticed, muted = state["noticed_age_s"], state["muted_for_s"]
         return cls(
             online=bool(state["online"]),
             samples=int(state["samples"]),
@@ -81,6 +87,8 @@ class DeviceRecord:
             bytes=TokenBucket.from_state(state["bytes"], now),
             statuses=TokenBucket.from_state(state["statuses"], now),
             noticed_at=None if noticed is None else now - float(noticed),
+            muted_until=None if muted is None else now + float(muted),
+            mutes=int(state["mutes"]),
         )
 
 
@@ -105,6 +113,41 @@ class DeviceRegistry:
     def record(self, device: str) -> DeviceRecord | None:
         return self._devices.get(device)
 
+    def limits(self, device: str) -> DeviceRecord:
+        """``device``'s record, made if it has none, for its rate limits: a device the server hears
+        from before its hello (one on the allow-list) is limited too; it is not ``known`` by this."""
+        return self._devices.setdefault(device, DeviceRecord())
+
+    def listening(self) -> list[str]:
+        """The devices whose commits the server wants to receive, sorted: those on the allow-list and
+        those that said hello, less evicted ones and those muted for flooding."""
+        devices = set(self.allowed or ()) | {d for d, r in self._devices.items() if r.incarnation is not None}
+        return sorted(d for d in devices if self.permits(d) and not self.muted(d))
+
+    def muted(self, device: str) -> bool:
+        record = self._devices.get(device)
+        return record is not None and record.muted_until is not None
+
+    def mute(self, device: str, now: float) -> float:
+        """Stop listening to ``device`` (it floods): for 1 s, twice as long for each mute in a row
+        (at most ``MUTE_MAX_S``); return for how long."""
+        record = self.limits(device)
+        quiet = record.noticed_at is None or now - record.noticed_at > MUTE_MAX_S
+        record.mutes = 1 if quiet else record.mutes + 1
+        duration = min(MUTE_MAX_S, 2.0 ** (record.mutes - 1))
+        record.muted_until = now + duration
+        return duration
+
+    def unmute_due(self, now: float) -> list[str]:
+        """Listen again to the devices whose mute is over; return them."""
+        due = [d for d, r in self._devices.items() if r.muted_until is not None and r.muted_until <= now]
+        for device in due:
+            self._devices[device].muted_until = None
+        return due
+
+    def next_unmute(self) -> float | None:
+        return min((r.muted_until for r in self._devices.values() if r.muted_until is not None), default=None)
+
     def set_online(self, device: str, samples: int, incarnation: int) -> tuple[bool, bool]:
         """Mark ``device`` online as ``incarnation``; return (it was not online before, the
         incarnation is new). A new incarnation's sequence numbers resume above the highest one
@@ -128,8 +171,14 @@ class DeviceRegistry:
         record.online = False
         return True
 
+    def devices(self) -> set[str]:
+        """Every device id the server has a record of."""
+        return set(self._devices)
+
     def known(self, device: str) -> bool:
-        return device in self._devices
+        """Whether ``device`` ever said hello (an online status the server accepted)."""
+        record = self._devices.get(device)
+        return record is not None and record.incarnation is not None
 
     def sizes(self) -> dict[str, int]:
         """Training samples each device said it holds."""

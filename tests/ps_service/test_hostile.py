@@ -165,3 +165,45 @@ def test_a_device_that_keeps_missing_deadlines_cannot_hold_the_rounds_up() -> No
     waited = relay.now - started
     assert waited < 60 * 0.1 + 30, waited  # 1.0: about 30 s per round
     assert server.membership.standing["x"].strikes >= 3
+
+
+def test_a_flooding_device_is_not_listened_to_for_longer_and_longer() -> None:
+    """1.0: a flood (81,841 small commits in 15 s) went through the server's one queue in front of
+    the honest devices' commits and cut the job to 0.13 versions/s while the rate limit refused it.
+    Now the server unsubscribes from the flooder's commit topic: the broker drops the flood."""
+    server = small_server(pace="asp", rounds=10**6, max_commit_rate=10.0, max_commit_burst=5)
+    server.start(0.0)
+    hello(server, "f")
+    hello(server, "h")
+    grad = server.topics.grad("f")
+    assert grad in server.subscriptions() and server.topics.grad("h") in server.subscriptions()
+    notices = []
+    for i in range(40):  # 40 commits in 0.04 s: the burst of 5 passes, then the flood is refused
+        out = server.on_message(grad, commit_bytes(server, "f", 1 + i, base=server.store.version), 1.0 + i / 1000)
+        notices += [Notice.from_bytes(p.payload) for p in out if p.topic == server.topics.notice("f")]
+    assert server.traffic.applied == 5 and server.traffic.rejected["rate_limited"] == 35
+    assert len(notices) == 1 and "not received for 1 s" in notices[0].detail
+    assert grad not in server.subscriptions() and server.topics.grad("h") in server.subscriptions()
+    assert server.next_deadline() == 1.0 + 5 / 1000 + 1.0
+    server.on_tick(2.1)  # the mute is over: listened to again
+    assert grad in server.subscriptions()
+    out = []
+    for i in range(40):  # floods again at once: twice as long
+        out += server.on_message(grad, commit_bytes(server, "f", 100 + i, base=server.store.version), 2.2 + i / 1000)
+    [notice] = [Notice.from_bytes(p.payload) for p in out if p.topic == server.topics.notice("f")]
+    assert "not received for 2 s" in notice.detail and grad not in server.subscriptions()
+    server.on_tick(4.3)
+    assert grad in server.subscriptions()
+
+
+def test_the_server_listens_only_to_devices_it_knows_or_allows() -> None:
+    open_job = small_server()
+    hello(open_job, "a")
+    t = open_job.topics
+    assert open_job.subscriptions() == [t.all_status, t.cmd, t.grad("a")]  # no grad/+: strangers cost nothing
+    closed = small_server(allowed_devices=frozenset({"x", "y"}))
+    assert [s for s in closed.subscriptions() if "/grad/" in s] == [t.grad("x"), t.grad("y")]
+    closed.on_message(t.cmd, b'{"cmd": "evict", "device": "y"}', 0.0)  # not known yet: refused
+    hello(closed, "y")
+    closed.on_message(t.cmd, b'{"cmd": "evict", "device": "y"}', 0.0)
+    assert [s for s in closed.subscriptions() if "/grad/" in s] == [t.grad("x")]
