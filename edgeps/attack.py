@@ -208,11 +208,12 @@ def bench_attack(rounds: int = 100, deadline: float = 2.0, floods: tuple[int, ..
 
 
 def format_attack(report: dict[str, Any]) -> str:
-    lines = [f"{'run':<9} {'final acc':>9} {'versions':>9} {'seconds':>8} {'versions/s':>11}  rejected"]
+    lines = [f"{'run':<14} {'final acc':>9} {'versions':>9} {'seconds':>8} {'versions/s':>11} {'hostile sent':>12}"
+             f"  rejected"]  # fmt: skip
     for r in report["runs"]:
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items())) or "none"
-        lines.append(f"{r['run']:<9} {r['final_accuracy']:>9.4f} {r['versions']:>9} {r['elapsed_s']:>8.2f} "
-                     f"{r['versions_per_s']:>11.2f}  {rejected}")  # fmt: skip
+        lines.append(f"{r['run']:<14} {r['final_accuracy']:>9.4f} {r['versions']:>9} {r['elapsed_s']:>8.2f} "
+                     f"{r['versions_per_s']:>11.2f} {r['hostile_commits']:>12}  {rejected}")  # fmt: skip
     lines.append(f"hostile against clean: accuracy drop {report['accuracy_drop']:+.4f}, versions/s ratio "
                  f"{report['speed_ratio']:.2f}; against the two honest devices alone: accuracy drop "
                  f"{report['accuracy_drop_vs_two_alone']:+.4f}")  # fmt: skip

@@ -48,21 +48,30 @@ class _Watcher:
         self.published = 0
         self.last = None
 
-    def poll(self, timeout: float) -> None:
-        """Read one message, if one comes within ``timeout`` seconds."""
+    def poll(self, timeout: float) -> bool:
+        """Read one message, if one comes within ``timeout`` seconds; whether one came."""
         from schemas.messages import MessageError, Metrics
 
         message = self.transport.receive(timeout=timeout)
         if message is None:
-            return
+            return False
         if message.topic != self.topics.metrics:
             self.published += 1
-            return
+            return True
         try:
             self.last = Metrics.from_bytes(message.payload)
         except MessageError:
-            return
+            return True
         self.version = max(self.version, self.last.version)
+        return True
+
+    def drain(self, quiet: float = 0.3) -> int:
+        """Read until nothing came for ``quiet`` seconds; the newest version seen."""
+        last = time.monotonic()
+        while time.monotonic() - last < quiet:
+            if self.poll(0.05):
+                last = time.monotonic()
+        return self.version
 
     def until(self, reached, timeout: float, what: str) -> float:
         """Read until ``reached()``; the time it took. TimeoutError naming ``what``."""
@@ -115,6 +124,7 @@ def _job(
             if target == "server":
                 ps_process.send_signal(getattr(signal, how))
                 ps_process.wait(timeout=30)
+                at = watcher.drain()  # what the stopped server published last
                 ps_process = server()
             else:
                 clients[1].kill()
