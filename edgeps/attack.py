@@ -224,8 +224,6 @@ def format_attack(report: dict[str, Any]) -> str:
 
 def run_bench_attack(rounds: int, deadline: float, floods: tuple[int, ...], json_path: str | None) -> dict[str, Any]:
     report = bench_attack(rounds, deadline, floods)
-    print()
-    print(format_attack(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2))
-    return report
+    from edgeps.report import show
+
+    return show(report, format_attack(report), json_path)

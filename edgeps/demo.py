@@ -77,7 +77,8 @@ class JobResult:
         return idle / total if total else 0.0
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    """``edgeps ARGS`` as a child process, its output to ``log_path``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "edgeps.cli", *args], stdout=log, stderr=log, env=env)
@@ -152,7 +153,7 @@ def run_local_job(
             server_args += ["--extrapolation", str(settings.extrapolation)]
         if settings.duration_s:
             server_args += ["--duration", str(settings.duration_s)]
-        server = _spawn(server_args, logs / f"{settings.job}-ps.log")
+        server = spawn(server_args, logs / f"{settings.job}-ps.log")
         processes.append(server)
         _wait_for_fresh_start(watcher, topics, server, time.monotonic() + 60)
         for i, shard in enumerate(shards.devices):
@@ -163,7 +164,7 @@ def run_local_job(
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
                 "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name),
             ]  # fmt: skip
-            processes.append(_spawn(device, logs / f"{settings.job}-{name}.log"))
+            processes.append(spawn(device, logs / f"{settings.job}-{name}.log"))
         if not quiet:
             print(f"started the parameter server ({settings.pace}) and {settings.devices} devices; logs in {logs}/")
 

@@ -216,8 +216,6 @@ def format_load(report: dict[str, Any]) -> str:
 
 def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict:
     report = bench_load(devices, seconds, rate, flood)
-    print()
-    print(format_load(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2))
-    return report
+    from edgeps.report import show
+
+    return show(report, format_load(report), json_path)

@@ -90,7 +90,7 @@ def _job(
     workdir: Path, shards, broker, trials: int, target: str, how: str, deadline: float, rounds: int, say
 ) -> dict[str, Any]:
     """One job; ``target`` is ``server`` or ``device``: what is restarted ``trials`` times."""
-    from edgeps.demo import _spawn
+    from edgeps.demo import spawn as spawn_edgeps
     from edgeps.transport import BrokerAddress
 
     address = BrokerAddress(broker.host, broker.port)
@@ -103,7 +103,7 @@ def _job(
 
     def spawn(name: str, args: list[str]) -> subprocess.Popen:
         started[name] += 1  # each process its own log
-        return _spawn(args, workdir / f"{name}-{started[name]}.log")
+        return spawn_edgeps(args, workdir / f"{name}-{started[name]}.log")
 
     def client(i: int) -> subprocess.Popen:
         return spawn(f"dev-{i}", ["client", *common, "--device", f"dev-{i}", "--data", str(shards.devices[i]),
@@ -216,8 +216,6 @@ def format_restart(report: dict[str, Any]) -> str:
 
 def run_bench_restart(trials: int, how: str, deadline: float, json_path: str | None) -> dict[str, Any]:
     report = bench_restart(trials, how, deadline)
-    print()
-    print(format_restart(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2))
-    return report
+    from edgeps.report import show
+
+    return show(report, format_restart(report), json_path)
