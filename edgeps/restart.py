@@ -47,6 +47,8 @@ class _Watcher:
         self.version = -1
         self.published = 0
         self.last = None
+        self.started = time.monotonic()
+        self.curve: list[tuple[float, int]] = []  # (seconds since the watcher started, version)
 
     def poll(self, timeout: float) -> bool:
         """Read one message, if one comes within ``timeout`` seconds; whether one came."""
@@ -62,8 +64,13 @@ class _Watcher:
             self.last = Metrics.from_bytes(message.payload)
         except MessageError:
             return True
-        self.version = max(self.version, self.last.version)
+        if self.last.version > self.version:
+            self.version = self.last.version
+            self.curve.append((round(self.now(), 3), self.version))
         return True
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
 
     def drain(self, quiet: float = 0.3) -> int:
         """Read until nothing came for ``quiet`` seconds; the newest version seen."""
@@ -120,7 +127,7 @@ def _job(
     try:
         watcher.until(lambda: watcher.version >= step, 120, "first versions")
         for trial in range(trials):
-            at = watcher.version
+            at, stopped_at = watcher.version, watcher.now()
             if target == "server":
                 ps_process.send_signal(getattr(signal, how))
                 ps_process.wait(timeout=30)
@@ -131,10 +138,12 @@ def _job(
                 clients[1].wait(timeout=30)
                 clients[1] = client(1)
             resume = watcher.until(lambda at=at: watcher.version > at, 120, f"version after restart {trial + 1}")
-            restarts.append({"trial": trial + 1, "version": at, "resume_s": round(resume, 3)})
+            restarts.append({"trial": trial + 1, "version": at, "stopped_at_s": round(stopped_at, 3),
+                             "resume_s": round(resume, 3)})  # fmt: skip
             say(f"  {target} restart {trial + 1}/{trials} at version {at}: next version after {resume:.2f} s")
             watcher.until(lambda at=at: watcher.version >= at + step, 120, "versions between restarts")
-        if ps_process.wait(timeout=300) != 0:
+        watcher.until(lambda: ps_process.poll() is not None, 300, "the job's end")  # reading as it goes
+        if ps_process.returncode != 0:
             raise RuntimeError(f"the server failed; see {workdir}/ps-*.log")
         watcher.until(lambda: watcher.last is not None and watcher.last.finished, 30, "the final metrics")
         settle = time.monotonic() + 2  # commits still in flight at the end
@@ -166,6 +175,7 @@ def _job(
         "resume_max_s": max(resumes) if resumes else None,
         "within_deadline": sum(r < deadline for r in resumes),
         "final_accuracy": final["accuracy"],
+        "curve": watcher.curve,
     }
 
 
@@ -214,8 +224,36 @@ def format_restart(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot_restart(report: dict[str, Any], path: str | Path) -> None:
+    """PNG: the version against time in each job, a line at each restart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 3.8), squeeze=False)
+    for ax, run in zip(axes[0], runs, strict=True):
+        times, versions = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
+        ax.step(times, versions, where="post")
+        for i, restart in enumerate(run["restarts"]):
+            ax.axvline(
+                restart["stopped_at_s"], color="tab:red", alpha=0.4, lw=1, label=f"{run['signal']}" if i == 0 else None
+            )
+        title = (f"{run['target']} restarts ({run['signal']}): median {run['resume_median_s']:.2f} s "
+                 f"to the next version, {run['lost_to_restarts']} lost")  # fmt: skip
+        ax.set(xlabel="seconds", ylabel="global version", title=title)
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run_bench_restart(trials: int, how: str, deadline: float, json_path: str | None) -> dict[str, Any]:
     report = bench_restart(trials, how, deadline)
+    plot_restart(report, "bench-restart.png")
     from edgeps.report import show
 
     return show(report, format_restart(report), json_path)
