@@ -292,8 +292,11 @@ class MqttTransport(Transport):
             self._unacked_changed.notify_all()
 
     def subscribe_only(self, topics: list[str]) -> None:
-        added = [t for t in topics if t not in self._subscriptions]
-        removed = [t for t in self._subscriptions if t not in topics]
+        wanted, held = set(topics), set(self._subscriptions)  # a server calls this after every batch
+        added = [t for t in topics if t not in held]
+        removed = [t for t in self._subscriptions if t not in wanted]
+        if not added and not removed:
+            return
         self._subscriptions = list(topics)
         if added:
             self._client.subscribe([(t, 1) for t in added])
