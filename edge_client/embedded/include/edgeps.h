@@ -1,0 +1,147 @@
+/* edgeps device SDK: the wire contract of docs/PROTOCOL.md (version 1.1) in C99.
+ *
+ * This part: the tensor frame (CRC-32, a bounds-checked reader, a writer into a caller's
+ * buffer) and the codecs (every decoder; encoders for what a device commits). Pure logic: no
+ * heap, no I/O, no clock; every function works in memory the caller passes. Floats are IEEE-754
+ * binary32; integers on the wire are little-endian whatever the host.
+ */
+#ifndef EDGEPS_H
+#define EDGEPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EPS_FORMAT_VERSION 1u
+#define EPS_MAX_TENSORS 256u
+#define EPS_MAX_NDIM 8u
+#define EPS_MAX_NAME 64u
+#define EPS_BUCKET 512u
+#define EPS_HEADER_BYTES 36u
+
+/* Results. EPS_OK is 0; every other value names the first problem found. */
+typedef enum {
+    EPS_OK = 0,
+    EPS_ERR_SHORT,     /* fewer bytes than a field needs */
+    EPS_ERR_MAGIC,     /* not "EPSF" */
+    EPS_ERR_VERSION,   /* a format version other than 1 */
+    EPS_ERR_KIND,      /* a frame kind other than 1, 2, 3 */
+    EPS_ERR_FLAGS,     /* reserved flags not 0 */
+    EPS_ERR_CODEC,     /* a codec id this side does not implement (the server's unsupported_codec) */
+    EPS_ERR_ARG,       /* a codec argument the codec does not take */
+    EPS_ERR_CRC,       /* CRC-32 mismatch */
+    EPS_ERR_NAME,      /* a device id or tensor name that is too long, not ASCII, or repeated */
+    EPS_ERR_NDIM,      /* more than 8 dimensions */
+    EPS_ERR_TENSORS,   /* more than 256 tensors */
+    EPS_ERR_TRAILING,  /* bytes between the last tensor and the CRC */
+    EPS_ERR_PAYLOAD,   /* a payload whose length or content does not fit its codec and shape */
+    EPS_ERR_SPACE,     /* the caller's buffer is too small */
+    EPS_ERR_VALUE      /* a value the codec cannot encode (NaN or infinity) */
+} eps_status;
+
+/* A short English name of a status, for logs. */
+const char *eps_status_name(eps_status status);
+
+typedef enum { EPS_COMMIT = 1, EPS_PARAMS = 2, EPS_DELTA = 3 } eps_kind;
+
+typedef enum {
+    EPS_FP32 = 0,
+    EPS_FP16 = 1,
+    EPS_INT8 = 2,
+    EPS_SIGN = 3,
+    EPS_TERNARY = 4,
+    EPS_QSGD = 5,
+    EPS_TOPK = 6
+} eps_codec_id;
+
+/* A codec and its argument (qsgd: levels 1..127; topk: fraction in (0, 1]; others 0). */
+typedef struct {
+    eps_codec_id id;
+    float arg;
+} eps_codec;
+
+/* Parse a spec such as "fp32", "sign", "qsgd:4" or "topk:0.01" (bare "qsgd" is qsgd:16, bare
+ * "topk" is topk:0.01). EPS_ERR_CODEC for an unknown name, EPS_ERR_ARG for a bad argument. */
+eps_status eps_codec_parse(const char *spec, eps_codec *codec);
+
+/* Check a codec as a frame header names it (PROTOCOL.md §4, §5). */
+eps_status eps_codec_check(eps_codec codec);
+
+/* Whether the codec is biased (used with error feedback on the device: fp16, int8, sign, topk). */
+int eps_codec_biased(eps_codec codec);
+
+/* topk: the number of values a tensor of n values keeps, ceil(P n) in double, 1..n (0 if n = 0). */
+uint32_t eps_topk_keep(float fraction, uint32_t n);
+
+/* The most bytes an encoding of n values may take (its exact size, except topk's upper bound). */
+size_t eps_codec_max_size(eps_codec codec, uint32_t n);
+
+/* Encode n float32 values into out (cap bytes); *written gets the payload's size. rng: the
+ * state of the stochastic codecs' generator (ternary, qsgd), any nonzero value to start. */
+eps_status eps_codec_encode(eps_codec codec, const float *x, uint32_t n, uint8_t *out, size_t cap, size_t *written,
+                            uint64_t *rng);
+
+/* Decode a payload of exactly len bytes holding n values into y (n floats). */
+eps_status eps_codec_decode(eps_codec codec, const uint8_t *payload, size_t len, uint32_t n, float *y);
+
+/* IEEE CRC-32 (zlib's crc32), continued from crc (0 to start). */
+uint32_t eps_crc32(uint32_t crc, const uint8_t *data, size_t len);
+
+/* A verified frame: its header, and its tensor records still in the caller's bytes. */
+typedef struct {
+    eps_kind kind;
+    eps_codec codec;
+    uint64_t base_version;
+    uint64_t seq;
+    uint32_t samples;
+    uint32_t steps;
+    char device[EPS_MAX_NAME + 1];
+    uint16_t count;           /* tensors */
+    const uint8_t *records;   /* the first record */
+    size_t records_len;       /* bytes of all records */
+} eps_frame;
+
+/* One tensor record: name, shape, and its payload (not decoded). */
+typedef struct {
+    char name[EPS_MAX_NAME + 1];
+    uint8_t ndim;
+    uint32_t dims[EPS_MAX_NDIM];
+    uint64_t elements;
+    const uint8_t *payload;
+    uint32_t length;
+} eps_tensor;
+
+/* Verify a frame: size, magic, version, kind, flags, codec, CRC, every length, names (ASCII,
+ * unique), dimensions, no trailing bytes; max_elements bounds the values all tensors declare
+ * together (0: 2^28). Nothing is decoded or allocated. */
+eps_status eps_frame_parse(const uint8_t *data, size_t len, uint64_t max_elements, eps_frame *frame);
+
+/* The tensor record at *cursor (start at 0) of a parsed frame; advances *cursor. Returns 0 when
+ * there is none left, 1 otherwise. */
+int eps_frame_next(const eps_frame *frame, size_t *cursor, eps_tensor *tensor);
+
+/* Writes a frame into a caller's buffer: begin, one call per tensor, end. The first error
+ * sticks and is what end returns. */
+typedef struct {
+    uint8_t *buf;
+    size_t cap;
+    size_t len;
+    uint16_t count;
+    eps_codec codec;
+    eps_status error;
+} eps_writer;
+
+void eps_writer_begin(eps_writer *w, uint8_t *buf, size_t cap, eps_kind kind, eps_codec codec, uint64_t base_version,
+                      uint64_t seq, uint32_t samples, uint32_t steps, const char *device);
+void eps_writer_tensor(eps_writer *w, const char *name, uint8_t ndim, const uint32_t *dims, const float *values,
+                       uint64_t *rng);
+/* Appends the tensor count's fix-up and the CRC; *len gets the frame's size. */
+eps_status eps_writer_end(eps_writer *w, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EDGEPS_H */

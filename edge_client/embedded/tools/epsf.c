@@ -1,0 +1,93 @@
+/* epsf: the frame and codec code of the SDK on files, for tests and fuzzing (a host tool: it
+ * allocates; the SDK itself does not).
+ *
+ *   epsf recode SPEC IN OUT [SEED]
+ *                             verify the frame IN, decode every tensor, write it to OUT encoded
+ *                             under SPEC (same header; "fp32" writes the decoded values); SEED
+ *                             starts the stochastic codecs' generator
+ *   epsf check IN...          verify and decode each frame; print one line per frame: "ok" or
+ *                             the first problem; exit 1 if any was refused
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edgeps.h"
+
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    for (size_t got; buf != NULL && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            unsigned char *bigger = realloc(buf, cap *= 2);
+            if (bigger == NULL) free(buf);
+            buf = bigger;
+        }
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* Verify and decode every tensor of data; with out, encode them under codec into *out. */
+static eps_status run(const unsigned char *data, size_t len, const eps_codec *codec, uint64_t rng,
+                      unsigned char **out, size_t *out_len) {
+    eps_frame frame;
+    eps_tensor t;
+    eps_writer w;
+    size_t cursor = 0, cap = 64;
+    eps_status st = eps_frame_parse(data, len, 0, &frame);
+    if (st != EPS_OK) return st;
+    for (size_t c = 0; eps_frame_next(&frame, &c, &t);)
+        cap += 2u * EPS_MAX_NAME + 4u * EPS_MAX_NDIM + 16 + (codec ? eps_codec_max_size(*codec, (uint32_t)t.elements) : 0);
+    if (codec != NULL) {
+        *out = malloc(cap);
+        if (*out == NULL) return EPS_ERR_SPACE;
+        eps_writer_begin(&w, *out, cap, frame.kind, *codec, frame.base_version, frame.seq, frame.samples, frame.steps,
+                         frame.device);
+    }
+    while (eps_frame_next(&frame, &cursor, &t)) {
+        float *values = malloc(t.elements ? (size_t)t.elements * sizeof(float) : 1);
+        if (values == NULL) return EPS_ERR_SPACE;
+        st = eps_codec_decode(frame.codec, t.payload, t.length, (uint32_t)t.elements, values);
+        if (st == EPS_OK && codec != NULL) eps_writer_tensor(&w, t.name, t.ndim, t.dims, values, &rng);
+        free(values);
+        if (st != EPS_OK) return st;
+    }
+    return codec != NULL ? eps_writer_end(&w, out_len) : EPS_OK;
+}
+
+int main(int argc, char **argv) {
+    size_t len = 0, out_len = 0;
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "recode") == 0) {
+        uint64_t seed = argc == 6 ? strtoull(argv[5], NULL, 10) : 1;
+        eps_codec codec;
+        unsigned char *data = slurp(argv[3], &len), *out = NULL;
+        eps_status st = data ? eps_codec_parse(argv[2], &codec) : EPS_ERR_SHORT;
+        if (st == EPS_OK) st = run(data, len, &codec, seed ? seed : 1, &out, &out_len);
+        if (st == EPS_OK) {
+            FILE *f = fopen(argv[4], "wb");
+            st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
+        }
+        free(data);
+        free(out);
+        if (st != EPS_OK) fprintf(stderr, "epsf: %s: %s\n", argv[3], eps_status_name(st));
+        return st == EPS_OK ? 0 : 1;
+    }
+    if (argc >= 3 && strcmp(argv[1], "check") == 0) {
+        int refused = 0;
+        for (int i = 2; i < argc; i++) {
+            unsigned char *data = slurp(argv[i], &len);
+            eps_status st = data ? run(data, len, NULL, 1, NULL, NULL) : EPS_ERR_SHORT;
+            printf("%s\n", eps_status_name(st));
+            refused |= st != EPS_OK;
+            free(data);
+        }
+        return refused;
+    }
+    fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE...\n");
+    return 2;
+}

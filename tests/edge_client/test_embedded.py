@@ -1,0 +1,132 @@
+"""The C device SDK's frame and codecs (edge_client/embedded) against the Python reference,
+built with AddressSanitizer and UndefinedBehaviorSanitizer: the same verdict on every frame, the
+same floats from every decoder, the same bytes from the deterministic encoders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from schemas.codecs import typical_error
+from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
+
+ROOT = Path(__file__).resolve().parents[2]
+SDK = ROOT / "edge_client" / "embedded"
+SPECS = ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127", "topk:0.01",
+         "topk:0.3", "topk:1"]  # fmt: skip
+SHAPES = [(1,), (7,), (513,), (64, 64), (3, 5, 7), (0,), (1100,)]
+
+
+@pytest.fixture(scope="module")
+def epsf(tmp_path_factory) -> Path:
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.fail("the C SDK's tests need make and a C compiler (apt-get install gcc make)")
+    build = tmp_path_factory.mktemp("sdk")
+    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={build}", "SAN=1"], check=True)
+    return build / "epsf"
+
+
+def tensors(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {f"t{i}": (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
+           for i, shape in enumerate(SHAPES)}  # fmt: skip
+    out["zeros"] = np.zeros(600, np.float32)
+    out["huge"] = np.array([1e5, -7e4, 3.0, 6.1e-5, 5.9e-8, -1e-9], np.float32)  # fp16: clamped, subnormal, zero
+    return out
+
+
+def recode(epsf: Path, tmp_path: Path, payload: bytes, spec: str, seed: int = 1) -> bytes:
+    source, target = tmp_path / "in.bin", tmp_path / "out.bin"
+    source.write_bytes(payload)
+    subprocess.run([str(epsf), "recode", spec, str(source), str(target), str(seed)], check=True)
+    return target.read_bytes()
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_decoder_gives_the_references_floats_bit_for_bit(epsf, tmp_path, spec) -> None:
+    frame = Frame(kind=FrameKind.DELTA, base_version=9, seq=8, tensors=tensors(1), codec=spec)
+    sent = encode_frame(frame, np.random.default_rng(0))
+    reference = decode_frame(sent)
+    decoded = decode_frame(recode(epsf, tmp_path, sent, "fp32"))
+    assert (decoded.kind, decoded.base_version, decoded.seq) == (FrameKind.DELTA, 9, 8)
+    for name, values in reference.tensors.items():
+        assert decoded.tensors[name].tobytes() == values.tobytes(), name
+
+
+@pytest.mark.parametrize("spec", ["fp32", "fp16", "int8", "sign", "topk:0.01", "topk:0.3", "topk:1"])
+def test_deterministic_encoders_give_the_references_bytes(epsf, tmp_path, spec) -> None:
+    values = tensors(2)
+    if spec.startswith("topk"):  # among equal magnitudes either side may keep any: the SDK the first
+        values.pop("zeros")
+    fp32 = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01",
+                              tensors=values))  # fmt: skip
+    reference = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01",
+                                   tensors=values, codec=spec))  # fmt: skip
+    assert recode(epsf, tmp_path, fp32, spec) == reference
+
+
+@pytest.mark.parametrize("spec", ["ternary", "qsgd:1", "qsgd:4", "qsgd:16"])
+def test_stochastic_encoders_are_valid_and_unbiased(epsf, tmp_path, spec) -> None:
+    x = np.random.default_rng(3).standard_normal(4096).astype(np.float32)
+    fp32 = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=0, seq=1, samples=1, steps=1, device="d",
+                              tensors={"x": x}))  # fmt: skip
+    draws = [decode_frame(recode(epsf, tmp_path, fp32, spec, seed)).tensors["x"] for seed in range(1, 41)]
+    assert decode_frame(recode(epsf, tmp_path, fp32, spec)).codec == spec
+    mean = np.mean(draws, axis=0)
+    # unbiased: the mean of 40 draws is off by about the reference's error for one draw / sqrt(40)
+    assert np.linalg.norm(mean - x) / np.linalg.norm(x) < 1.5 * typical_error(spec) / np.sqrt(40)
+
+
+def mutations(seed: int, count: int) -> list[bytes]:
+    """Frames the reference writes, then truncated, bit-flipped, with their CRC mended or not, or
+    random bytes behind a valid magic."""
+    import zlib
+
+    rng = np.random.default_rng(seed)
+    good = [
+        encode_frame(Frame(kind=FrameKind.DELTA, base_version=1, seq=0, tensors=tensors(s), codec=spec), rng)
+        for s, spec in enumerate(SPECS)
+    ]
+    out = list(good)
+    while len(out) < count:
+        frame = bytearray(good[int(rng.integers(len(good)))])
+        how = int(rng.integers(4))
+        if how == 0:
+            out.append(bytes(frame[: int(rng.integers(len(frame)))]))
+            continue
+        for _ in range(int(rng.integers(1, 4))):
+            frame[int(rng.integers(len(frame)))] ^= 1 << int(rng.integers(8))
+        if how == 2:  # random bytes after the header
+            frame[40:] = rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8).tobytes()
+        if how >= 1:  # a mended CRC makes the parser look past it
+            frame[-4:] = zlib.crc32(bytes(frame[:-4])).to_bytes(4, "little")
+        out.append(bytes(frame))
+    return out
+
+
+def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf, tmp_path) -> None:
+    frames = mutations(seed=4, count=3000)
+    paths = []
+    for i, frame in enumerate(frames):
+        paths.append(tmp_path / f"{i}.bin")
+        paths[-1].write_bytes(frame)
+    verdicts = []
+    for start in range(0, len(paths), 500):
+        result = subprocess.run([str(epsf), "check", *map(str, paths[start : start + 500])], capture_output=True,
+                                text=True)  # fmt: skip
+        assert result.returncode in (0, 1), result.stderr  # a sanitizer's report exits otherwise
+        verdicts += result.stdout.splitlines()
+    assert len(verdicts) == len(frames)
+    for frame, verdict in zip(frames, verdicts, strict=True):
+        try:
+            decode_frame(frame)
+            accepted = True
+        except FrameError:
+            accepted = False
+        assert (verdict == "ok") == accepted, (verdict, frame[:48].hex())
+    assert 100 < sum(v == "ok" for v in verdicts) < len(verdicts) - 1000  # both kinds well represented
