@@ -130,3 +130,38 @@ def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf, tmp_path) -
             accepted = False
         assert (verdict == "ok") == accepted, (verdict, frame[:48].hex())
     assert 100 < sum(v == "ok" for v in verdicts) < len(verdicts) - 1000  # both kinds well represented
+
+
+@pytest.mark.parametrize("sizes", [[64, 64, 10], [64, 32, 10], [8, 16, 16, 3], [5, 2]])
+def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes) -> None:
+    from learning.model import init_mlp, loss_and_grads
+
+    rng = np.random.default_rng(sum(sizes))
+    params = init_mlp(sizes, seed=len(sizes))
+    params = {name: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32) for name, v in params.items()}
+    x = rng.random((32, sizes[0]), dtype=np.float32)
+    y = rng.integers(0, sizes[-1], 32)
+    lr = np.float32(0.2)
+    loss, grads = loss_and_grads(params, x, y)
+    expected = {name: params[name] - lr * grads[name] for name in params}
+    (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=4, seq=1, tensors=params)))
+    batch = {"x": x, "y": y.astype(np.float32)}
+    (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
+    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin")]
+    subprocess.run(args, check=True)
+    stepped = decode_frame((tmp_path / "o.bin").read_bytes()).tensors
+    assert abs(float(stepped.pop("loss")[0]) - loss) < 1e-5
+    assert list(stepped) == list(params)
+    for name, values in expected.items():
+        np.testing.assert_allclose(stepped[name], values, rtol=0, atol=2e-6, err_msg=name)
+
+
+def test_a_label_out_of_range_changes_nothing(epsf, tmp_path) -> None:
+    from learning.model import init_mlp
+
+    params = init_mlp([4, 3], seed=0)
+    (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=1, tensors=params)))
+    batch = {"x": np.ones((2, 4), np.float32), "y": np.array([1, 3], np.float32)}
+    (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
+    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin")]
+    assert subprocess.run(args, capture_output=True).returncode == 1

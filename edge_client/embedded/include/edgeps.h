@@ -141,6 +141,36 @@ void eps_writer_tensor(eps_writer *w, const char *name, uint8_t ndim, const uint
 /* Appends the tensor count's fix-up and the CRC; *len gets the frame's size. */
 eps_status eps_writer_end(eps_writer *w, size_t *len);
 
+/* ---- the reference trainer (docs/PROTOCOL.md §6): a ReLU MLP, softmax cross-entropy, SGD ---- */
+
+#define EPS_MAX_LAYERS 8u
+
+/* An MLP's shape: layer sizes[0] (features) .. sizes[layers] (classes). Its parameters are one
+ * float array in the model's order: dense0.w (sizes[0] x sizes[1], row-major), dense0.b
+ * (sizes[1]), dense1.w, dense1.b, ... */
+typedef struct {
+    uint32_t layers;
+    uint32_t sizes[EPS_MAX_LAYERS + 1];
+} eps_mlp;
+
+/* The shape of the MLP whose parameters a frame holds (tensors dense{i}.w (in, out) and
+ * dense{i}.b (out), i = 0, 1, ..., in any order); EPS_ERR_NAME if the tensors are not one. */
+eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp);
+
+/* Floats of the parameters; floats of scratch one step on a batch needs. */
+size_t eps_mlp_params(const eps_mlp *mlp);
+size_t eps_mlp_scratch(const eps_mlp *mlp, uint32_t batch);
+
+/* The offset (in floats) of dense{layer}.w in the parameters, and of dense{layer}.b. */
+size_t eps_mlp_weight_at(const eps_mlp *mlp, uint32_t layer);
+size_t eps_mlp_bias_at(const eps_mlp *mlp, uint32_t layer);
+
+/* One SGD step in place on a batch x (batch x features, row-major) with labels y (0..classes-1):
+ * params -= lr * the gradient of the mean softmax cross-entropy. Returns the batch's loss, or a
+ * negative value if a label is out of range (nothing is changed then). */
+float eps_mlp_step(const eps_mlp *mlp, float *params, const float *x, const uint16_t *y, uint32_t batch, float lr,
+                   float *scratch);
+
 #ifdef __cplusplus
 }
 #endif

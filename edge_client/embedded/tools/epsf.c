@@ -7,6 +7,11 @@
  *                             starts the stochastic codecs' generator
  *   epsf check IN...          verify and decode each frame; print one line per frame: "ok" or
  *                             the first problem; exit 1 if any was refused
+ *   epsf train PARAMS BATCH LR OUT
+ *                             one SGD step of the MLP whose parameters the frame PARAMS holds, on
+ *                             the batch frame BATCH (tensors x (n, features) and y (n,), labels as
+ *                             floats), learning rate LR; OUT: the parameters after it (fp32), and a
+ *                             tensor "loss" of shape (1,)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,8 +65,73 @@ static eps_status run(const unsigned char *data, size_t len, const eps_codec *co
     return codec != NULL ? eps_writer_end(&w, out_len) : EPS_OK;
 }
 
+/* The values of every tensor of a frame, one after another, into a new array. */
+static float *values_of(const eps_frame *frame, size_t *count) {
+    eps_tensor t;
+    size_t cursor = 0, total = 0;
+    while (eps_frame_next(frame, &cursor, &t)) total += (size_t)t.elements;
+    float *all = malloc(total ? total * sizeof(float) : 1), *at = all;
+    for (cursor = 0; all != NULL && eps_frame_next(frame, &cursor, &t); at += t.elements)
+        if (eps_codec_decode(frame->codec, t.payload, t.length, (uint32_t)t.elements, at) != EPS_OK) {
+            free(all);
+            return NULL;
+        }
+    *count = total;
+    return all;
+}
+
+static int train(const char *params_path, const char *batch_path, float lr, const char *out_path) {
+    size_t plen = 0, blen = 0, np = 0, nb = 0, out_len = 0;
+    unsigned char *pdata = slurp(params_path, &plen), *bdata = slurp(batch_path, &blen), *out = NULL;
+    eps_frame pf, bf;
+    eps_mlp mlp;
+    float *params = NULL, *batch = NULL, *scratch = NULL;
+    uint16_t *labels = NULL;
+    int ok = pdata && bdata && eps_frame_parse(pdata, plen, 0, &pf) == EPS_OK &&
+             eps_frame_parse(bdata, blen, 0, &bf) == EPS_OK && eps_mlp_from_frame(&pf, &mlp) == EPS_OK;
+    if (ok) {
+        params = values_of(&pf, &np);
+        batch = values_of(&bf, &nb);
+        ok = params && batch && np == eps_mlp_params(&mlp) && nb % (mlp.sizes[0] + 1) == 0;
+    }
+    uint32_t n = ok ? (uint32_t)(nb / (mlp.sizes[0] + 1)) : 0;
+    if (ok) {
+        labels = malloc(n * sizeof(uint16_t) + 1);
+        scratch = malloc(eps_mlp_scratch(&mlp, n) * sizeof(float) + 1);
+        ok = labels && scratch;
+        for (uint32_t i = 0; ok && i < n; i++) labels[i] = (uint16_t)batch[(size_t)n * mlp.sizes[0] + i];
+    }
+    float loss = ok ? eps_mlp_step(&mlp, params, batch, labels, n, lr, scratch) : -1.0f;
+    ok = ok && loss >= 0.0f;
+    if (ok) {
+        size_t cap = plen + 4 * np + 256;
+        eps_writer w;
+        eps_codec fp32 = {EPS_FP32, 0.0f};
+        eps_tensor t;
+        size_t cursor = 0;
+        out = malloc(cap);
+        eps_writer_begin(&w, out, cap, EPS_PARAMS, fp32, pf.base_version, pf.seq, 0, 0, "");
+        while (out && eps_frame_next(&pf, &cursor, &t)) {
+            uint32_t layer = (uint32_t)(t.name[5] - '0'); /* dense{i}: at most EPS_MAX_LAYERS (8) */
+            size_t at = t.name[strlen(t.name) - 1] == 'w' ? eps_mlp_weight_at(&mlp, layer) : eps_mlp_bias_at(&mlp, layer);
+            eps_writer_tensor(&w, t.name, t.ndim, t.dims, params + at, NULL);
+        }
+        uint32_t one = 1;
+        eps_writer_tensor(&w, "loss", 1, &one, &loss, NULL);
+        ok = out && eps_writer_end(&w, &out_len) == EPS_OK;
+    }
+    if (ok) {
+        FILE *f = fopen(out_path, "wb");
+        ok = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0;
+    }
+    free(pdata), free(bdata), free(out), free(params), free(batch), free(scratch), free(labels);
+    if (!ok) fprintf(stderr, "epsf: train: bad parameters or batch\n");
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     size_t len = 0, out_len = 0;
+    if (argc == 6 && strcmp(argv[1], "train") == 0) return train(argv[2], argv[3], strtof(argv[4], NULL), argv[5]);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "recode") == 0) {
         uint64_t seed = argc == 6 ? strtoull(argv[5], NULL, 10) : 1;
         eps_codec codec;

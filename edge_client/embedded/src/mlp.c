@@ -1,0 +1,153 @@
+/* The reference trainer of docs/PROTOCOL.md §6 (learning/model.py in Python): a ReLU MLP with
+ * softmax cross-entropy, one SGD step at a time, in float32, in place. Each layer's weights are
+ * updated right after the error is carried back through them, so no gradient buffer is needed. */
+#include <math.h>
+#include <string.h>
+
+#include "edgeps.h"
+
+/* "dense{i}.w" or "dense{i}.b": the layer i and the kind ('w' or 'b'); 0 if the name is neither. */
+static int dense_name(const char *name, uint32_t *layer, char *kind) {
+    if (strncmp(name, "dense", 5) != 0) return 0;
+    uint32_t i = 0;
+    const char *p = name + 5;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] != '.')) return 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        i = i * 10 + (uint32_t)(*p - '0');
+        if (i >= EPS_MAX_LAYERS) return 0;
+    }
+    if (p[0] != '.' || (p[1] != 'w' && p[1] != 'b') || p[2] != '\0') return 0;
+    *layer = i;
+    *kind = p[1];
+    return 1;
+}
+
+eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp) {
+    uint32_t in[EPS_MAX_LAYERS] = {0}, out[EPS_MAX_LAYERS] = {0}, bias[EPS_MAX_LAYERS] = {0}, seen = 0;
+    eps_tensor t;
+    size_t cursor = 0;
+    while (eps_frame_next(frame, &cursor, &t)) {
+        uint32_t i;
+        char kind;
+        if (!dense_name(t.name, &i, &kind)) return EPS_ERR_NAME;
+        if (kind == 'w') {
+            if (t.ndim != 2 || t.dims[0] == 0 || t.dims[1] == 0) return EPS_ERR_NAME;
+            in[i] = t.dims[0];
+            out[i] = t.dims[1];
+        } else {
+            if (t.ndim != 1 || t.dims[0] == 0) return EPS_ERR_NAME;
+            bias[i] = t.dims[0];
+        }
+        seen++;
+    }
+    mlp->layers = seen / 2;
+    if (seen == 0 || seen % 2) return EPS_ERR_NAME;
+    for (uint32_t i = 0; i < mlp->layers; i++) {
+        if (in[i] == 0 || bias[i] != out[i] || (i > 0 && in[i] != out[i - 1])) return EPS_ERR_NAME;
+        mlp->sizes[i] = in[i];
+        mlp->sizes[i + 1] = out[i];
+    }
+    return EPS_OK;
+}
+
+size_t eps_mlp_weight_at(const eps_mlp *m, uint32_t layer) {
+    size_t at = 0;
+    for (uint32_t i = 0; i < layer; i++) at += (size_t)m->sizes[i] * m->sizes[i + 1] + m->sizes[i + 1];
+    return at;
+}
+
+size_t eps_mlp_bias_at(const eps_mlp *m, uint32_t layer) {
+    return eps_mlp_weight_at(m, layer) + (size_t)m->sizes[layer] * m->sizes[layer + 1];
+}
+
+size_t eps_mlp_params(const eps_mlp *m) { return eps_mlp_weight_at(m, m->layers); }
+
+static size_t hidden_width(const eps_mlp *m) {
+    size_t hidden = 0;
+    for (uint32_t i = 1; i < m->layers; i++) hidden += m->sizes[i];
+    return hidden;
+}
+
+static size_t widest(const eps_mlp *m) {
+    size_t wide = 0;
+    for (uint32_t i = 1; i <= m->layers; i++) wide = m->sizes[i] > wide ? m->sizes[i] : wide;
+    return wide;
+}
+
+size_t eps_mlp_scratch(const eps_mlp *m, uint32_t batch) { return (size_t)batch * (hidden_width(m) + 2 * widest(m)); }
+
+float eps_mlp_step(const eps_mlp *m, float *params, const float *x, const uint16_t *y, uint32_t batch, float lr,
+                   float *scratch) {
+    const uint32_t L = m->layers, classes = m->sizes[L];
+    const float *act[EPS_MAX_LAYERS]; /* act[i]: the input of layer i (batch x sizes[i]) */
+    float *d0 = scratch + (size_t)batch * hidden_width(m), *d1 = d0 + (size_t)batch * widest(m);
+    for (uint32_t n = 0; n < batch; n++)
+        if (y[n] >= classes) return -1.0f;
+    act[0] = x;
+    float *next = scratch;
+    for (uint32_t i = 0; i < L; i++) { /* forward: h = act @ w + b, ReLU between layers; logits into d0 */
+        const uint32_t fan_in = m->sizes[i], fan_out = m->sizes[i + 1];
+        const float *w = params + eps_mlp_weight_at(m, i), *b = params + eps_mlp_bias_at(m, i);
+        float *h = i + 1 < L ? next : d0;
+        for (uint32_t n = 0; n < batch; n++) {
+            float *row = h + (size_t)n * fan_out;
+            const float *a = act[i] + (size_t)n * fan_in;
+            for (uint32_t o = 0; o < fan_out; o++) row[o] = 0.0f;
+            for (uint32_t k = 0; k < fan_in; k++) {
+                const float v = a[k], *wk = w + (size_t)k * fan_out;
+                if (v != 0.0f)
+                    for (uint32_t o = 0; o < fan_out; o++) row[o] += v * wk[o];
+            }
+            for (uint32_t o = 0; o < fan_out; o++) {
+                row[o] += b[o];
+                if (i + 1 < L && row[o] < 0.0f) row[o] = 0.0f;
+            }
+        }
+        if (i + 1 < L) {
+            act[i + 1] = h;
+            next = h + (size_t)batch * fan_out;
+        }
+    }
+    float loss = 0.0f; /* softmax cross-entropy; d0 becomes d loss / d logits */
+    for (uint32_t n = 0; n < batch; n++) {
+        float *row = d0 + (size_t)n * classes, top = row[0], sum = 0.0f;
+        for (uint32_t c = 1; c < classes; c++) top = row[c] > top ? row[c] : top;
+        for (uint32_t c = 0; c < classes; c++) sum += expf(row[c] - top);
+        const float lse = logf(sum);
+        loss -= row[y[n]] - top - lse;
+        for (uint32_t c = 0; c < classes; c++) row[c] = expf(row[c] - top - lse);
+        row[y[n]] -= 1.0f;
+        for (uint32_t c = 0; c < classes; c++) row[c] /= (float)batch;
+    }
+    float *delta = d0, *spare = d1;
+    for (uint32_t i = L; i-- > 0;) { /* backward: carry the error through w_i, then update w_i and b_i */
+        const uint32_t fan_in = m->sizes[i], fan_out = m->sizes[i + 1];
+        float *w = params + eps_mlp_weight_at(m, i), *b = params + eps_mlp_bias_at(m, i);
+        const float *a = act[i];
+        if (i > 0)
+            for (uint32_t n = 0; n < batch; n++)
+                for (uint32_t k = 0; k < fan_in; k++) {
+                    float sum = 0.0f;
+                    const float *wk = w + (size_t)k * fan_out, *dn = delta + (size_t)n * fan_out;
+                    for (uint32_t o = 0; o < fan_out; o++) sum += dn[o] * wk[o];
+                    spare[(size_t)n * fan_in + k] = a[(size_t)n * fan_in + k] > 0.0f ? sum : 0.0f;
+                }
+        for (uint32_t k = 0; k < fan_in; k++) {
+            float *wk = w + (size_t)k * fan_out;
+            for (uint32_t o = 0; o < fan_out; o++) {
+                float g = 0.0f;
+                for (uint32_t n = 0; n < batch; n++) g += a[(size_t)n * fan_in + k] * delta[(size_t)n * fan_out + o];
+                wk[o] -= lr * g;
+            }
+        }
+        for (uint32_t o = 0; o < fan_out; o++) {
+            float g = 0.0f;
+            for (uint32_t n = 0; n < batch; n++) g += delta[(size_t)n * fan_out + o];
+            b[o] -= lr * g;
+        }
+        float *swap = delta;
+        delta = spare;
+        spare = swap;
+    }
+    return loss / (float)batch;
+}
