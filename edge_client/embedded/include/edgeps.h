@@ -171,6 +171,99 @@ size_t eps_mlp_bias_at(const eps_mlp *mlp, uint32_t layer);
 float eps_mlp_step(const eps_mlp *mlp, float *params, const float *x, const uint16_t *y, uint32_t batch, float lr,
                    float *scratch);
 
+/* ---- the device (docs/PROTOCOL.md §6): a state machine that talks through a port ---- */
+
+/* What the device core needs from its platform. Every function gets ctx. The MQTT client behind
+ * publish/subscribe must keep a persistent session and QoS 1 (PROTOCOL.md §2); publish copies
+ * the payload (or sends it before returning). */
+typedef struct {
+    void *ctx;
+    /* Publish at QoS 1 (retained if retain); 0 when accepted. */
+    int (*publish)(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain);
+    int (*subscribe)(void *ctx, const char *topic);
+    int (*unsubscribe)(void *ctx, const char *topic);
+    /* Seconds from any fixed point (a monotonic clock): times local steps for step_s. */
+    double (*clock)(void *ctx);
+    /* 64 random bits: the incarnation, the batches, the stochastic codecs. */
+    uint64_t (*entropy)(void *ctx);
+    /* Training sample index (0 .. samples - 1): its features into x (the model's count) and its
+     * label into *y; 0 if it cannot be had (the step is skipped). Data may live in flash, a file,
+     * or a sensor's ring buffer. */
+    int (*sample)(void *ctx, uint32_t index, float *x, uint16_t *y);
+} eps_port;
+
+/* A Control message (PROTOCOL.md §3). */
+typedef struct {
+    uint64_t run, incarnation, seq_base;
+    uint32_t max_uncommitted_steps, push_every, batch_size;
+    float lr;
+    eps_codec codec, pull_codec;
+    int wait_for_params, one_commit_per_version;
+    int64_t staleness_bound; /* -1: none */
+} eps_control;
+
+/* The bytes of arena a device needs for an MLP and batches of up to max_batch samples: what to
+ * reserve before flashing. */
+size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch);
+
+#define EPS_TOPIC_MAX 160u
+
+/* One device. All of its memory is this struct and the arena given to eps_device_init; the
+ * fields are the state of PROTOCOL.md §6, for reading (tests, logs), not for writing. */
+typedef struct {
+    eps_port port;
+    char device[EPS_MAX_NAME + 1];
+    char t_status[EPS_TOPIC_MAX], t_grad[EPS_TOPIC_MAX], t_params[EPS_TOPIC_MAX], t_delta[EPS_TOPIC_MAX],
+        t_ctrl[EPS_TOPIC_MAX], t_barrier[EPS_TOPIC_MAX], t_notice[EPS_TOPIC_MAX];
+    uint32_t samples;
+    uint8_t *arena;
+    size_t arena_size;
+    uint64_t incarnation;
+    int has_control, has_run, has_replica, has_local, has_model, has_sent, params_subscribed;
+    eps_control control;
+    uint64_t run, replica_run;
+    int64_t server_version, committed_on;
+    eps_mlp mlp;
+    float *replica, *local, *anchor, *residual, *sent, *scratch, *batch_x, *tmp;
+    uint16_t *batch_y;
+    uint8_t *frame;
+    size_t frame_cap;
+    uint32_t steps, step_samples, since_commit, sent_steps, sent_samples, max_batch;
+    uint64_t seq, sent_seq, slowest_clock, rng;
+    int64_t sent_base;
+    int waiting, gap, resync, finished, trained, residual_held;
+    float last_loss, step_s, mean_step_s;
+    uint32_t timed_steps;
+    double busy_s, idle_s, untimed_s;
+    eps_status error; /* the last problem met (a model too large for the arena, a frame refused) */
+} eps_device;
+
+/* Set up a device of job with id device holding samples training samples, its memory in arena
+ * (arena_size bytes, for the largest model and batch it will meet; see eps_device_arena_size).
+ * The incarnation is drawn from the port's entropy. EPS_ERR_NAME for a bad job or device id. */
+eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job, const char *device, uint32_t samples,
+                           void *arena, size_t arena_size, uint32_t max_batch);
+
+/* After every (re)connect: subscribe, and publish the online status (retained). */
+void eps_device_connected(eps_device *d);
+
+/* An inbound message; bad ones are ignored (d->error says why). */
+void eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len);
+
+/* Whether eps_device_step may run now. */
+int eps_device_ready(const eps_device *d);
+
+/* One local step (none when the device holds max_uncommitted_steps), then the commit when due.
+ * Returns 1 if it trained. */
+int eps_device_step(eps_device *d);
+
+/* The status message (state "online" or "offline") into out; its length, 0 if cap is too small.
+ * The will is the offline one. */
+size_t eps_device_status(const eps_device *d, const char *state, char *out, size_t cap);
+
+/* Before a clean disconnect: publish the offline status (a clean disconnect fires no will). */
+void eps_device_leave(eps_device *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,459 @@
+/* The device of docs/PROTOCOL.md §6 (edge_client/core.py in Python): parameters and control in,
+ * local SGD steps, commit frames out, all through the port. Its memory is the eps_device struct
+ * and the arena, laid out once the first parameter frame says what the model is. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "edgeps.h"
+#include "json.h"
+
+#define SPEED_SAMPLES 3u     /* local steps timed before the first speed report */
+#define STATUS_INTERVAL_S 1.0 /* speed reports at most this often (in timed seconds) */
+#define SAFE_INT 9007199254740991u
+
+static int valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > EPS_MAX_NAME) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        int alnum = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0 || (c != '_' && c != '.' && c != '-'))) return 0;
+    }
+    return 1;
+}
+
+/* ---- memory ---- */
+
+static size_t largest_tensor(const eps_mlp *m) {
+    size_t big = 0;
+    for (uint32_t i = 0; i < m->layers; i++) {
+        size_t w = (size_t)m->sizes[i] * m->sizes[i + 1];
+        big = w > big ? w : big;
+    }
+    return big;
+}
+
+/* A commit frame in any codec (top-k of every value is the largest: 9 + 5 n a tensor). */
+static size_t frame_bytes(const eps_mlp *m) {
+    size_t size = EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4;
+    for (uint32_t i = 0; i < m->layers; i++) {
+        size_t w = (size_t)m->sizes[i] * m->sizes[i + 1], b = m->sizes[i + 1];
+        size += 2 * (1 + EPS_MAX_NAME + 1 + 2 * 4 + 4 + 9) + 5 * (w + b);
+    }
+    return size;
+}
+
+size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch) {
+    size_t floats = 5 * eps_mlp_params(m) + eps_mlp_scratch(m, max_batch) + (size_t)max_batch * m->sizes[0] +
+                    largest_tensor(m);
+    return floats * sizeof(float) + (size_t)max_batch * sizeof(uint16_t) + frame_bytes(m);
+}
+
+/* Lay the arena out for the model; 0 if it does not fit. */
+static int lay_out(eps_device *d, const eps_mlp *m) {
+    if (eps_device_arena_size(m, d->max_batch) > d->arena_size) return 0;
+    size_t p = eps_mlp_params(m);
+    float *f = (float *)(void *)d->arena;
+    d->replica = f, f += p;
+    d->local = f, f += p;
+    d->anchor = f, f += p;
+    d->residual = f, f += p;
+    d->sent = f, f += p;
+    d->scratch = f, f += eps_mlp_scratch(m, d->max_batch);
+    d->batch_x = f, f += (size_t)d->max_batch * m->sizes[0];
+    d->tmp = f, f += largest_tensor(m);
+    d->batch_y = (uint16_t *)(void *)f;
+    d->frame = (uint8_t *)(d->batch_y + d->max_batch);
+    d->frame_cap = frame_bytes(m);
+    d->mlp = *m;
+    d->has_model = 1;
+    return 1;
+}
+
+/* ---- status and topics ---- */
+
+size_t eps_device_status(const eps_device *d, const char *state, char *out, size_t cap) {
+    char step[32] = "null";
+    if (d->step_s > 0) snprintf(step, sizeof step, "%.6g", (double)d->step_s);
+    int n = snprintf(out, cap,
+                     "{\"device\":\"%s\",\"state\":\"%s\",\"incarnation\":%" PRIu64 ",\"samples\":%" PRIu32
+                     ",\"backend\":\"c\",\"busy_s\":%.6f,\"idle_s\":%.6f,\"step_s\":%s}",
+                     d->device, state, d->incarnation, d->samples, d->busy_s, d->idle_s, step);
+    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+static void publish_status(eps_device *d, const char *state) {
+    char body[320];
+    size_t n = eps_device_status(d, state, body, sizeof body);
+    if (n) d->port.publish(d->port.ctx, d->t_status, (const uint8_t *)body, n, 1);
+}
+
+/* Subscribe to params while a snapshot is needed: fp32 pulls, no version yet, or a gap. */
+static void sync_subscriptions(eps_device *d) {
+    int deltas = d->has_control && d->control.pull_codec.id != EPS_FP32;
+    int want = !deltas || d->server_version < 0 || d->gap;
+    if (d->resync) { /* a new run: its newest version is the retained snapshot */
+        d->resync = 0;
+        d->port.subscribe(d->port.ctx, d->t_params);
+        d->params_subscribed = 1;
+    } else if (want != d->params_subscribed) {
+        (want ? d->port.subscribe : d->port.unsubscribe)(d->port.ctx, d->t_params);
+        d->params_subscribed = want;
+    }
+}
+
+eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job, const char *device, uint32_t samples,
+                           void *arena, size_t arena_size, uint32_t max_batch) {
+    memset(d, 0, sizeof *d);
+    if (!valid_name(job) || !valid_name(device) || samples == 0 || max_batch == 0) return EPS_ERR_NAME;
+    d->port = *port;
+    strcpy(d->device, device);
+    snprintf(d->t_status, EPS_TOPIC_MAX, "edgeps/%s/status/%s", job, device);
+    snprintf(d->t_grad, EPS_TOPIC_MAX, "edgeps/%s/grad/%s", job, device);
+    snprintf(d->t_ctrl, EPS_TOPIC_MAX, "edgeps/%s/ctrl/%s", job, device);
+    snprintf(d->t_notice, EPS_TOPIC_MAX, "edgeps/%s/notice/%s", job, device);
+    snprintf(d->t_params, EPS_TOPIC_MAX, "edgeps/%s/params", job);
+    snprintf(d->t_delta, EPS_TOPIC_MAX, "edgeps/%s/delta", job);
+    snprintf(d->t_barrier, EPS_TOPIC_MAX, "edgeps/%s/barrier", job);
+    d->samples = samples;
+    d->arena = arena;
+    d->arena_size = arena_size;
+    d->max_batch = max_batch;
+    d->rng = port->entropy(port->ctx) | 1u;
+    d->incarnation = 1 + port->entropy(port->ctx) % SAFE_INT;
+    d->server_version = -1;
+    d->committed_on = -1;
+    return EPS_OK;
+}
+
+void eps_device_connected(eps_device *d) {
+    const char *topics[] = {d->t_delta, d->t_ctrl, d->t_barrier, d->t_notice};
+    for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) d->port.subscribe(d->port.ctx, topics[i]);
+    d->params_subscribed = 0;
+    d->resync = 0;
+    sync_subscriptions(d);
+    publish_status(d, "online");
+}
+
+void eps_device_leave(eps_device *d) { publish_status(d, "offline"); }
+
+/* ---- replica and adoption ---- */
+
+static void forget(eps_device *d) {
+    d->server_version = -1;
+    d->has_replica = d->has_local = d->has_sent = 0;
+    d->steps = d->step_samples = d->since_commit = 0;
+    d->waiting = 0;
+    d->committed_on = -1;
+    d->residual_held = 0;
+    d->resync = 1;
+}
+
+/* Train on the replica of version from now on, keeping uncommitted progress (local - anchor). */
+static void adopt(eps_device *d, int64_t version) {
+    size_t p = eps_mlp_params(&d->mlp);
+    d->server_version = version;
+    if (!d->has_local || d->waiting) memcpy(d->local, d->replica, p * sizeof(float));
+    else
+        for (size_t i = 0; i < p; i++) d->local[i] = d->replica[i] + (d->local[i] - d->anchor[i]);
+    memcpy(d->anchor, d->replica, p * sizeof(float));
+    d->has_local = 1;
+    d->waiting = 0;
+}
+
+/* Where a tensor of the model lives in the parameter arrays, and whether its shape is the model's. */
+static int place(const eps_device *d, const eps_tensor *t, size_t *at) {
+    for (uint32_t i = 0; i < d->mlp.layers; i++) {
+        char name[24];
+        uint32_t in = d->mlp.sizes[i], out = d->mlp.sizes[i + 1];
+        snprintf(name, sizeof name, "dense%" PRIu32 ".w", i);
+        if (strcmp(name, t->name) == 0) {
+            *at = eps_mlp_weight_at(&d->mlp, i);
+            return t->ndim == 2 && t->dims[0] == in && t->dims[1] == out;
+        }
+        name[strlen(name) - 1] = 'b';
+        if (strcmp(name, t->name) == 0) {
+            *at = eps_mlp_bias_at(&d->mlp, i);
+            return t->ndim == 1 && t->dims[0] == out;
+        }
+    }
+    return 0;
+}
+
+static void on_params(eps_device *d, const eps_frame *f) {
+    eps_mlp shape;
+    eps_tensor t;
+    size_t cursor = 0, at;
+    if (d->has_run && f->seq != d->run) return; /* a snapshot of another run */
+    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return;
+    if (d->has_replica && f->seq != d->replica_run) {
+        forget(d);
+        d->resync = 0; /* this snapshot is what a resync would fetch */
+    }
+    if ((d->error = eps_mlp_from_frame(f, &shape)) != EPS_OK) return;
+    if (!d->has_model || memcmp(&shape, &d->mlp, sizeof shape) != 0) { /* a new model: nothing carries over */
+        d->has_model = d->has_replica = d->has_local = 0;
+        if (!lay_out(d, &shape)) {
+            d->error = EPS_ERR_SPACE;
+            return;
+        }
+    }
+    while (eps_frame_next(f, &cursor, &t)) {
+        if (!place(d, &t, &at)) {
+            d->error = EPS_ERR_NAME;
+            return;
+        }
+        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->replica + at))) {
+            d->has_replica = 0; /* part of it is overwritten: wait for the next snapshot */
+            d->server_version = -1;
+            return;
+        }
+    }
+    d->has_replica = 1;
+    d->replica_run = f->seq;
+    d->gap = 0;
+    adopt(d, (int64_t)f->base_version);
+}
+
+static void on_delta(eps_device *d, const eps_frame *f) {
+    eps_tensor t;
+    size_t cursor = 0, at;
+    if ((int64_t)f->base_version <= d->server_version) return;
+    if ((int64_t)f->seq != d->server_version || !d->has_replica || !d->has_run || d->replica_run != d->run) {
+        d->gap = 1; /* resubscribe to params; unsubscribe once its snapshot repaired the gap */
+        return;
+    }
+    if (f->count != 2 * d->mlp.layers) {
+        d->error = EPS_ERR_NAME;
+        return;
+    }
+    while (eps_frame_next(f, &cursor, &t)) {
+        if (!place(d, &t, &at)) {
+            d->error = EPS_ERR_NAME;
+            d->gap = 1;
+            return;
+        }
+        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->tmp)) != EPS_OK) {
+            d->gap = 1;
+            d->has_replica = 0;
+            return;
+        }
+        for (uint64_t i = 0; i < t.elements; i++) d->replica[at + i] += d->tmp[i]; /* float32, as the server */
+    }
+    adopt(d, (int64_t)f->base_version);
+}
+
+/* ---- JSON messages ---- */
+
+static int read_codec(const eps_json_value *v, eps_codec *codec) {
+    char spec[32];
+    return eps_json_string(v, spec, sizeof spec) && eps_codec_parse(spec, codec) == EPS_OK;
+}
+
+static void on_control(eps_device *d, const char *text, size_t len) {
+    eps_json j;
+    eps_json_value v;
+    eps_control c = {0};
+    char device[EPS_MAX_NAME + 1] = "";
+    uint64_t u = 0;
+    double x = 0;
+    int r, b = 0, seen = 0;
+    c.codec.id = c.pull_codec.id = EPS_FP32;
+    c.staleness_bound = -1;
+    if (!eps_json_begin(&j, text, len)) return;
+    while ((r = eps_json_member(&j, &v)) == 1) {
+        if (eps_json_is(&v, "device")) seen |= eps_json_string(&v, device, sizeof device);
+        else if (eps_json_is(&v, "run") && eps_json_uint(&v, &u)) c.run = u, seen |= 2;
+        else if (eps_json_is(&v, "incarnation") && eps_json_uint(&v, &u)) c.incarnation = u, seen |= 4;
+        else if (eps_json_is(&v, "seq_base") && eps_json_uint(&v, &u)) c.seq_base = u;
+        else if (eps_json_is(&v, "max_uncommitted_steps") && eps_json_uint(&v, &u)) c.max_uncommitted_steps = (uint32_t)u;
+        else if (eps_json_is(&v, "push_every") && eps_json_uint(&v, &u)) c.push_every = (uint32_t)u, seen |= 8;
+        else if (eps_json_is(&v, "batch_size") && eps_json_uint(&v, &u)) c.batch_size = (uint32_t)u, seen |= 16;
+        else if (eps_json_is(&v, "lr") && eps_json_number(&v, &x)) c.lr = (float)x, seen |= 32;
+        else if (eps_json_is(&v, "codec") && !read_codec(&v, &c.codec)) return;
+        else if (eps_json_is(&v, "pull_codec") && !read_codec(&v, &c.pull_codec)) return;
+        else if (eps_json_is(&v, "wait_for_params") && eps_json_bool(&v, &b)) c.wait_for_params = b;
+        else if (eps_json_is(&v, "one_commit_per_version") && eps_json_bool(&v, &b)) c.one_commit_per_version = b;
+        else if (eps_json_is(&v, "staleness_bound") && eps_json_uint(&v, &u)) c.staleness_bound = (int64_t)u;
+    } /* any other field, of any type, is a newer server's: ignored */
+    if (r < 0 || seen != 63 || c.push_every == 0 || c.batch_size == 0 || !(c.lr > 0)) return;
+    if (strcmp(device, d->device) != 0 || c.incarnation != d->incarnation) return; /* an earlier boot's */
+    if (c.max_uncommitted_steps == 0) c.max_uncommitted_steps = 8 * c.push_every;
+    if (d->has_run && c.run != d->run) forget(d); /* a new run of the job: start from its parameters */
+    if (d->has_replica && d->replica_run != c.run) forget(d);
+    d->run = c.run;
+    d->has_run = 1;
+    d->seq = c.seq_base > d->seq ? c.seq_base : d->seq;
+    d->control = c;
+    d->has_control = 1;
+}
+
+static void on_barrier(eps_device *d, const char *text, size_t len) {
+    eps_json j;
+    eps_json_value v;
+    uint64_t run = 0, slowest = 0;
+    char state[16] = "";
+    if (!eps_json_begin(&j, text, len)) return;
+    while (eps_json_member(&j, &v) == 1) {
+        if (eps_json_is(&v, "run")) eps_json_uint(&v, &run);
+        else if (eps_json_is(&v, "slowest_clock")) eps_json_uint(&v, &slowest);
+        else if (eps_json_is(&v, "state")) eps_json_string(&v, state, sizeof state);
+    }
+    if (!d->has_run || run != d->run) return; /* another run's barrier says nothing about ours */
+    d->slowest_clock = slowest;
+    if (strcmp(state, "finished") == 0) d->finished = 1;
+}
+
+static void on_notice(eps_device *d, const char *text, size_t len) {
+    static const char *const carried[] = {"rate_limited", "unknown_device", "replayed", "out_of_order"};
+    eps_json j;
+    eps_json_value v;
+    uint64_t seq = 0;
+    int has_seq = 0;
+    char reason[32] = "";
+    if (!eps_json_begin(&j, text, len)) return;
+    while (eps_json_member(&j, &v) == 1) {
+        if (eps_json_is(&v, "seq")) has_seq = eps_json_uint(&v, &seq);
+        else if (eps_json_is(&v, "reason")) eps_json_string(&v, reason, sizeof reason);
+    }
+    if (strcmp(reason, "evicted") == 0 || strcmp(reason, "finished") == 0) {
+        d->finished = 1;
+        return;
+    }
+    if (!d->has_sent || !has_seq || seq != d->sent_seq) return; /* not about our newest commit */
+    d->has_sent = 0;
+    d->waiting = 0; /* a refused commit releases the device */
+    if (d->committed_on == d->sent_base) d->committed_on = -1;
+    for (size_t i = 0; i < sizeof carried / sizeof carried[0]; i++) {
+        if (strcmp(reason, carried[i]) != 0 || !d->has_local || d->sent_base > d->server_version) continue;
+        size_t p = eps_mlp_params(&d->mlp); /* its progress goes into the next commit */
+        for (size_t k = 0; k < p; k++) d->anchor[k] -= d->sent[k];
+        d->steps += d->sent_steps;
+        d->step_samples += d->sent_samples;
+    }
+}
+
+void eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len) {
+    if (strcmp(topic, d->t_params) == 0 || strcmp(topic, d->t_delta) == 0) {
+        eps_frame f;
+        uint64_t bound = d->has_model ? eps_mlp_params(&d->mlp) : 0;
+        d->error = eps_frame_parse(payload, len, bound, &f);
+        if (d->error == EPS_OK && f.kind == EPS_PARAMS && strcmp(topic, d->t_params) == 0) on_params(d, &f);
+        else if (d->error == EPS_OK && f.kind == EPS_DELTA && d->has_model) on_delta(d, &f);
+    } else if (len > 0 && strcmp(topic, d->t_ctrl) == 0) on_control(d, (const char *)payload, len);
+    else if (len > 0 && strcmp(topic, d->t_barrier) == 0) on_barrier(d, (const char *)payload, len);
+    else if (strcmp(topic, d->t_notice) == 0) on_notice(d, (const char *)payload, len);
+    sync_subscriptions(d);
+}
+
+/* ---- training ---- */
+
+static int holding(const eps_device *d) {
+    return d->control.one_commit_per_version && d->committed_on == d->server_version;
+}
+
+static int commit_due(const eps_device *d) { return d->since_commit >= d->control.push_every && !holding(d); }
+
+int eps_device_ready(const eps_device *d) {
+    if (!d->has_control || !d->has_model || !d->has_local || !d->has_replica || d->replica_run != d->run ||
+        d->waiting || d->finished)
+        return 0;
+    if (d->control.staleness_bound >= 0 && (int64_t)(d->seq - d->slowest_clock) > d->control.staleness_bound) return 0;
+    return d->since_commit < d->control.max_uncommitted_steps || commit_due(d);
+}
+
+static int train(eps_device *d) {
+    uint32_t batch = d->control.batch_size < d->samples ? d->control.batch_size : d->samples;
+    batch = batch < d->max_batch ? batch : d->max_batch;
+    uint32_t features = d->mlp.sizes[0];
+    for (uint32_t b = 0; b < batch; b++) {
+        d->rng ^= d->rng << 13, d->rng ^= d->rng >> 7, d->rng ^= d->rng << 17;
+        uint32_t index = (uint32_t)(d->rng % d->samples);
+        if (!d->port.sample(d->port.ctx, index, d->batch_x + (size_t)b * features, d->batch_y + b)) return 0;
+    }
+    float loss = eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->scratch);
+    if (loss < 0) {
+        d->error = EPS_ERR_VALUE; /* a label beyond the model's classes */
+        return 0;
+    }
+    d->last_loss = loss;
+    d->steps++;
+    d->since_commit++;
+    d->step_samples += batch;
+    return 1;
+}
+
+/* The smoothed step time; the online status again with step_s after SPEED_SAMPLES steps and when
+ * it drifts by a quarter (at most once per STATUS_INTERVAL_S of timed steps). */
+static void timed(eps_device *d, double seconds) {
+    if (!(seconds > 0)) return;
+    d->timed_steps++;
+    d->untimed_s += seconds;
+    d->mean_step_s = d->timed_steps == 1 ? (float)seconds : 0.8f * d->mean_step_s + 0.2f * (float)seconds;
+    if (d->timed_steps < SPEED_SAMPLES) return;
+    if (d->step_s > 0 && fabsf(d->mean_step_s - d->step_s) <= 0.25f * d->step_s) return;
+    if (d->step_s > 0 && d->untimed_s < STATUS_INTERVAL_S) return;
+    d->step_s = d->mean_step_s > 1e-6f ? d->mean_step_s : 1e-6f;
+    d->untimed_s = 0;
+    publish_status(d, "online");
+}
+
+static void commit(eps_device *d) {
+    static const char *const kinds[] = {"w", "b"};
+    const eps_codec codec = d->control.codec;
+    const int biased = eps_codec_biased(codec);
+    size_t p = eps_mlp_params(&d->mlp), len = 0;
+    eps_writer w;
+    d->seq++;
+    for (size_t i = 0; i < p; i++) { /* t = local - anchor (+ the residual): into sent */
+        float t = d->local[i] - d->anchor[i];
+        d->sent[i] = d->residual_held ? t + d->residual[i] : t;
+    }
+    eps_writer_begin(&w, d->frame, d->frame_cap, EPS_COMMIT, codec, (uint64_t)d->server_version, d->seq,
+                     d->step_samples, d->steps, d->device);
+    for (uint32_t layer = 0; layer < d->mlp.layers; layer++)
+        for (int k = 0; k < 2; k++) {
+            char name[24];
+            uint32_t dims[2] = {d->mlp.sizes[layer], d->mlp.sizes[layer + 1]};
+            uint8_t ndim = k == 0 ? 2 : 1;
+            size_t at = k == 0 ? eps_mlp_weight_at(&d->mlp, layer) : eps_mlp_bias_at(&d->mlp, layer);
+            uint32_t n = k == 0 ? dims[0] * dims[1] : dims[1];
+            if (k == 1) dims[0] = dims[1];
+            snprintf(name, sizeof name, "dense%" PRIu32 ".%s", layer, kinds[k]);
+            size_t before = w.len + 1 + strlen(name) + 1 + 4u * ndim + 4; /* where the payload starts */
+            eps_writer_tensor(&w, name, ndim, dims, d->sent + at, &d->rng);
+            if (!biased || w.error != EPS_OK) continue;
+            /* what the server adds is decode(encode(t)); the rest waits for the next commit */
+            if (eps_codec_decode(codec, w.buf + before, w.len - before, n, d->tmp) != EPS_OK) w.error = EPS_ERR_VALUE;
+            for (uint32_t i = 0; i < n && w.error == EPS_OK; i++) {
+                d->residual[at + i] = d->sent[at + i] - d->tmp[i];
+                d->sent[at + i] = d->tmp[i];
+            }
+        }
+    d->residual_held = biased;
+    if ((d->error = eps_writer_end(&w, &len)) != EPS_OK) return;
+    d->port.publish(d->port.ctx, d->t_grad, d->frame, len, 0);
+    d->has_sent = 1;
+    d->sent_seq = d->seq;
+    d->sent_base = d->server_version;
+    d->sent_steps = d->steps;
+    d->sent_samples = d->step_samples;
+    d->steps = d->step_samples = d->since_commit = 0;
+    d->committed_on = d->server_version;
+    memcpy(d->anchor, d->local, p * sizeof(float));
+    d->waiting = d->control.wait_for_params;
+}
+
+int eps_device_step(eps_device *d) {
+    if (!eps_device_ready(d)) return 0;
+    d->trained = 0;
+    if (d->since_commit < d->control.max_uncommitted_steps) {
+        double started = d->port.clock(d->port.ctx);
+        d->trained = train(d);
+        if (d->trained) timed(d, d->port.clock(d->port.ctx) - started);
+    }
+    if (commit_due(d)) commit(d);
+    return d->trained;
+}
