@@ -264,3 +264,12 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
 def decode_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_FRAME_ELEMENTS) -> Frame:
     """Parse, verify and decode a frame; raise FrameError with the first problem found."""
     return parse_frame(data, max_bytes, max_elements).decode()
+
+
+def encode_data_frame(x: np.ndarray, y: np.ndarray) -> bytes:
+    """A device's training data as the C SDK reads it (edge_client/embedded): a parameter-kind fp32
+    frame holding ``x`` (n, features) and ``y`` (n,), the labels as floats."""
+    x, y = np.asarray(x, np.float32), np.asarray(y)
+    if x.ndim != 2 or y.shape != (len(x),) or len(x) == 0:
+        raise FrameError(f"data needs x (n, features) and y (n,), got {x.shape} and {y.shape}")
+    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors={"x": x, "y": y.astype(np.float32)}))
