@@ -224,10 +224,10 @@ typedef struct {
     uint64_t run, replica_run;
     int64_t server_version, committed_on;
     eps_mlp mlp;
-    float *replica, *local, *anchor, *residual, *sent, *scratch, *batch_x, *tmp;
+    float *replica, *local, *anchor, *residual, *work, *batch_x;
     uint16_t *batch_y;
-    uint8_t *frame;
-    size_t frame_cap;
+    uint8_t *frame; /* the newest commit, kept until the next one: a refused one is carried from it */
+    size_t frame_cap, frame_len;
     uint32_t steps, step_samples, since_commit, sent_steps, sent_samples, max_batch;
     uint64_t seq, sent_seq, slowest_clock, rng;
     int64_t sent_base;

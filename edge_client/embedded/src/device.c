@@ -1,9 +1,7 @@
 /* The device of docs/PROTOCOL.md §6 (edge_client/core.py in Python): parameters and control in,
  * local SGD steps, commit frames out, all through the port. Its memory is the eps_device struct
  * and the arena, laid out once the first parameter frame says what the model is. */
-#include <inttypes.h>
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "edgeps.h"
@@ -45,9 +43,16 @@ static size_t frame_bytes(const eps_mlp *m) {
     return size;
 }
 
+/* Floats of the work area: a training step's scratch, or one decoded tensor (a delta's, or a
+ * commit's to compute its residual or carry it): never both at once. */
+static size_t work_floats(const eps_mlp *m, uint32_t max_batch) {
+    size_t scratch = eps_mlp_scratch(m, max_batch), tensor = largest_tensor(m);
+    return scratch > tensor ? scratch : tensor;
+}
+
+/* replica, local, anchor, residual; the work area; a batch; the commit frame. */
 size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch) {
-    size_t floats = 5 * eps_mlp_params(m) + eps_mlp_scratch(m, max_batch) + (size_t)max_batch * m->sizes[0] +
-                    largest_tensor(m);
+    size_t floats = 4 * eps_mlp_params(m) + work_floats(m, max_batch) + (size_t)max_batch * m->sizes[0];
     return floats * sizeof(float) + (size_t)max_batch * sizeof(uint16_t) + frame_bytes(m);
 }
 
@@ -60,10 +65,8 @@ static int lay_out(eps_device *d, const eps_mlp *m) {
     d->local = f, f += p;
     d->anchor = f, f += p;
     d->residual = f, f += p;
-    d->sent = f, f += p;
-    d->scratch = f, f += eps_mlp_scratch(m, d->max_batch);
+    d->work = f, f += work_floats(m, d->max_batch);
     d->batch_x = f, f += (size_t)d->max_batch * m->sizes[0];
-    d->tmp = f, f += largest_tensor(m);
     d->batch_y = (uint16_t *)(void *)f;
     d->frame = (uint8_t *)(d->batch_y + d->max_batch);
     d->frame_cap = frame_bytes(m);
@@ -72,16 +75,68 @@ static int lay_out(eps_device *d, const eps_mlp *m) {
     return 1;
 }
 
+/* ---- text without printf (a microcontroller's libc printf is large, and may lack 64-bit and
+ * float formats) ---- */
+
+typedef struct {
+    char *p;
+    size_t cap, len;
+} writer;
+
+static void put(writer *t, const char *s) {
+    for (; *s; s++, t->len++)
+        if (t->len + 1 < t->cap) t->p[t->len] = *s;
+    if (t->cap) t->p[t->len < t->cap ? t->len : t->cap - 1] = '\0';
+}
+
+static void put_uint(writer *t, uint64_t v) {
+    char digits[24];
+    size_t i = sizeof digits;
+    digits[--i] = '\0';
+    do digits[--i] = (char)('0' + v % 10); while ((v /= 10) != 0);
+    put(t, digits + i);
+}
+
+/* A non-negative number with six decimals (seconds to the microsecond). */
+static void put_fixed6(writer *t, double v) {
+    uint64_t micros = (uint64_t)(v * 1e6 + 0.5), frac = micros % 1000000;
+    char six[8] = "000000";
+    put_uint(t, micros / 1000000);
+    put(t, ".");
+    for (int i = 5; i >= 0; i--, frac /= 10) six[i] = (char)('0' + frac % 10);
+    put(t, six);
+}
+
+/* "dense{layer}.{kind}" into out. */
+static void tensor_name(char out[24], uint32_t layer, char kind) {
+    writer t = {out, 24, 0};
+    char suffix[3] = {'.', kind, '\0'};
+    put(&t, "dense");
+    put_uint(&t, layer);
+    put(&t, suffix);
+}
+
 /* ---- status and topics ---- */
 
 size_t eps_device_status(const eps_device *d, const char *state, char *out, size_t cap) {
-    char step[32] = "null";
-    if (d->step_s > 0) snprintf(step, sizeof step, "%.6g", (double)d->step_s);
-    int n = snprintf(out, cap,
-                     "{\"device\":\"%s\",\"state\":\"%s\",\"incarnation\":%" PRIu64 ",\"samples\":%" PRIu32
-                     ",\"backend\":\"c\",\"busy_s\":%.6f,\"idle_s\":%.6f,\"step_s\":%s}",
-                     d->device, state, d->incarnation, d->samples, d->busy_s, d->idle_s, step);
-    return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+    writer t = {out, cap, 0};
+    put(&t, "{\"device\":\"");
+    put(&t, d->device);
+    put(&t, "\",\"state\":\"");
+    put(&t, state);
+    put(&t, "\",\"incarnation\":");
+    put_uint(&t, d->incarnation);
+    put(&t, ",\"samples\":");
+    put_uint(&t, d->samples);
+    put(&t, ",\"backend\":\"c\",\"busy_s\":");
+    put_fixed6(&t, d->busy_s > 0 ? d->busy_s : 0);
+    put(&t, ",\"idle_s\":");
+    put_fixed6(&t, d->idle_s > 0 ? d->idle_s : 0);
+    put(&t, ",\"step_s\":");
+    if (d->step_s > 0) put_fixed6(&t, d->step_s < 3600 ? d->step_s : 3600);
+    else put(&t, "null");
+    put(&t, "}");
+    return t.len < cap ? t.len : 0;
 }
 
 static void publish_status(eps_device *d, const char *state) {
@@ -110,13 +165,19 @@ eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job,
     if (!valid_name(job) || !valid_name(device) || samples == 0 || max_batch == 0) return EPS_ERR_NAME;
     d->port = *port;
     strcpy(d->device, device);
-    snprintf(d->t_status, EPS_TOPIC_MAX, "edgeps/%s/status/%s", job, device);
-    snprintf(d->t_grad, EPS_TOPIC_MAX, "edgeps/%s/grad/%s", job, device);
-    snprintf(d->t_ctrl, EPS_TOPIC_MAX, "edgeps/%s/ctrl/%s", job, device);
-    snprintf(d->t_notice, EPS_TOPIC_MAX, "edgeps/%s/notice/%s", job, device);
-    snprintf(d->t_params, EPS_TOPIC_MAX, "edgeps/%s/params", job);
-    snprintf(d->t_delta, EPS_TOPIC_MAX, "edgeps/%s/delta", job);
-    snprintf(d->t_barrier, EPS_TOPIC_MAX, "edgeps/%s/barrier", job);
+    struct {
+        char *topic;
+        const char *kind, *who;
+    } topics[] = {{d->t_status, "/status/", device}, {d->t_grad, "/grad/", device}, {d->t_ctrl, "/ctrl/", device},
+                  {d->t_notice, "/notice/", device},  {d->t_params, "/params", ""},   {d->t_delta, "/delta", ""},
+                  {d->t_barrier, "/barrier", ""}};
+    for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) {
+        writer t = {topics[i].topic, EPS_TOPIC_MAX, 0};
+        put(&t, "edgeps/");
+        put(&t, job);
+        put(&t, topics[i].kind);
+        put(&t, topics[i].who);
+    }
     d->samples = samples;
     d->arena = arena;
     d->arena_size = arena_size;
@@ -168,7 +229,7 @@ static int place(const eps_device *d, const eps_tensor *t, size_t *at) {
     for (uint32_t i = 0; i < d->mlp.layers; i++) {
         char name[24];
         uint32_t in = d->mlp.sizes[i], out = d->mlp.sizes[i + 1];
-        snprintf(name, sizeof name, "dense%" PRIu32 ".w", i);
+        tensor_name(name, i, 'w');
         if (strcmp(name, t->name) == 0) {
             *at = eps_mlp_weight_at(&d->mlp, i);
             return t->ndim == 2 && t->dims[0] == in && t->dims[1] == out;
@@ -235,12 +296,12 @@ static void on_delta(eps_device *d, const eps_frame *f) {
             d->gap = 1;
             return;
         }
-        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->tmp)) != EPS_OK) {
+        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->work)) != EPS_OK) {
             d->gap = 1;
             d->has_replica = 0;
             return;
         }
-        for (uint64_t i = 0; i < t.elements; i++) d->replica[at + i] += d->tmp[i]; /* float32, as the server */
+        for (uint64_t i = 0; i < t.elements; i++) d->replica[at + i] += d->work[i]; /* float32, as the server */
     }
     adopt(d, (int64_t)f->base_version);
 }
@@ -327,9 +388,15 @@ static void on_notice(eps_device *d, const char *text, size_t len) {
     d->waiting = 0; /* a refused commit releases the device */
     if (d->committed_on == d->sent_base) d->committed_on = -1;
     for (size_t i = 0; i < sizeof carried / sizeof carried[0]; i++) {
+        eps_frame f;
+        eps_tensor t;
+        size_t cursor = 0, at;
         if (strcmp(reason, carried[i]) != 0 || !d->has_local || d->sent_base > d->server_version) continue;
-        size_t p = eps_mlp_params(&d->mlp); /* its progress goes into the next commit */
-        for (size_t k = 0; k < p; k++) d->anchor[k] -= d->sent[k];
+        if (eps_frame_parse(d->frame, d->frame_len, 0, &f) != EPS_OK) return;
+        while (eps_frame_next(&f, &cursor, &t)) /* what the server would have added goes into the next commit */
+            if (place(d, &t, &at) && eps_codec_decode(f.codec, t.payload, t.length, (uint32_t)t.elements,
+                                                      d->work) == EPS_OK)
+                for (uint64_t k = 0; k < t.elements; k++) d->anchor[at + k] -= d->work[k];
         d->steps += d->sent_steps;
         d->step_samples += d->sent_samples;
     }
@@ -373,7 +440,7 @@ static int train(eps_device *d) {
         uint32_t index = (uint32_t)(d->rng % d->samples);
         if (!d->port.sample(d->port.ctx, index, d->batch_x + (size_t)b * features, d->batch_y + b)) return 0;
     }
-    float loss = eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->scratch);
+    float loss = eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->work);
     if (loss < 0) {
         d->error = EPS_ERR_VALUE; /* a label beyond the model's classes */
         return 0;
@@ -401,15 +468,15 @@ static void timed(eps_device *d, double seconds) {
 }
 
 static void commit(eps_device *d) {
-    static const char *const kinds[] = {"w", "b"};
+    static const char kinds[] = {'w', 'b'};
     const eps_codec codec = d->control.codec;
     const int biased = eps_codec_biased(codec);
     size_t p = eps_mlp_params(&d->mlp), len = 0;
     eps_writer w;
     d->seq++;
-    for (size_t i = 0; i < p; i++) { /* t = local - anchor (+ the residual): into sent */
+    for (size_t i = 0; i < p; i++) { /* t = local - anchor (+ the residual), in anchor's place */
         float t = d->local[i] - d->anchor[i];
-        d->sent[i] = d->residual_held ? t + d->residual[i] : t;
+        d->anchor[i] = d->residual_held ? t + d->residual[i] : t;
     }
     eps_writer_begin(&w, d->frame, d->frame_cap, EPS_COMMIT, codec, (uint64_t)d->server_version, d->seq,
                      d->step_samples, d->steps, d->device);
@@ -421,19 +488,18 @@ static void commit(eps_device *d) {
             size_t at = k == 0 ? eps_mlp_weight_at(&d->mlp, layer) : eps_mlp_bias_at(&d->mlp, layer);
             uint32_t n = k == 0 ? dims[0] * dims[1] : dims[1];
             if (k == 1) dims[0] = dims[1];
-            snprintf(name, sizeof name, "dense%" PRIu32 ".%s", layer, kinds[k]);
+            tensor_name(name, layer, kinds[k]);
             size_t before = w.len + 1 + strlen(name) + 1 + 4u * ndim + 4; /* where the payload starts */
-            eps_writer_tensor(&w, name, ndim, dims, d->sent + at, &d->rng);
+            eps_writer_tensor(&w, name, ndim, dims, d->anchor + at, &d->rng);
             if (!biased || w.error != EPS_OK) continue;
             /* what the server adds is decode(encode(t)); the rest waits for the next commit */
-            if (eps_codec_decode(codec, w.buf + before, w.len - before, n, d->tmp) != EPS_OK) w.error = EPS_ERR_VALUE;
-            for (uint32_t i = 0; i < n && w.error == EPS_OK; i++) {
-                d->residual[at + i] = d->sent[at + i] - d->tmp[i];
-                d->sent[at + i] = d->tmp[i];
-            }
+            if (eps_codec_decode(codec, w.buf + before, w.len - before, n, d->work) != EPS_OK) w.error = EPS_ERR_VALUE;
+            for (uint32_t i = 0; i < n && w.error == EPS_OK; i++) d->residual[at + i] = d->anchor[at + i] - d->work[i];
         }
     d->residual_held = biased;
+    memcpy(d->anchor, d->local, p * sizeof(float));
     if ((d->error = eps_writer_end(&w, &len)) != EPS_OK) return;
+    d->frame_len = len;
     d->port.publish(d->port.ctx, d->t_grad, d->frame, len, 0);
     d->has_sent = 1;
     d->sent_seq = d->seq;
@@ -442,7 +508,6 @@ static void commit(eps_device *d) {
     d->sent_samples = d->step_samples;
     d->steps = d->step_samples = d->since_commit = 0;
     d->committed_on = d->server_version;
-    memcpy(d->anchor, d->local, p * sizeof(float));
     d->waiting = d->control.wait_for_params;
 }
 
