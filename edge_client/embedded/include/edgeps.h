@@ -202,9 +202,10 @@ typedef struct {
     int64_t staleness_bound; /* -1: none */
 } eps_control;
 
-/* The bytes of arena a device needs for an MLP and batches of up to max_batch samples: what to
- * reserve before flashing. */
-size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch);
+/* The bytes of arena a device needs for an MLP, batches of up to max_batch samples, commits in
+ * codec and pulls in pull_codec (a replica is kept only for compressed pulls, a residual only for
+ * biased commit codecs): what to reserve before flashing. */
+size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch, eps_codec codec, eps_codec pull_codec);
 
 #define EPS_TOPIC_MAX 160u
 
@@ -224,14 +225,14 @@ typedef struct {
     uint64_t run, replica_run;
     int64_t server_version, committed_on;
     eps_mlp mlp;
-    float *replica, *local, *anchor, *residual, *work, *batch_x;
+    float *replica, *local, *anchor, *residual, *work, *batch_x; /* replica, residual: NULL when not needed */
     uint16_t *batch_y;
     uint8_t *frame; /* the newest commit, kept until the next one: a refused one is carried from it */
     size_t frame_cap, frame_len;
     uint32_t steps, step_samples, since_commit, sent_steps, sent_samples, max_batch;
     uint64_t seq, sent_seq, slowest_clock, rng;
     int64_t sent_base;
-    int waiting, gap, resync, finished, trained, residual_held;
+    int waiting, gap, resync, finished, trained, residual_held, params_ignored;
     float last_loss, step_s, mean_step_s;
     uint32_t timed_steps;
     double busy_s, idle_s, untimed_s;

@@ -33,43 +33,59 @@ static size_t largest_tensor(const eps_mlp *m) {
     return big;
 }
 
-/* A commit frame in any codec (top-k of every value is the largest: 9 + 5 n a tensor). */
-static size_t frame_bytes(const eps_mlp *m) {
+/* The commit frame in codec, or in fp32 if that is larger (it is, but for top-k keeping more than
+ * about four fifths of the values): a set_codec to fp32 always fits. */
+static size_t frame_bytes(const eps_mlp *m, eps_codec codec) {
     size_t size = EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4;
     for (uint32_t i = 0; i < m->layers; i++) {
-        size_t w = (size_t)m->sizes[i] * m->sizes[i + 1], b = m->sizes[i + 1];
-        size += 2 * (1 + EPS_MAX_NAME + 1 + 2 * 4 + 4 + 9) + 5 * (w + b);
+        uint32_t n[2] = {m->sizes[i] * m->sizes[i + 1], m->sizes[i + 1]};
+        for (int k = 0; k < 2; k++) {
+            size_t fp32 = 4u * (size_t)n[k], coded = eps_codec_max_size(codec, n[k]);
+            size += 1 + EPS_MAX_NAME + 1 + 2 * 4 + 4 + (coded > fp32 ? coded : fp32);
+        }
     }
     return size;
 }
 
-/* Floats of the work area: a training step's scratch, or one decoded tensor (a delta's, or a
- * commit's to compute its residual or carry it): never both at once. */
+/* Floats of the work area: a training step's scratch, or one decoded tensor (of a snapshot, a
+ * delta, or a commit to compute its residual or carry it): never both at once. */
 static size_t work_floats(const eps_mlp *m, uint32_t max_batch) {
     size_t scratch = eps_mlp_scratch(m, max_batch), tensor = largest_tensor(m);
     return scratch > tensor ? scratch : tensor;
 }
 
-/* replica, local, anchor, residual; the work area; a batch; the commit frame. */
-size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch) {
-    size_t floats = 4 * eps_mlp_params(m) + work_floats(m, max_batch) + (size_t)max_batch * m->sizes[0];
-    return floats * sizeof(float) + (size_t)max_batch * sizeof(uint16_t) + frame_bytes(m);
+/* local, anchor; the work area; a batch; the replica (compressed pulls: the base of the next
+ * delta, bit for bit); the residual (biased commit codecs); the commit frame. */
+static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int replica, int residual, eps_codec codec) {
+    size_t p = eps_mlp_params(m);
+    size_t floats = (2 + (replica != 0) + (residual != 0)) * p + work_floats(m, max_batch) + (size_t)max_batch * m->sizes[0];
+    return floats * sizeof(float) + (size_t)max_batch * sizeof(uint16_t) + frame_bytes(m, codec);
 }
 
-/* Lay the arena out for the model; 0 if it does not fit. */
+size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec codec, eps_codec pull_codec) {
+    return layout_bytes(m, max_batch, pull_codec.id != EPS_FP32, eps_codec_biased(codec), codec);
+}
+
+/* Lay the arena out for the model and the control in force; 0 if it does not fit. The regions
+ * that every job has come first, so that a later set_codec moves only the residual and the frame
+ * (the newest commit's frame is then no longer kept: a refusal of it is not carried). */
 static int lay_out(eps_device *d, const eps_mlp *m) {
-    if (eps_device_arena_size(m, d->max_batch) > d->arena_size) return 0;
+    const eps_codec codec = d->control.codec;
+    const int replica = d->control.pull_codec.id != EPS_FP32, residual = eps_codec_biased(codec);
+    if (layout_bytes(m, d->max_batch, replica, residual, codec) > d->arena_size) return 0;
     size_t p = eps_mlp_params(m);
     float *f = (float *)(void *)d->arena;
-    d->replica = f, f += p;
     d->local = f, f += p;
     d->anchor = f, f += p;
-    d->residual = f, f += p;
     d->work = f, f += work_floats(m, d->max_batch);
     d->batch_x = f, f += (size_t)d->max_batch * m->sizes[0];
+    d->replica = replica ? f : NULL, f += replica ? p : 0;
+    if (residual && d->residual == NULL) d->residual_held = 0; /* a residual region new to this job */
+    d->residual = residual ? f : NULL, f += residual ? p : 0;
     d->batch_y = (uint16_t *)(void *)f;
     d->frame = (uint8_t *)(d->batch_y + d->max_batch);
-    d->frame_cap = frame_bytes(m);
+    d->frame_cap = frame_bytes(m, codec);
+    d->has_sent = 0;
     d->mlp = *m;
     d->has_model = 1;
     return 1;
@@ -224,6 +240,15 @@ static void adopt(eps_device *d, int64_t version) {
     d->waiting = 0;
 }
 
+/* The same for one tensor of a snapshot (values at offset at) when the device keeps no replica. */
+static void adopt_tensor(eps_device *d, size_t at, const float *values, uint64_t n) {
+    int carry = d->has_local && !d->waiting;
+    for (uint64_t i = 0; i < n; i++) {
+        d->local[at + i] = carry ? values[i] + (d->local[at + i] - d->anchor[at + i]) : values[i];
+        d->anchor[at + i] = values[i];
+    }
+}
+
 /* Where a tensor of the model lives in the parameter arrays, and whether its shape is the model's. */
 static int place(const eps_device *d, const eps_tensor *t, size_t *at) {
     for (uint32_t i = 0; i < d->mlp.layers; i++) {
@@ -247,41 +272,54 @@ static void on_params(eps_device *d, const eps_frame *f) {
     eps_mlp shape;
     eps_tensor t;
     size_t cursor = 0, at;
-    if (d->has_run && f->seq != d->run) return; /* a snapshot of another run */
-    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return;
-    if (d->has_replica && f->seq != d->replica_run) {
-        forget(d);
-        d->resync = 0; /* this snapshot is what a resync would fetch */
+    if (!d->has_control) { /* the arena's layout needs the Control: read the snapshot again after it */
+        d->params_ignored = 1;
+        return;
     }
+    if (f->seq != d->run) return; /* a snapshot of another run */
+    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return;
     if ((d->error = eps_mlp_from_frame(f, &shape)) != EPS_OK) return;
     if (!d->has_model || memcmp(&shape, &d->mlp, sizeof shape) != 0) { /* a new model: nothing carries over */
         d->has_model = d->has_replica = d->has_local = 0;
+        d->residual = NULL;
         if (!lay_out(d, &shape)) {
+            d->has_model = 0;
             d->error = EPS_ERR_SPACE;
             return;
         }
     }
-    while (eps_frame_next(f, &cursor, &t)) {
+    for (cursor = 0; eps_frame_next(f, &cursor, &t);) /* every tensor the model's, before anything changes */
         if (!place(d, &t, &at)) {
             d->error = EPS_ERR_NAME;
             return;
         }
-        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->replica + at))) {
-            d->has_replica = 0; /* part of it is overwritten: wait for the next snapshot */
+    for (cursor = 0; eps_frame_next(f, &cursor, &t);) {
+        place(d, &t, &at);
+        float *into = d->replica != NULL ? d->replica + at : d->work;
+        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, into)) != EPS_OK) {
+            d->has_replica = d->has_local = 0; /* part of it is overwritten: start again from the next snapshot */
             d->server_version = -1;
             return;
         }
+        if (d->replica == NULL) adopt_tensor(d, at, d->work, t.elements);
     }
     d->has_replica = 1;
     d->replica_run = f->seq;
     d->gap = 0;
-    adopt(d, (int64_t)f->base_version);
+    if (d->replica != NULL) {
+        adopt(d, (int64_t)f->base_version);
+    } else { /* adopted tensor by tensor above */
+        d->server_version = (int64_t)f->base_version;
+        d->has_local = 1;
+        d->waiting = 0;
+    }
 }
 
 static void on_delta(eps_device *d, const eps_frame *f) {
     eps_tensor t;
     size_t cursor = 0, at;
     if ((int64_t)f->base_version <= d->server_version) return;
+    if (d->replica == NULL) return; /* fp32 pulls: deltas are not for us */
     if ((int64_t)f->seq != d->server_version || !d->has_replica || !d->has_run || d->replica_run != d->run) {
         d->gap = 1; /* resubscribe to params; unsubscribe once its snapshot repaired the gap */
         return;
@@ -344,11 +382,29 @@ static void on_control(eps_device *d, const char *text, size_t len) {
     if (c.max_uncommitted_steps == 0) c.max_uncommitted_steps = 8 * c.push_every;
     if (d->has_run && c.run != d->run) forget(d); /* a new run of the job: start from its parameters */
     if (d->has_replica && d->replica_run != c.run) forget(d);
+    int relayout = d->has_model && (eps_codec_biased(c.codec) != (d->residual != NULL) ||
+                                    (c.pull_codec.id != EPS_FP32) != (d->replica != NULL) ||
+                                    frame_bytes(&d->mlp, c.codec) > d->frame_cap);
     d->run = c.run;
     d->has_run = 1;
     d->seq = c.seq_base > d->seq ? c.seq_base : d->seq;
     d->control = c;
     d->has_control = 1;
+    if (relayout) { /* a codec that needs another layout (set_codec): the model stays where it is */
+        eps_mlp shape = d->mlp;
+        int had_replica = d->replica != NULL;
+        if (!lay_out(d, &shape)) {
+            d->has_model = d->has_replica = d->has_local = 0;
+            d->error = EPS_ERR_SPACE;
+        } else if (!had_replica && d->replica != NULL) { /* compressed pulls from now: a snapshot first */
+            d->has_replica = 0;
+            d->resync = 1;
+        }
+    }
+    if (d->params_ignored) { /* a snapshot came before this Control: read it again */
+        d->params_ignored = 0;
+        d->resync = 1;
+    }
 }
 
 static void on_barrier(eps_device *d, const char *text, size_t len) {

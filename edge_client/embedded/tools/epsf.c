@@ -7,6 +7,10 @@
  *                             starts the stochastic codecs' generator
  *   epsf check IN...          verify and decode each frame; print one line per frame: "ok" or
  *                             the first problem; exit 1 if any was refused
+ *   epsf arena SIZES BATCH [CODEC [PULL_CODEC]]
+ *                             the arena a device needs for the MLP of layer sizes SIZES (such as
+ *                             64,64,10), batches of BATCH samples, commits in CODEC and pulls in
+ *                             PULL_CODEC (default fp32 both), in bytes
  *   epsf train PARAMS BATCH LR OUT
  *                             one SGD step of the MLP whose parameters the frame PARAMS holds, on
  *                             the batch frame BATCH (tensors x (n, features) and y (n,), labels as
@@ -129,8 +133,29 @@ static int train(const char *params_path, const char *batch_path, float lr, cons
     return ok ? 0 : 1;
 }
 
+static int usage(void) {
+    fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE... | epsf arena SIZES BATCH [CODEC [PULL]] | "
+                    "epsf train PARAMS BATCH LR OUT\n");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     size_t len = 0, out_len = 0;
+    if (argc >= 4 && argc <= 6 && strcmp(argv[1], "arena") == 0) {
+        eps_mlp mlp = {0};
+        eps_codec codec = {EPS_FP32, 0.0f}, pull = {EPS_FP32, 0.0f};
+        if ((argc > 4 && eps_codec_parse(argv[4], &codec) != EPS_OK) || (argc > 5 && eps_codec_parse(argv[5], &pull)))
+            return usage();
+        char *at = argv[2];
+        while (mlp.layers <= EPS_MAX_LAYERS && *at) {
+            mlp.sizes[mlp.layers++] = (uint32_t)strtoul(at, &at, 10);
+            at += *at == ',';
+        }
+        if (mlp.layers < 2 || mlp.layers > EPS_MAX_LAYERS + 1) return usage();
+        mlp.layers--;
+        printf("%lu\n", (unsigned long)eps_device_arena_size(&mlp, (uint32_t)strtoul(argv[3], NULL, 10), codec, pull));
+        return 0;
+    }
     if (argc == 6 && strcmp(argv[1], "train") == 0) return train(argv[2], argv[3], strtof(argv[4], NULL), argv[5]);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "recode") == 0) {
         uint64_t seed = argc == 6 ? strtoull(argv[5], NULL, 10) : 1;
@@ -158,6 +183,5 @@ int main(int argc, char **argv) {
         }
         return refused;
     }
-    fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE...\n");
-    return 2;
+    return usage();
 }

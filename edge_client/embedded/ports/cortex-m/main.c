@@ -121,7 +121,7 @@ int main(void) {
         printf("FAIL second commit (%s)\n", eps_status_name(dev.error));
         return 1;
     }
-    printf("ARENA %lu\nDONE\n", (unsigned long)eps_device_arena_size(&dev.mlp, 32));
+    printf("ARENA %lu\nDONE\n", (unsigned long)eps_device_arena_size(&dev.mlp, 32, dev.control.codec, dev.control.pull_codec));
     return 0;
 #else
     /* every entry point the device uses, so that the linker keeps what a real gateway flashes */
