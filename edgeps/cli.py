@@ -455,6 +455,15 @@ def cmd_bench_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_embedded(args: argparse.Namespace) -> int:
+    from edgeps.embedded import run_bench_embedded
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = run_bench_embedded(args.rounds, args.devices, args.json)
+    return 0 if report["qemu_ok"] else 1
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench import bench_codecs
     from schemas.codecs import make_codec
@@ -642,6 +651,12 @@ def build_parser() -> argparse.ArgumentParser:
     restart.add_argument("--round-deadline", type=float, default=10.0, help="the jobs' round deadline, seconds")
     restart.add_argument("--json", help="write the report as JSON here")
     restart.set_defaults(func=cmd_bench_restart)
+
+    embedded = bench.add_parser("embedded", help="the C device SDK: Cortex-M4F flash/RAM, QEMU, a job of C devices")
+    embedded.add_argument("--rounds", type=int, default=100, help="bsp versions in each real job")
+    embedded.add_argument("--devices", type=int, default=8, help="device processes in each real job")
+    embedded.add_argument("--json", help="write the report as JSON here")
+    embedded.set_defaults(func=cmd_bench_embedded)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
