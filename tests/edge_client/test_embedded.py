@@ -165,3 +165,29 @@ def test_a_label_out_of_range_changes_nothing(epsf, tmp_path) -> None:
     (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
     args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin")]
     assert subprocess.run(args, capture_output=True).returncode == 1
+
+
+def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf, tmp_path) -> None:
+    """The C parsers (frame, codecs, JSON) and the device core fed 100,000 mutations of a Control,
+    a Barrier, a Notice, a parameter frame and an int8 delta, under ASan and UBSan."""
+    from learning.model import init_mlp
+    from schemas.messages import Barrier, Control, Notice, RejectReason
+
+    run = 77
+    params = init_mlp([64, 16, 10], seed=0)
+    corpus = {
+        "ctrl.json": Control(device="d", run=run, incarnation=4242, max_uncommitted_steps=16, push_every=2, lr=0.1,
+                             batch_size=8, codec="sign", pull_codec="int8", wait_for_params=False).to_bytes(),
+        "params.bin": encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=params)),
+        "delta.bin": encode_frame(Frame(kind=FrameKind.DELTA, base_version=1, seq=0, codec="int8",
+                                        tensors={k: np.full_like(v, 0.01) for k, v in params.items()})),
+        "barrier.json": Barrier(run=run, round=1, version=1, pace="bsp", state="running", waiting_for=["d"],
+                                left=["x"], slowest_clock=2).to_bytes(),
+        "notice.json": Notice(device="d", seq=1, reason=RejectReason.RATE_LIMITED, detail="slow down").to_bytes(),
+    }  # fmt: skip
+    for name, data in corpus.items():
+        (tmp_path / name).write_bytes(data)
+    result = subprocess.run([str(epsf), "fuzz", "1", "100000", *(str(tmp_path / n) for n in corpus)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("fuzzed 100000 inputs")

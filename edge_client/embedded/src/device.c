@@ -67,11 +67,12 @@ size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec cod
 }
 
 /* Lay the arena out for the model and the control in force; 0 if it does not fit. The regions
- * that every job has come first, so that a later set_codec moves only the residual and the frame
- * (the newest commit's frame is then no longer kept: a refusal of it is not carried). */
+ * that every job has come first; a later set_codec may add the residual and grow the frame (the
+ * newest commit's frame is then no longer kept: a refusal of it is not carried). */
 static int lay_out(eps_device *d, const eps_mlp *m) {
-    const eps_codec codec = d->control.codec;
-    const int replica = d->control.pull_codec.id != EPS_FP32, residual = eps_codec_biased(codec);
+    const eps_codec codec = d->control.codec; /* regions only ever come, so that none moves with its content */
+    const int replica = d->control.pull_codec.id != EPS_FP32 || d->replica != NULL;
+    const int residual = eps_codec_biased(codec) || d->residual != NULL;
     if (layout_bytes(m, d->max_batch, replica, residual, codec) > d->arena_size) return 0;
     size_t p = eps_mlp_params(m);
     float *f = (float *)(void *)d->arena;
@@ -281,7 +282,8 @@ static void on_params(eps_device *d, const eps_frame *f) {
     if ((d->error = eps_mlp_from_frame(f, &shape)) != EPS_OK) return;
     if (!d->has_model || memcmp(&shape, &d->mlp, sizeof shape) != 0) { /* a new model: nothing carries over */
         d->has_model = d->has_replica = d->has_local = 0;
-        d->residual = NULL;
+        d->residual = d->replica = NULL;
+        d->residual_held = 0;
         if (!lay_out(d, &shape)) {
             d->has_model = 0;
             d->error = EPS_ERR_SPACE;
@@ -382,8 +384,8 @@ static void on_control(eps_device *d, const char *text, size_t len) {
     if (c.max_uncommitted_steps == 0) c.max_uncommitted_steps = 8 * c.push_every;
     if (d->has_run && c.run != d->run) forget(d); /* a new run of the job: start from its parameters */
     if (d->has_replica && d->replica_run != c.run) forget(d);
-    int relayout = d->has_model && (eps_codec_biased(c.codec) != (d->residual != NULL) ||
-                                    (c.pull_codec.id != EPS_FP32) != (d->replica != NULL) ||
+    int relayout = d->has_model && ((eps_codec_biased(c.codec) && d->residual == NULL) ||
+                                    (c.pull_codec.id != EPS_FP32 && d->replica == NULL) ||
                                     frame_bytes(&d->mlp, c.codec) > d->frame_cap);
     d->run = c.run;
     d->has_run = 1;

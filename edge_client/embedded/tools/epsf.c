@@ -11,6 +11,12 @@
  *                             the arena a device needs for the MLP of layer sizes SIZES (such as
  *                             64,64,10), batches of BATCH samples, commits in CODEC and pulls in
  *                             PULL_CODEC (default fp32 both), in bytes
+ *   epsf fuzz SEED COUNT FILE...
+ *                             COUNT inputs made from the FILEs (frames and JSON messages) by bit
+ *                             flips, truncations, random bytes and mended CRCs: each parsed and
+ *                             decoded as a frame, then given to a device core on the topic of
+ *                             its kind (after the unmutated FILEs set it up); built with
+ *                             sanitizers, no input may crash it or read out of bounds
  *   epsf train PARAMS BATCH LR OUT
  *                             one SGD step of the MLP whose parameters the frame PARAMS holds, on
  *                             the batch frame BATCH (tensors x (n, features) and y (n,), labels as
@@ -22,6 +28,8 @@
 #include <string.h>
 
 #include "edgeps.h"
+
+static int usage(void);
 
 static unsigned char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -133,8 +141,92 @@ static int train(const char *params_path, const char *batch_path, float lr, cons
     return ok ? 0 : 1;
 }
 
+/* ---- fuzz ---- */
+
+static uint64_t fuzz_state;
+
+static uint64_t fuzz_next(void) {
+    fuzz_state ^= fuzz_state << 13, fuzz_state ^= fuzz_state >> 7, fuzz_state ^= fuzz_state << 17;
+    return fuzz_state;
+}
+
+static int fz_publish(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain) {
+    (void)ctx, (void)topic, (void)payload, (void)len, (void)retain;
+    return 0;
+}
+static int fz_subscription(void *ctx, const char *topic) {
+    (void)ctx, (void)topic;
+    return 0;
+}
+static double fz_clock(void *ctx) {
+    static double now;
+    (void)ctx;
+    return now += 0.001;
+}
+static uint64_t fz_entropy(void *ctx) {
+    (void)ctx;
+    return fuzz_next();
+}
+static int fz_sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+    (void)ctx;
+    for (uint32_t i = 0; i < 64; i++) x[i] = (float)((index + i) % 7) / 7.0f;
+    *y = (uint16_t)(index % 10);
+    return 1;
+}
+
+static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
+    static eps_device dev;
+    static float arena[1 << 16];
+    unsigned char *inputs[16];
+    size_t sizes[16];
+    const char *topics[] = {"edgeps/fz/ctrl/d", "edgeps/fz/barrier", "edgeps/fz/notice/d", "edgeps/fz/params",
+                            "edgeps/fz/delta"};
+    eps_port port = {NULL, fz_publish, fz_subscription, fz_subscription, fz_clock, fz_entropy, fz_sample};
+    unsigned long accepted = 0;
+    if (files < 1 || files > 16) return usage();
+    fuzz_state = seed | 1;
+    for (int i = 0; i < files; i++)
+        if ((inputs[i] = slurp(paths[i], &sizes[i])) == NULL || sizes[i] == 0) return usage();
+    eps_device_init(&dev, &port, "fz", "d", 100, arena, sizeof arena, 32);
+    dev.incarnation = 4242; /* the incarnation the corpus's Control answers */
+    for (int i = 0; i < files; i++) { /* the unmutated corpus sets the device up: control, model, ... */
+        const char *topic = inputs[i][0] == '{' ? topics[0] : topics[3];
+        eps_device_message(&dev, topic, inputs[i], sizes[i]);
+    }
+    unsigned char *m = malloc(1 << 20);
+    if (m == NULL) return 1;
+    for (unsigned long n = 0; n < count; n++) {
+        int which = (int)(fuzz_next() % (uint64_t)files);
+        size_t len = sizes[which] < (1 << 20) ? sizes[which] : (1 << 20);
+        memcpy(m, inputs[which], len);
+        int frame = m[0] == 'E';
+        switch (fuzz_next() % 4) {
+        case 0: len = (size_t)(fuzz_next() % (len + 1)); break; /* truncated */
+        case 1: /* random bytes past the first 8 */
+            for (size_t i = 8; i < len; i++)
+                if (fuzz_next() % 16 == 0) m[i] = (unsigned char)fuzz_next();
+            break;
+        default: /* a few bit flips */
+            for (int k = 1 + (int)(fuzz_next() % 3); k > 0 && len; k--) m[fuzz_next() % len] ^= (unsigned char)(1u << (fuzz_next() % 8));
+        }
+        if (frame && len >= 4 && fuzz_next() % 2) { /* a mended CRC makes the parser look past it */
+            uint32_t crc = eps_crc32(0, m, len - 4);
+            for (int i = 0; i < 4; i++) m[len - 4 + (size_t)i] = (unsigned char)(crc >> (8 * i));
+        }
+        accepted += run(m, len, NULL, 1, NULL, NULL) == EPS_OK;
+        const char *topic = frame ? topics[3 + fuzz_next() % 2] : topics[fuzz_next() % 3];
+        eps_device_message(&dev, topic, m, len);
+        if (fuzz_next() % 8 == 0) eps_device_step(&dev);
+    }
+    printf("fuzzed %lu inputs: %lu were valid frames\n", count, accepted);
+    for (int i = 0; i < files; i++) free(inputs[i]);
+    free(m);
+    return 0;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE... | epsf arena SIZES BATCH [CODEC [PULL]] | "
+                    "epsf fuzz SEED COUNT FILE... | "
                     "epsf train PARAMS BATCH LR OUT\n");
     return 2;
 }
@@ -156,6 +248,8 @@ int main(int argc, char **argv) {
         printf("%lu\n", (unsigned long)eps_device_arena_size(&mlp, (uint32_t)strtoul(argv[3], NULL, 10), codec, pull));
         return 0;
     }
+    if (argc >= 5 && strcmp(argv[1], "fuzz") == 0)
+        return fuzz(strtoull(argv[2], NULL, 10), strtoul(argv[3], NULL, 10), argc - 4, argv + 4);
     if (argc == 6 && strcmp(argv[1], "train") == 0) return train(argv[2], argv[3], strtof(argv[4], NULL), argv[5]);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "recode") == 0) {
         uint64_t seed = argc == 6 ? strtoull(argv[5], NULL, 10) : 1;
