@@ -191,3 +191,16 @@ def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf, tmp_
                             capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("fuzzed 100000 inputs")
+
+
+def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
+    """lwIP's MQTT client (lwip/apps/mqtt.h) is the stack of many MCU SDKs: the port builds with the
+    SDK's warnings as errors, and refuses an lwipopts.h without room for five subscriptions."""
+    if not Path("/usr/include/lwip/lwip/apps/mqtt.h").exists():
+        pytest.fail("the lwIP port's test needs lwIP's headers (apt-get install liblwip-dev)")
+    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={tmp_path}", "lwip"], check=True)
+    assert (tmp_path / "eps_lwip.o").stat().st_size > 0
+    too_few = subprocess.run([os.environ.get("CC", "cc"), "-std=c99", "-I", str(SDK / "include"), "-isystem",
+                              "/usr/include/lwip", "-c", str(SDK / "ports" / "lwip" / "eps_lwip.c"), "-o",
+                              str(tmp_path / "x.o")], capture_output=True, text=True)  # fmt: skip
+    assert too_few.returncode != 0 and "MQTT_REQ_MAX_IN_FLIGHT >= 8" in too_few.stderr
