@@ -277,6 +277,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out=Path(args.out),
         broker=args.broker,
         embedded_broker=args.embedded_broker,
+        embedded_devices=args.embedded_devices,
     )
     report = run_demo(settings, json_path=args.json)
     return 0 if report["rounds"] > 0 else 1
@@ -491,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", help="also write the report as JSON here")
     demo.add_argument("--broker", help="use this HOST:PORT instead of starting a broker")
     demo.add_argument("--embedded-broker", action="store_true", help="use the embedded amqtt broker")
+    demo.add_argument("--embedded-devices", type=int, default=0, metavar="K",
+                      help="run the last K devices as edgeps-device, the C SDK's (built on the fly)")  # fmt: skip
     demo.add_argument("--metrics-port", type=int, help="serve Prometheus metrics and the dashboard on this port")
     demo.add_argument(
         "--backend",

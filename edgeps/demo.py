@@ -60,6 +60,8 @@ class DemoSettings:
     #: Finish after this many seconds instead of after ``rounds``.
     duration_s: float | None = None
     round_deadline_s: float = 30.0
+    #: The last K devices run as edgeps-device, the C SDK's device (built into OUT/sdk on the fly).
+    embedded_devices: int = 0
 
 
 @dataclass
@@ -77,11 +79,12 @@ class JobResult:
         return idle / total if total else 0.0
 
 
-def spawn(args: list[str], log_path: Path) -> subprocess.Popen:
-    """``edgeps ARGS`` as a child process, its output to ``log_path``."""
+def spawn(args: list[str], log_path: Path, program: Path | None = None) -> subprocess.Popen:
+    """``edgeps ARGS`` (or ``program ARGS``) as a child process, its output to ``log_path``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    command = [str(program)] if program is not None else [sys.executable, "-m", "edgeps.cli"]
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "edgeps.cli", *args], stdout=log, stderr=log, env=env)
+        return subprocess.Popen([*command, *args], stdout=log, stderr=log, env=env)
 
 
 def _progress(metrics: Metrics, rounds: int) -> None:
@@ -117,7 +120,12 @@ def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subpro
 
 
 def run_local_job(
-    settings: DemoSettings, address: BrokerAddress, shards: ShardPaths, logs: Path, quiet: bool = True
+    settings: DemoSettings,
+    address: BrokerAddress,
+    shards: ShardPaths,
+    logs: Path,
+    quiet: bool = True,
+    c_device: Path | None = None,
 ) -> JobResult:
     """Run the parameter server and one process per device against ``address`` until the job ends."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -159,6 +167,11 @@ def run_local_job(
         for i, shard in enumerate(shards.devices):
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
+            if c_device is not None and i >= settings.devices - settings.embedded_devices:  # the C SDK's device
+                device = [*common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
+                          str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
+                processes.append(spawn(device, logs / f"{settings.job}-{name}.log", program=c_device))
+                continue
             device = [
                 "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
@@ -211,8 +224,26 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     say = (lambda *a, **k: None) if quiet else print
+    c_device = None
+    if settings.embedded_devices:
+        if not 0 < settings.embedded_devices <= settings.devices or settings.arch != "mlp":
+            raise ValueError(f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) "
+                             "C devices, with --arch mlp (the C trainer is the MLP)")  # fmt: skip
+        from edgeps.embedded import build_device
+
+        say("building edgeps-device, the C SDK's device ...")
+        c_device = build_device(out / "sdk")
     shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
     say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
+    if c_device is not None:
+        from learning.data import Dataset
+        from schemas.frame import encode_data_frame
+
+        for shard in shards.devices[settings.devices - settings.embedded_devices :]:
+            data = Dataset.load(shard)
+            shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
+        say(f"devices: {settings.devices - settings.embedded_devices} edgeps client, "
+            f"{settings.embedded_devices} edgeps-device (C)")  # fmt: skip
 
     broker: BrokerProcess | None = None
     if settings.broker:
@@ -226,7 +257,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
             say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.job}"
                 f"&broker=ws://{broker.host}:{broker.ws_port}")  # fmt: skip
     try:
-        result = run_local_job(settings, address, shards, logs, quiet=quiet)
+        result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device)
     finally:
         if broker is not None:
             broker.stop()

@@ -42,6 +42,19 @@ def make(build: Path, *targets: str, **variables: object) -> None:
         raise RuntimeError(f"building {' '.join(targets)} failed:\n{result.stdout}{result.stderr}")
 
 
+def build_device(build: Path) -> Path:
+    """``edgeps-device`` built into ``build`` (again only if its sources changed); RuntimeError in one
+    line if this machine cannot build it."""
+    import shutil
+
+    missing = [tool for tool in ("make", "cc") if shutil.which(tool) is None]
+    if missing or not Path("/usr/include/mosquitto.h").exists():
+        raise RuntimeError("C devices need a C compiler, make and libmosquitto's headers "
+                           "(apt-get install gcc make libmosquitto-dev)")  # fmt: skip
+    make(build, "edgeps-device")
+    return build / "edgeps-device"
+
+
 def image_size(elf: Path) -> dict[str, int]:
     """``arm-none-eabi-size`` of an image: text, data, bss; flash and RAM as the module says."""
     out = subprocess.run(["arm-none-eabi-size", str(elf)], capture_output=True, text=True, check=True).stdout

@@ -61,3 +61,18 @@ def test_c_devices_over_mosquitto_train_as_the_python_ones(mosquitto, tmp_path, 
     python, _ = run_job(mosquitto, tmp_path / "python", 3, job="pyjob", **config)
     python_best = max(m.accuracy for m in python.history)
     assert c_best >= python_best - 0.02, (c_best, python_best)
+
+
+def test_the_demo_runs_c_devices_beside_python_ones(tmp_path) -> None:
+    from edgeps.demo import DemoSettings, run_demo
+
+    report = run_demo(DemoSettings(devices=3, rounds=15, out=tmp_path / "demo", embedded_devices=2), quiet=True)
+    assert report["device_backends"] == {"numpy": 1, "c": 2}
+    assert report["rounds"] == 15 and report["rejected"] == 0 and report["best_accuracy"] > 0.7
+
+
+def test_the_demo_refuses_c_devices_it_cannot_run(tmp_path) -> None:
+    from edgeps.demo import DemoSettings, run_demo
+
+    with pytest.raises(ValueError, match="--embedded-devices 4: 1 to --devices"):
+        run_demo(DemoSettings(devices=3, out=tmp_path / "demo", embedded_devices=4), quiet=True)
