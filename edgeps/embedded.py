@@ -9,9 +9,10 @@ how it trains in a real job.
   pulls (compressed pulls add a replica, biased commit codecs a residual: both are reported).
 * **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386, checked against
   learning.model on the batches the image drew (``scripted_exchange``).
-* **A real job** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
-  Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes:
-  best accuracy, commits refused, and each device process's peak RSS.
+* **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
+  Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes,
+  with fp32 and with sign commits and ternary pulls: best accuracy, commits refused, and each device
+  process's peak RSS.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SDK = ROOT / "edge_client" / "embedded"
 STACK_RESERVE = 8192
 BATCH = 32
 MODELS = ("64-64-10", "64-32-10")
+CODECS = (("fp32", "fp32"), ("sign", "ternary"))  # (commits, pulls) of the real jobs
 ARENA_BYTES = 163840  # the scripted image's static arena: more than the demo model needs with any codec
 
 
@@ -158,15 +160,18 @@ def _hwm_kib(pid: int) -> int | None:
     return int(status.split("VmHWM:")[1].split()[0]) if "VmHWM:" in status else None
 
 
-def real_job(kind: str, device_bin: Path | None, broker, shards, workdir: Path, rounds: int) -> dict[str, Any]:
+def real_job(
+    kind: str, device_bin: Path | None, broker, shards, workdir: Path, rounds: int, codecs: tuple[str, str]
+) -> dict[str, Any]:
     """A bsp job of the demo task with ``kind`` devices (``c``: edgeps-device, ``python``: edgeps
-    client); best accuracy, commits refused, peak RSS per device process."""
+    client), commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS per device."""
     workdir.mkdir(parents=True, exist_ok=True)
-    job, report = f"embedded-{kind}", workdir / "metrics.json"
+    job, report = f"embedded-{kind}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
     server = subprocess.Popen(
         [sys.executable, "-m", "edgeps.cli", "ps", *common, "--rounds", str(rounds), "--min-devices",
-         str(len(shards.devices)), "--eval-data", str(shards.holdout), "--report", str(report)],
+         str(len(shards.devices)), "--eval-data", str(shards.holdout), "--report", str(report),
+         "--codec", codecs[0], "--pull-codec", codecs[1]],
         stdout=subprocess.DEVNULL, stderr=open(workdir / "ps.log", "wb"), cwd=ROOT,  # noqa: SIM115
     )  # fmt: skip
     devices = []
@@ -197,6 +202,7 @@ def real_job(kind: str, device_bin: Path | None, broker, shards, workdir: Path, 
     final = history[-1]
     return {
         "devices": kind,
+        "codecs": "/".join(codecs),
         "best_accuracy": max(m["accuracy"] for m in history),
         "final_accuracy": final["accuracy"],
         "versions": final["version"],
@@ -236,15 +242,19 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
             data = Dataset.load(shard)
             shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
         jobs = {}
-        for kind in ("c", "python"):
-            say(f"a {rounds}-round bsp job of {devices} {'edgeps-device' if kind == 'c' else 'edgeps client'} "
-                "processes over Mosquitto ...")  # fmt: skip
-            broker = start_broker(workdir=root / f"broker-{kind}")
-            try:
-                jobs[kind] = real_job(kind, root / "host" / "edgeps-device", broker, shards, root / kind, rounds)
-            finally:
-                broker.stop()
-    c, python = jobs["c"], jobs["python"]
+        for codecs in CODECS:
+            for kind in ("c", "python"):
+                name = f"{kind} {'/'.join(codecs)}"
+                say(f"a {rounds}-round bsp job of {devices} {'edgeps-device' if kind == 'c' else 'edgeps client'} "
+                    f"processes over Mosquitto, {'/'.join(codecs)} ...")  # fmt: skip
+                broker = start_broker(workdir=root / f"broker-{name.replace(' ', '-').replace('/', '-')}")
+                try:
+                    jobs[name] = real_job(kind, root / "host" / "edgeps-device", broker, shards,
+                                          root / name.replace(" ", "-").replace("/", "-"), rounds, codecs)  # fmt: skip
+                finally:
+                    broker.stop()
+    c, python = jobs["c fp32/fp32"], jobs["python fp32/fp32"]
+    c_st, python_st = jobs["c sign/ternary"], jobs["python sign/ternary"]
     return {
         "image": image,
         "stack_reserve_bytes": STACK_RESERVE,
@@ -254,10 +264,11 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
         "qemu": qemu,
         "c_best_accuracy": c["best_accuracy"],
         "python_best_accuracy": python["best_accuracy"],
-        "c_rejected": sum(c["rejected"].values()),
-        "c_rejected_by_reason": c["rejected"],
-        "c_rss_kib": max(c["peak_rss_kib"]),
-        "python_rss_kib": max(python["peak_rss_kib"]),
+        "c_best_accuracy_sign_ternary": c_st["best_accuracy"],
+        "python_best_accuracy_sign_ternary": python_st["best_accuracy"],
+        "c_rejected": sum(c["rejected"].values()) + sum(c_st["rejected"].values()),
+        "c_rss_kib": max(c["peak_rss_kib"] + c_st["peak_rss_kib"]),
+        "python_rss_kib": max(python["peak_rss_kib"] + python_st["peak_rss_kib"]),
         "jobs": jobs,
     }
 
@@ -278,11 +289,12 @@ def format_embedded(report: dict[str, Any]) -> str:
         f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
         + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model)" if qemu["ok"] else "")
     )
-    for kind, job in report["jobs"].items():
+    for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
-        lines.append(f"{'edgeps-device' if kind == 'c' else 'edgeps client':<14} best {job['best_accuracy']:.4f} "
-                     f"final {job['final_accuracy']:.4f}  applied {job['applied']}  refused: {refused}  "
-                     f"peak RSS per device {max(job['peak_rss_kib']):,} KiB")  # fmt: skip
+        who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
+        lines.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final {job['final_accuracy']:.4f}"
+                     f"  applied {job['applied']}  refused: {refused}  peak RSS per device "
+                     f"{max(job['peak_rss_kib']):,} KiB")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -204,3 +204,9 @@ def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
                               "/usr/include/lwip", "-c", str(SDK / "ports" / "lwip" / "eps_lwip.c"), "-o",
                               str(tmp_path / "x.o")], capture_output=True, text=True)  # fmt: skip
     assert too_few.returncode != 0 and "MQTT_REQ_MAX_IN_FLIGHT >= 8" in too_few.stderr
+
+
+def test_the_sensor_ring_example_streams_the_newest_readings(tmp_path) -> None:
+    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={tmp_path}", "SAN=1", "sensor-ring"], check=True)
+    result = subprocess.run([str(tmp_path / "sensor-ring")], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "sensor ring ok\n", result.stderr
