@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -28,3 +30,17 @@ def mosquitto(tmp_path) -> Iterator[BrokerProcess]:
 # Shared CI machines are noisy: judge property tests by their examples, not their speed.
 settings.register_profile("edgeps", deadline=None)
 settings.load_profile("edgeps")
+
+
+@pytest.fixture(scope="session")
+def sdk(tmp_path_factory) -> Path:
+    """The C device SDK (edge_client/embedded) built once with AddressSanitizer and UBSan: the folder
+    holding its host tools (epsf, epsd) and, where libmosquitto's headers are, edgeps-device."""
+    from edgeps.embedded import make
+
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.fail("the C SDK's tests need make and a C compiler (apt-get install gcc make)")
+    build = tmp_path_factory.mktemp("sdk")
+    mosquitto = Path("/usr/include/mosquitto.h").exists()
+    make(build, "all", *(["edgeps-device"] if mosquitto else []), SAN=1)
+    return build

@@ -5,30 +5,24 @@ same floats from every decoder, the same bytes from the deterministic encoders."
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edgeps.embedded import SDK
 from schemas.codecs import typical_error
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 
-ROOT = Path(__file__).resolve().parents[2]
-SDK = ROOT / "edge_client" / "embedded"
 SPECS = ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127", "topk:0.01",
          "topk:0.3", "topk:1"]  # fmt: skip
 SHAPES = [(1,), (7,), (513,), (64, 64), (3, 5, 7), (0,), (1100,)]
 
 
-@pytest.fixture(scope="module")
-def epsf(tmp_path_factory) -> Path:
-    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.fail("the C SDK's tests need make and a C compiler (apt-get install gcc make)")
-    build = tmp_path_factory.mktemp("sdk")
-    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={build}", "SAN=1"], check=True)
-    return build / "epsf"
+@pytest.fixture
+def epsf(sdk) -> Path:
+    return sdk / "epsf"
 
 
 def tensors(seed: int) -> dict[str, np.ndarray]:

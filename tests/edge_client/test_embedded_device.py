@@ -6,8 +6,6 @@ does, with no commit refused."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -20,17 +18,10 @@ from schemas.frame import Frame, FrameKind, encode_frame
 from schemas.topics import Publish, Topics
 from tests.helpers import Relay, blobs, small_device, small_server
 
-ROOT = Path(__file__).resolve().parents[2]
-SDK = ROOT / "edge_client" / "embedded"
 
-
-@pytest.fixture(scope="module")
-def epsd(tmp_path_factory) -> Path:
-    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.fail("the C SDK's tests need make and a C compiler (apt-get install gcc make)")
-    build = tmp_path_factory.mktemp("sdk")
-    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={build}", "SAN=1"], check=True)
-    return build / "epsd"
+@pytest.fixture
+def epsd(sdk) -> Path:
+    return sdk / "epsd"
 
 
 def data_frame(data: Dataset, path: Path) -> Path:

@@ -17,17 +17,12 @@ from schemas.frame import encode_data_frame
 from tests.helpers import wait_until
 from tests.integration.test_mqtt_job import run_job, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
-SDK = ROOT / "edge_client" / "embedded"
 
-
-@pytest.fixture(scope="module")
-def edgeps_device(tmp_path_factory) -> Path:
-    if not Path("/usr/include/mosquitto.h").exists():
+@pytest.fixture
+def edgeps_device(sdk) -> Path:
+    if not (sdk / "edgeps-device").exists():
         pytest.fail("edgeps-device needs libmosquitto's headers (apt-get install libmosquitto-dev)")
-    build = tmp_path_factory.mktemp("sdk")
-    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={build}", "SAN=1", "edgeps-device"], check=True)
-    return build / "edgeps-device"
+    return sdk / "edgeps-device"
 
 
 @pytest.mark.parametrize(("pace", "codec", "pull"), [("bsp", "fp32", "fp32"), ("acbsp", "sign", "ternary")])
