@@ -7,10 +7,10 @@ import threading
 import time
 from pathlib import Path
 
+from broker.client import BrokerAddress, MqttTransport, Transport
 from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import DeviceCore
 from edge_client.profile import DeviceProfile
-from edgeps.transport import BrokerAddress, MqttTransport, Transport
 
 log = logging.getLogger("edgeps.device")
 

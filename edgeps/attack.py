@@ -32,7 +32,7 @@ class HostileDevice:
     """The attacker's client: a device account used for harm (see the module's docstring)."""
 
     def __init__(self, address, shapes: dict[str, tuple[int, ...]]) -> None:
-        from edgeps.transport import MqttTransport
+        from broker.client import MqttTransport
         from schemas.topics import Topics
 
         self.topics = Topics(JOB)
@@ -123,8 +123,8 @@ def run_job(
     """One job over a fresh broker from ``setup``; the metrics of its end. ``absent``: the third
     device takes no part at all (what the honest two can do alone); ``flood``: it floods junk
     commits of that many bytes instead of attacking otherwise."""
+    from broker.client import BrokerAddress
     from broker.launcher import start_broker
-    from edgeps.transport import BrokerAddress
     from learning.model import init_mlp
 
     broker = start_broker(workdir=workdir / "broker", embedded=False, template=setup.config)

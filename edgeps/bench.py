@@ -141,9 +141,9 @@ def format_seeds_table(means: list[dict[str, Any]]) -> str:
 
 def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) -> dict[str, Any]:
     """Run each pace as a real job (server + device processes) over a Mosquitto it starts."""
+    from broker.client import BrokerAddress
     from broker.launcher import start_broker
     from edgeps.demo import DemoSettings, run_local_job
-    from edgeps.transport import BrokerAddress
     from learning.data import load_digits
     from learning.prepare import prepare_shards
 

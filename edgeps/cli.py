@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from edgeps.transport import BrokerAddress, MqttTransport
+from broker.client import BrokerAddress, MqttTransport
 from ps_service.pace import make_pace
 
 

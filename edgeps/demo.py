@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
 from edgeps.report import build_report, format_report, plot_accuracy, write_json
-from edgeps.transport import BrokerAddress, MqttTransport
 from learning.data import load_digits
 from learning.prepare import ShardPaths, prepare_shards
 from schemas.messages import DeviceStatus, MessageError, Metrics

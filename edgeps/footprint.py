@@ -46,8 +46,8 @@ def _distributions(env: Path) -> set[str]:
 
 def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -> dict[str, Any]:
     """Run one device from ``env`` through a ``rounds``-version job served from this process."""
+    from broker.client import BrokerAddress
     from broker.launcher import start_broker
-    from edgeps.transport import BrokerAddress
     from learning.data import Dataset, load_digits
     from learning.model import init_mlp
     from learning.prepare import prepare_shards

@@ -40,7 +40,7 @@ def _sender(
     second for ``seconds`` once ``go`` is set (the first device 250 a second with ``flood``); puts
     the number sent on ``results``. Frames are encoded once: each commit patches its sequence
     number and CRC, so that the load is not bound by this process's encoding."""
-    from edgeps.transport import BrokerAddress, MqttTransport
+    from broker.client import BrokerAddress, MqttTransport
     from learning.model import init_mlp
     from schemas.frame import Frame, FrameKind, encode_frame
     from schemas.messages import DeviceStatus
@@ -92,8 +92,8 @@ def bench_load(
     devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print, senders: int = 4
 ) -> dict[str, Any]:
     """Run the load; return the report."""
+    from broker.client import BrokerAddress, MqttTransport
     from broker.launcher import start_broker
-    from edgeps.transport import BrokerAddress, MqttTransport
     from schemas.messages import Command, Metrics
     from schemas.topics import Publish, Topics
 

@@ -35,7 +35,7 @@ class _Watcher:
     """The job's metrics and every commit published, seen from a subscriber."""
 
     def __init__(self, address, job: str) -> None:
-        from edgeps.transport import MqttTransport
+        from broker.client import MqttTransport
         from schemas.topics import Topics
 
         self.topics = Topics(job)
@@ -97,8 +97,8 @@ def _job(
     workdir: Path, shards, broker, trials: int, target: str, how: str, deadline: float, rounds: int, say
 ) -> dict[str, Any]:
     """One job; ``target`` is ``server`` or ``device``: what is restarted ``trials`` times."""
+    from broker.client import BrokerAddress
     from edgeps.demo import spawn as spawn_edgeps
-    from edgeps.transport import BrokerAddress
 
     address = BrokerAddress(broker.host, broker.port)
     report, checkpoint = workdir / "metrics.json", workdir / "ps.ckpt"

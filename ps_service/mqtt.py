@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeps.transport import BrokerAddress, Inbox, MqttTransport, Transport
+from broker.client import BrokerAddress, Inbox, MqttTransport, Transport
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint

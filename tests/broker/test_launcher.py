@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import render_config, start_broker
-from edgeps.transport import BrokerAddress, MqttTransport
 from schemas.topics import Publish
 from tests.helpers import next_message
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import start_broker
 from broker.secure import acl_rules, hash_password, init_secure_broker, make_ca
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
-from edgeps.transport import BrokerAddress, MqttTransport
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards

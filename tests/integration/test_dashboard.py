@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
+from broker.client import BrokerAddress
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.profile import DeviceProfile
 from edge_client.trainer import NumpyTrainer
-from edgeps.transport import BrokerAddress
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards

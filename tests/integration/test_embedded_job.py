@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeps.transport import BrokerAddress
+from broker.client import BrokerAddress
 from learning.data import Dataset, load_digits
 from learning.prepare import prepare_shards
 from schemas.frame import encode_data_frame

@@ -9,11 +9,11 @@ from threading import Event
 import numpy as np
 import pytest
 
+from broker.client import BrokerAddress, MqttTransport
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer, make_trainer
 from edgeps.demo import DemoSettings, run_demo
-from edgeps.transport import BrokerAddress, MqttTransport
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from edgeps.transport import BrokerAddress, Inbox, MqttTransport
+from broker.client import BrokerAddress, Inbox, MqttTransport
 from schemas.topics import Publish
 from tests.helpers import wait_until
 
