@@ -73,3 +73,39 @@ def test_parsers_raise_only_their_own_errors(payload) -> None:
     ):
         with contextlib.suppress(error):
             parse(payload)
+
+
+def _signed_checkpoint() -> bytes:
+    from ps_service.checkpoint import encode
+
+    server = small_server(pace="bsp", rounds=1000)
+    server.start(0.0)
+    hello(server, "dev")
+    server.on_message(server.topics.grad("dev"), commit_bytes(server, "dev", 1), 0.5)
+    return encode(server, 1.0, KEY)
+
+
+KEY = b"k" * 32
+SIGNED = _signed_checkpoint()
+
+
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_damaged_checkpoint_signed_with_the_key_is_refused_or_read_never_a_crash(data) -> None:
+    """Random bytes never pass the HMAC, so the parser behind it also gets checkpoints whose body is
+    damaged (bytes flipped, cut or replaced) and then signed again with the server's key."""
+    import hashlib
+    import hmac
+
+    from ps_service.checkpoint import MAGIC
+
+    body = bytearray(SIGNED[len(MAGIC) + 32 :])
+    for _ in range(data.draw(st.integers(1, 8))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        body[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        body = body[: data.draw(st.integers(0, len(body)))]
+    blob = MAGIC + hmac.new(KEY, bytes(body), hashlib.sha256).digest() + bytes(body)
+    with contextlib.suppress(CheckpointError):
+        state, history = decode(blob, KEY)
+        assert isinstance(state, dict) and isinstance(history, list)
