@@ -44,3 +44,19 @@ def sdk(tmp_path_factory) -> Path:
     mosquitto = Path("/usr/include/mosquitto.h").exists()
     make(build, "all", *(["edgeps-device"] if mosquitto else []), SAN=1)
     return build
+
+
+#: Fixtures that start real processes: a test that uses one is an integration test.
+PROCESS_FIXTURES = {"mosquitto", "secure", "sdk", "epsf", "epsd", "edgeps_device", "toolchain", "browser"}
+#: Folders whose tests start brokers, builds or jobs themselves.
+PROCESS_FOLDERS = ("integration", "broker")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the tests that start Mosquitto, build the C SDK, run QEMU or whole jobs as
+    ``integration``: ``pytest -m "not integration"`` runs the rest, the fast ones."""
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in PROCESS_FOLDERS or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
