@@ -59,4 +59,3 @@ def pytest_collection_modifyitems(config, items) -> None:
         folder = Path(str(item.fspath)).parent.name
         if folder in PROCESS_FOLDERS or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-
