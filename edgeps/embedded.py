@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -168,21 +167,20 @@ def real_job(
     workdir.mkdir(parents=True, exist_ok=True)
     job, report = f"embedded-{kind}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "edgeps.cli", "ps", *common, "--rounds", str(rounds), "--min-devices",
-         str(len(shards.devices)), "--eval-data", str(shards.holdout), "--report", str(report),
-         "--codec", codecs[0], "--pull-codec", codecs[1]],
-        stdout=subprocess.DEVNULL, stderr=open(workdir / "ps.log", "wb"), cwd=ROOT,  # noqa: SIM115
-    )  # fmt: skip
+    from edgeps.demo import spawn
+
+    server = spawn(["ps", *common, "--rounds", str(rounds), "--min-devices", str(len(shards.devices)),
+                    "--eval-data", str(shards.holdout), "--report", str(report), "--codec", codecs[0],
+                    "--pull-codec", codecs[1]], workdir / "ps.log")  # fmt: skip
     devices = []
     for i, shard in enumerate(shards.devices):
+        log = workdir / f"dev-{i}.log"
         if kind == "c":
-            command = [str(device_bin), *common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")),
-                       "--seed", str(i)]  # fmt: skip
+            args = [*common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")), "--seed", str(i)]
+            devices.append(spawn(args, log, program=device_bin))
         else:
-            command = [sys.executable, "-m", "edgeps.cli", "client", *common, "--device", f"dev-{i}",
-                       "--data", str(shard), "--seed", str(i)]  # fmt: skip
-        devices.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT))
+            devices.append(spawn(["client", *common, "--device", f"dev-{i}", "--data", str(shard), "--seed", str(i)],
+                                 log))  # fmt: skip
     rss = [0] * len(devices)  # sampled while they run (wait4's maxrss would count the forking parent)
     try:
         deadline = time.monotonic() + 600

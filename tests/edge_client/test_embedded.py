@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeps.embedded import SDK
+from edgeps.embedded import SDK, make
 from schemas.codecs import typical_error
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 
@@ -192,7 +192,7 @@ def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
     SDK's warnings as errors, and refuses an lwipopts.h without room for five subscriptions."""
     if not Path("/usr/include/lwip/lwip/apps/mqtt.h").exists():
         pytest.fail("the lwIP port's test needs lwIP's headers (apt-get install liblwip-dev)")
-    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={tmp_path}", "lwip"], check=True)
+    make(tmp_path, "lwip")
     assert (tmp_path / "eps_lwip.o").stat().st_size > 0
     too_few = subprocess.run([os.environ.get("CC", "cc"), "-std=c99", "-I", str(SDK / "include"), "-isystem",
                               "/usr/include/lwip", "-c", str(SDK / "ports" / "lwip" / "eps_lwip.c"), "-o",
@@ -201,6 +201,6 @@ def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
 
 
 def test_the_sensor_ring_example_streams_the_newest_readings(tmp_path) -> None:
-    subprocess.run(["make", "-s", "-C", str(SDK), f"BUILD={tmp_path}", "SAN=1", "sensor-ring"], check=True)
+    make(tmp_path, "sensor-ring", SAN=1)
     result = subprocess.run([str(tmp_path / "sensor-ring")], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout == "sensor ring ok\n", result.stderr
