@@ -11,11 +11,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import ConnectFlags, DisconnectFlags
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from schemas.topics import Publish
 
@@ -88,7 +91,7 @@ class _FlowControlledClient(mqtt.Client):
     full. (paho reads as many packets in a row as it has messages in flight, and has no way to
     stop reading: a blocked callback would also stop its writes, acknowledgements included.)"""
 
-    def __init__(self, *args, inbox: Inbox, **kwargs) -> None:
+    def __init__(self, *args: Any, inbox: Inbox, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._edgeps_inbox = inbox
 
@@ -195,11 +198,11 @@ class MqttTransport(Transport):
                 manual_ack=True,
                 inbox=self._inbox,
             )
-            connect_properties = Properties(PacketTypes.CONNECT)
+            connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             connect_properties.SessionExpiryInterval = 0xFFFFFFFF if persistent else 0
             if self._inbox.max_messages:  # ask the broker to hold back what the inbox cannot take
                 connect_properties.ReceiveMaximum = min(self._inbox.max_messages, 65535)
-            connect_options = {"clean_start": not persistent, "properties": connect_properties}
+            connect_options: dict[str, Any] = {"clean_start": not persistent, "properties": connect_properties}
         else:
             client = _FlowControlledClient(
                 CallbackAPIVersion.VERSION2,
@@ -234,7 +237,14 @@ class MqttTransport(Transport):
             self._client.loop_stop()
             raise ConnectionError(f"no MQTT connection within {timeout:.0f} s")
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
@@ -246,17 +256,31 @@ class MqttTransport(Transport):
         if not self._subscriptions or self._subscribing is None:
             self.connected.set()
 
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
         if mid == self._subscribing:
             self._subscribing = None
             self.connected.set()
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: object,
+        flags: DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
         self.connected.clear()
         if reason_code.is_failure:
             log.warning("disconnected from broker (%s); reconnecting", reason_code)
 
-    def _on_message(self, client, userdata, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         props = message.properties if self.mqtt5 else None
         response = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
@@ -268,7 +292,7 @@ class MqttTransport(Transport):
     def publish(self, message: Publish) -> None:
         properties = None
         if self.mqtt5 and (message.response_topic or message.correlation):
-            properties = Properties(PacketTypes.PUBLISH)
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             if message.response_topic:
                 properties.ResponseTopic = message.response_topic
             if message.correlation:
@@ -283,7 +307,9 @@ class MqttTransport(Transport):
             else:
                 self._unacked.add(info.mid)
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+    def _on_publish(
+        self, client: mqtt.Client, userdata: object, mid: int, reason_code: ReasonCode, properties: Properties | None
+    ) -> None:
         with self._unacked_changed:
             if mid in self._unacked:
                 self._unacked.discard(mid)

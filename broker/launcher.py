@@ -23,10 +23,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen | None = None) -> None:
+def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
     """Return once ``host:port`` accepts TCP connections; RuntimeError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -109,11 +110,11 @@ class BrokerProcess:
 
     host: str
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     kind: str
     workdir: Path
     ws_port: int | None = None  # MQTT over WebSockets (Mosquitto with a websockets listener)
-    _owned_dir: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    _owned_dir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def listeners(self) -> list[str]:
@@ -179,6 +180,7 @@ def start_broker(
         cmd = [sys.executable, "-m", "broker.embedded", "--host", host, "--port", str(port)]
         kind = "amqtt"
     else:
+        assert mosquitto is not None  # embedded otherwise
         conf = workdir / "mosquitto.conf"
         ws_port = (ws_port or free_port(host)) if "protocol websockets" in template.read_text() else None
         text = render_config(port, host, workdir, template, ws_port)

@@ -377,22 +377,20 @@ class DeviceCore:
         assert self.control is not None and self._local is not None and self._anchor is not None
         self.seq += 1
         delta = {name: self._local[name] - self._anchor[name] for name in self._local}
-        tensors = self.feedback.compensate(delta)
+        sent, payloads = self.feedback.encode(delta, self.rng)  # the only encoding of this commit
         frame = Frame(
             kind=FrameKind.COMMIT,
             base_version=self.base_version,
-            tensors=tensors,
+            tensors=sent,
             device=self.device,
             seq=self.seq,
             samples=self.samples,
             steps=self.steps,
             codec=self.control.codec,
         )
-        residual = self.feedback.residual if self.feedback.codec.biased else {}
-        sent = {name: values - residual[name] if name in residual else values for name, values in tensors.items()}
         self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples)
         self.steps = self.samples = self.since_commit = 0
         self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}
         self.waiting = self.control.wait_for_params
-        return Publish(self.topics.grad(self.device), encode_frame(frame, self.rng), qos=1)
+        return Publish(self.topics.grad(self.device), encode_frame(frame, payloads=payloads), qos=1)

@@ -50,7 +50,9 @@ def load_digits() -> Dataset:
     return Dataset((bunch.data / 16.0).astype(np.float32), bunch.target.astype(np.int64))
 
 
-_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_TYPES: dict[int, type[np.generic] | str] = {
+    0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"
+}  # fmt: skip
 
 
 def read_idx(path: str | Path) -> np.ndarray:

@@ -84,7 +84,7 @@ def mlp_sizes(params: Params) -> list[int]:
     layers = len(params) // 2
     if layers < 1 or len(params) != 2 * layers:
         raise ValueError("an MLP has a weight and a bias per layer")
-    sizes = []
+    sizes: list[int] = []
     for i in range(layers):
         w, b = params.get(f"dense{i}.w"), params.get(f"dense{i}.b")
         if w is None or b is None or w.ndim != 2 or b.shape != (w.shape[1],):
@@ -119,7 +119,8 @@ def forward(params: Params, x: np.ndarray) -> np.ndarray:
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return out
 
 
 def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:

@@ -10,6 +10,8 @@ notice a gap.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from learning.model import Params
@@ -84,7 +86,7 @@ class Broadcaster:
             Frame(kind=FrameKind.PARAMS, base_version=self.view_version, seq=self.run, tensors=self.view)
         )
 
-    def to_state(self) -> dict:
+    def to_state(self) -> dict[str, Any]:
         return {
             "codec": self.codec,
             "view": self.view,
@@ -92,7 +94,7 @@ class Broadcaster:
             "rng": self._rng.bit_generator.state,
         }
 
-    def load_state(self, state: dict, store: ParameterStore) -> None:
+    def load_state(self, state: dict[str, Any], store: ParameterStore) -> None:
         """Restore what ``to_state`` saved; the snapshot is encoded again (bit for bit the same)."""
         if state["codec"] != self.codec:
             raise ValueError(f"the broadcast view was kept for pull codec {state['codec']}, not {self.codec}")

@@ -104,7 +104,7 @@ def encode(core: Any, now: float, key: bytes) -> bytes:
     text = json.dumps(_split(state, arrays), separators=(",", ":")).encode()
     history = b"[" + b",".join(core.history_json) + b"]"
     archive = io.BytesIO()
-    np.savez(archive, **arrays)
+    np.savez(archive, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
     body = _U32.pack(len(text)) + text + _U32.pack(len(history)) + history + archive.getvalue()
     return MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
 

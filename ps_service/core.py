@@ -194,7 +194,9 @@ class ServerCore:
         self.bound.load_state(state["bound"])
         self.frequency.load_state(state["frequency"], now, self.config.push_every)
         evaluation = state["evaluation"]
-        self._evaluation = None if evaluation is None else (int(evaluation[0]), *map(float, evaluation[1:]))
+        self._evaluation = (
+            None if evaluation is None else (int(evaluation[0]), float(evaluation[1]), float(evaluation[2]))
+        )
         t = state["traffic"]
         self.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
                                Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from typing import Any
 
 from learning.model import Params, architecture, classes, conv_geometry, dense_layers, patch_index
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
@@ -53,13 +54,13 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
         positions = index.shape[0]
 
     @tf.custom_gradient
-    def relu(h):
-        def grad(upstream):
+    def relu(h: Any) -> Any:
+        def grad(upstream: Any) -> Any:
             return upstream * tf.cast(h > 0, tf.float32)
 
         return tf.maximum(h, 0.0), grad
 
-    def logits(p: dict, x):
+    def logits(p: dict[str, Any], x: Any) -> Any:
         h = x
         if cnn:
             patches = tf.reshape(tf.gather(x, index, axis=1), [-1, kernel * kernel])
@@ -76,9 +77,9 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
     train_y = tf.TensorSpec([batch_size], tf.int32, name="y")
     any_x = tf.TensorSpec([None, features], tf.float32, name="x")
 
-    class Trainer(tf.Module):
+    class Trainer(tf.Module):  # type: ignore[misc]  # TensorFlow is untyped
         @tf.function(input_signature=[*specs, train_x, train_y])
-        def loss_and_grads(self, *args):
+        def loss_and_grads(self, *args: Any) -> dict[str, Any]:
             p, x, y = dict(zip(names, args[:-2], strict=True)), args[-2], args[-1]
             with tf.GradientTape() as tape:
                 tape.watch(list(p.values()))
@@ -89,7 +90,7 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
             return {"loss": loss, **{n.replace(".", "_"): g for n, g in zip(names, grads, strict=True)}}
 
         @tf.function(input_signature=[*specs, any_x])
-        def predict(self, *args):
+        def predict(self, *args: Any) -> dict[str, Any]:
             return {"logits": logits(dict(zip(names, args[:-1], strict=True)), args[-1])}
 
     module = Trainer()
@@ -97,7 +98,8 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
         [module.loss_and_grads.get_concrete_function(), module.predict.get_concrete_function()], module
     )
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex: a plain runtime runs it
-    return converter.convert()
+    flatbuffer: bytes = converter.convert()
+    return flatbuffer
 
 
 def build_artifact(params: Params, batch_size: int, version: int = 1) -> bytes:
@@ -106,7 +108,7 @@ def build_artifact(params: Params, batch_size: int, version: int = 1) -> bytes:
 
     tflite = build_tflite(params, batch_size)
     meta = ArtifactMeta(
-        arch=architecture(params),  # type: ignore[arg-type]
+        arch=architecture(params),
         version=version,
         params=[TensorSpec(name=n, shape=tuple(int(d) for d in v.shape)) for n, v in params.items()],
         features=model_features(params),

@@ -78,7 +78,7 @@ def serve(
     def listen() -> None:  # before publishing: a device's control goes out after its subscription
         transport.subscribe_only(core.subscriptions())
 
-    def publish(messages: list) -> None:
+    def publish(messages: list[Publish]) -> None:
         for message in messages:
             transport.publish(message)
             if endpoint is not None and message.topic == core.topics.metrics:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from learning.model import Params
@@ -63,9 +65,9 @@ class ParameterStore:
         """The model's L2 norm (double precision)."""
         return float(np.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in self._params.values())))
 
-    def to_state(self) -> dict:
+    def to_state(self) -> dict[str, Any]:
         return {"version": self.version, "params": self.params()}
 
     @classmethod
-    def from_state(cls, state: dict) -> ParameterStore:
+    def from_state(cls, state: dict[str, Any]) -> ParameterStore:
         return cls(state["params"], int(state["version"]))

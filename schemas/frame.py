@@ -11,8 +11,10 @@ import math
 import re
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +63,11 @@ class Frame:
     codec: str = "fp32"  # a codec spec: fp32, fp16, int8, sign, ternary, qsgd:S, topk:P
 
 
-def encode_frame(frame: Frame, rng: np.random.Generator | None = None) -> bytes:
-    """Serialise ``frame``; raise FrameError for values the format cannot carry."""
+def encode_frame(
+    frame: Frame, rng: np.random.Generator | None = None, payloads: Mapping[str, bytes] | None = None
+) -> bytes:
+    """Serialise ``frame``; raise FrameError for values the format cannot carry. ``payloads``: the
+    tensors already encoded under ``frame.codec`` (by ``ErrorFeedback.encode``), by name."""
     try:
         codec = make_codec(frame.codec)
     except CodecError as exc:
@@ -95,7 +100,7 @@ def encode_frame(frame: Frame, rng: np.random.Generator | None = None) -> bytes:
         shape = np.shape(values)
         if len(shape) > MAX_NDIM:
             raise FrameError(f"tensor {name!r} has more than {MAX_NDIM} dimensions")
-        payload = codec.encode(np.asarray(values), rng)
+        payload = payloads[name] if payloads is not None else codec.encode(np.asarray(values), rng)
         parts += [
             _U8.pack(len(name)),
             name.encode("ascii"),
@@ -123,7 +128,7 @@ class _Reader:
         self.pos = end
         return chunk
 
-    def unpack(self, fmt: struct.Struct, what: str) -> tuple:
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
         return fmt.unpack(self.take(fmt.size, what))
 
     def ascii(self, what: str) -> str:

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from schemas import codecs
-from schemas.codecs import BUCKET, CodecError, make_codec
+from schemas.codecs import BUCKET, CodecError, bits, make_codec
 
-pytestmark = pytest.mark.skipif(not codecs.compiled(), reason="schemas._kernels was not built (no C compiler)")
+pytestmark = pytest.mark.skipif(not bits.compiled(), reason="schemas._kernels was not built (no C compiler)")
 
 DECODED = ["fp16", "int8", "sign", "ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127"]
 values = hnp.arrays(
@@ -27,11 +26,11 @@ values = hnp.arrays(
 
 @contextlib.contextmanager
 def numpy_only():
-    kernels, codecs._kernels = codecs._kernels, None
+    kernels, bits.kernels = bits.kernels, None
     try:
         yield
     finally:
-        codecs._kernels = kernels
+        bits.kernels = kernels
 
 
 def both(call):

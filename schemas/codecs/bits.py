@@ -1,0 +1,108 @@
+"""Bit packing and per-bucket scaling shared by the quantizing codecs.
+
+``kernels`` is the optional compiled module ``schemas._kernels`` (None without it, or on a
+big-endian machine): the codecs' hot loops run there when present, giving the same floats
+as the numpy code beside them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+
+import numpy as np
+
+kernels: ModuleType | None
+try:  # compiled loops for the hot codecs (schemas/_kernels.c)
+    kernels = importlib.import_module("schemas._kernels")
+except ImportError:  # built without a C compiler
+    kernels = None
+if sys.byteorder != "little":  # the loops read the little-endian wire format as native numbers
+    kernels = None
+
+BUCKET = 512  # values per scale in int8, sign, ternary and qsgd
+
+
+def compiled() -> bool:
+    """Whether the compiled loops of ``schemas._kernels`` are in use (else numpy's)."""
+    return kernels is not None
+
+
+def buckets(n: int) -> int:
+    """Buckets (scales) for ``n`` values."""
+    return -(-n // BUCKET)
+
+
+def bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
+    """Per-bucket max of |x| (``max``), mean of |x| (``mean``) or L2 norm (``l2``), float32."""
+    n, full = len(x), len(x) // BUCKET * BUCKET
+    parts = []
+    for block in (x[:full].reshape(-1, BUCKET), x[full:].reshape(1, -1) if full < n else None):
+        if block is None or block.size == 0:
+            continue
+        if how == "max":  # two reductions, no |x| temporary; + 0 turns a -0 maximum into 0
+            parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)) + np.float32(0))
+        elif how == "mean":
+            parts.append(np.mean(np.abs(block), axis=1))
+        else:
+            parts.append(np.sqrt(np.einsum("ij,ij->i", block, block)))
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def inverse(scales: np.ndarray, numerator: float = 1.0) -> np.ndarray:
+    """numerator / scales, and 0 where a scale is too small to invert (its values quantize to 0)."""
+    out = np.zeros_like(scales)
+    np.divide(np.float32(numerator), scales, out=out, where=scales > np.float32(1e-30))
+    return out
+
+
+def scale_buckets(values: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Each bucket of ``values`` (float32, flat) times its scale, into ``out`` (default: in place)."""
+    out = values if out is None else out
+    full = len(values) // BUCKET * BUCKET
+    if full:
+        np.multiply(
+            values[:full].reshape(-1, BUCKET), scales[: full // BUCKET, None], out=out[:full].reshape(-1, BUCKET)
+        )
+    if full < len(values):
+        np.multiply(values[full:], scales[-1], out=out[full:])
+    return out
+
+
+def bit_plane(payload: bytes | memoryview, offset: int, n: int) -> np.ndarray:
+    """``n`` bits packed little-endian from ``offset``, as a writable int8 array of 0 and 1."""
+    raw = np.frombuffer(payload, dtype=np.uint8, offset=offset, count=packed_size(n, 1))
+    return np.unpackbits(raw, count=n, bitorder="little").view(np.int8)
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> bytes:
+    """Pack unsigned codes < 2**bits (bits 1, 2, 4 or 8) into bytes, first value in the low bits."""
+    if bits == 8:
+        return codes.astype(np.uint8).tobytes()
+    if bits == 1:
+        return np.packbits(codes.astype(bool), bitorder="little").tobytes()
+    per = 8 // bits
+    n = len(codes)
+    padded = np.zeros(-(-n // per) * per, dtype=np.uint8)
+    padded[:n] = codes
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    packed: bytes = np.bitwise_or.reduce(padded.reshape(-1, per) << shifts, axis=1).astype(np.uint8).tobytes()
+    return packed
+
+
+def unpack_bits(data: bytes | memoryview, bits: int, n: int) -> np.ndarray:
+    """The ``n`` codes that ``pack_bits`` packed, as uint8."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if bits == 8:
+        return raw[:n].copy()
+    if bits == 1:
+        return np.unpackbits(raw, count=n, bitorder="little")
+    per = 8 // bits
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    return ((raw[:, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
+
+
+def packed_size(n: int, bits: int) -> int:
+    """Bytes that ``n`` codes of ``bits`` bits take."""
+    return -(-n * bits // 8)

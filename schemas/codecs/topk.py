@@ -1,0 +1,82 @@
+"""topk: the largest values by magnitude, their indices delta-encoded, values as int8."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
+
+
+@register
+class TopK(Codec):
+    """The fraction p of the values largest in magnitude; the rest are zero (after Deep
+    Gradient Compression). Payload: u32 k, f32 scale (max |kept| / 127), u8 index width w
+    (1, 2 or 4), k ascending indices delta-encoded (first index, then gaps) as w-byte
+    unsigned little-endian integers, then k int8 values (value / scale, rounded).
+
+    k is exactly ``keep(n)``: ceil(P * n) with P the header's float32 argument, computed in
+    double precision, at least 1 and at most n; a decoder refuses any other k."""
+
+    id = 6
+    name = "topk"
+    usage = "topk:P"
+    biased = True
+
+    def __init__(self, fraction: float = 0.01) -> None:
+        if not 0 < fraction <= 1:
+            raise CodecError("topk needs a fraction in (0, 1]")
+        self.fraction = fraction
+        self.arg = float(np.float32(fraction))
+
+    @property
+    def spec(self) -> str:
+        return f"topk:{self.fraction:g}"
+
+    @classmethod
+    def from_spec_arg(cls, arg: str) -> Codec:
+        """``topk:P`` with 0 < P <= 1; bare ``topk`` is ``topk:0.01``."""
+        return cls(float(arg) if arg else 0.01)
+
+    @classmethod
+    def from_header_arg(cls, arg: float) -> Codec:
+        if not math.isfinite(arg):
+            raise CodecError(f"topk needs a finite fraction, got {arg}")
+        return cls(float(arg))
+
+    def keep(self, n: int) -> int:
+        """How many of ``n`` values a frame keeps."""
+        return min(n, max(1, math.ceil(self.arg * n))) if n else 0
+
+    def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        x = flat(values)
+        n = len(x)
+        k = self.keep(n)
+        idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k :]) if k else np.zeros(0, np.int64)
+        kept = x[idx]
+        scale = np.float32(np.max(np.abs(kept)) / 127) if k else np.float32(0)
+        q = np.rint(kept / scale).astype(np.int8) if scale > 0 else np.zeros(k, np.int8)
+        gaps = np.diff(idx, prepend=0).astype(np.uint32)
+        width = 1 if k == 0 or gaps.max() < 256 else 2 if gaps.max() < 65536 else 4
+        dtype = {1: "<u1", 2: "<u2", 4: "<u4"}[width]
+        head = np.array([k], "<u4").tobytes() + np.array([scale], "<f4").tobytes() + bytes([width])
+        return head + gaps.astype(dtype).tobytes() + q.tobytes()
+
+    def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+        n = count(shape)
+        if len(payload) < 9:
+            raise CodecError("topk payload shorter than its 9-byte head")
+        k = int(np.frombuffer(payload, "<u4", count=1)[0])
+        scale = np.frombuffer(payload, "<f4", count=1, offset=4)[0]
+        width = payload[8]
+        if width not in (1, 2, 4) or k != self.keep(n):
+            raise CodecError(f"topk: bad index width {width}, or k {k} is not ceil({self.arg:g} * {n})")
+        expect(payload, 9 + k * width + k, "topk")
+        gaps = np.frombuffer(payload, {1: "<u1", 2: "<u2", 4: "<u4"}[width], count=k, offset=9)
+        idx = np.cumsum(gaps, dtype=np.int64)
+        if k and (idx[-1] >= n or (k > 1 and (gaps[1:] == 0).any())):
+            raise CodecError("topk indices out of range or repeated")
+        out = np.zeros(n, np.float32)
+        out[idx] = np.frombuffer(payload, np.int8, count=k, offset=9 + k * width) * np.float32(scale)
+        return out.reshape(shape)
