@@ -1,19 +1,21 @@
 """The sans-IO parameter server: decoded-or-raw messages in, messages to publish out.
 
 It never touches a socket or the clock: every event carries ``now`` (seconds, from any
-epoch), and every method returns the ``Publish`` list its driver must send.
+epoch), and every method returns the ``Publish`` list its driver must send. The core wires
+its parts: admission of commits (ps_service.validation, the registry's rate limits), the
+round (ps_service.round), the pace, aggregation and broadcast, the operator's commands
+(ps_service.commands), reporting (ps_service.reporting) and checkpoint state
+(ps_service.state).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from learning.model import Params
+from ps_service import commands, reporting, state
 from ps_service.aggregate import aggregate, norms_hold
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
@@ -22,7 +24,9 @@ from ps_service.frequency import Bounds, FrequencyController, make_policy
 from ps_service.membership import Membership
 from ps_service.pace import make_pace
 from ps_service.registry import DeviceRegistry
+from ps_service.reporting import Report, Traffic
 from ps_service.robust import NormBound, bounded_sizes
+from ps_service.round import JobState, Round
 from ps_service.store import ParameterStore
 from ps_service.update import Update
 from ps_service.validation import Rejection, validate_commit
@@ -37,21 +41,10 @@ from schemas.messages import (
     Metrics,
     Notice,
     RejectReason,
-    Reply,
 )
 from schemas.topics import Publish, Topics
 
 log = logging.getLogger("edgeps.ps")
-
-
-def _command_name(payload: bytes) -> str:
-    """The ``cmd`` field of a command that may not validate, for its error reply."""
-    try:
-        name = json.loads(payload).get("cmd")
-    except (ValueError, AttributeError):
-        return "invalid"
-    return name[:32] if isinstance(name, str) else "invalid"
-
 
 #: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
 #: report a second at most): a flood of statuses is refused as ``rate_limited``.
@@ -66,15 +59,6 @@ def new_run() -> int:
 def commit_size_limit(store: ParameterStore) -> int:
     """The largest valid commit of the model: its fp32 frame with the longest device id."""
     return len(store.snapshot_frame()) + 64
-
-
-@dataclass
-class Traffic:
-    commits: int = 0
-    applied: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
 
 
 class ServerCore:
@@ -112,24 +96,45 @@ class ServerCore:
             Bounds(config.push_every_min, max(config.push_every_min, config.push_every_max)),
             config.balance,
         )
-        self._evaluation: tuple[int, float, float] | None = None  # (version, accuracy, loss)
-        self.traffic = Traffic()
-        self.history: list[Metrics] = []
-        self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
-        self.paused = False
-        self.finished = False
-        self.quorum = False
-        self.round_started = now
-        self._unbroadcast = 0  # versions applied since the last parameter broadcast
+        self.round = Round(started=now, opened=now)
+        self.report = Report(self.topics, now)
+        self.unbroadcast = 0  # versions applied since the last parameter broadcast
         self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
-        self._last_broadcast: list[Publish] = []  # the newest version's parameter messages
-        self._metrics_at = now  # when metrics last went out
-        self._started = now
+        self.last_broadcast: list[Publish] = []  # the newest version's parameter messages
+
+    # ----------------------------------------------------------------- views
+    @property
+    def finished(self) -> bool:
+        return self.round.finished
+
+    @property
+    def paused(self) -> bool:
+        return self.round.state is JobState.PAUSED
+
+    @property
+    def traffic(self) -> Traffic:
+        return self.report.traffic
+
+    @property
+    def history(self) -> list[Metrics]:
+        return self.report.history
+
+    def barrier_set(self) -> frozenset[str]:
+        """Devices the next aggregate waits for: online, not left (past a deadline, or released)."""
+        return self.membership.barrier(self.registry.active())
+
+    def waiting_for(self) -> list[str]:
+        """Devices of the barrier set the open round still waits for (none under a pace without rounds)."""
+        return self.pace.waiting_for(self.barrier_set()) if self.pace.wait_for_barrier else []
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The job's state, for operators."""
+        return reporting.status(self, now)
 
     # ----------------------------------------------------------------- start
     def start(self, now: float) -> list[Publish]:
         """Publish the model artifact if any, version 0 (retained), its metrics and the barrier."""
-        self._started = self.round_started = now
+        self.round.started = self.round.opened = now
         # without an artifact, an empty retained message clears one an earlier run of this job left
         model = Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)
         return [model, *self._broadcast_version(now)]
@@ -139,78 +144,19 @@ class ServerCore:
         artifact, the newest version's parameter messages, the barrier, the metrics), in case
         the crash came between the checkpoint and those messages leaving."""
         model = [Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)]
-        return [*model, *self._last_broadcast, self._barrier(), self._metrics(now)]
+        return [*model, *self.last_broadcast, self._barrier(), reporting.metrics(self, now)]
 
-    # ----------------------------------------------------------------- state
     def to_state(self, now: float) -> dict[str, Any]:
-        """Everything the server knows, by name, in JSON values and numpy arrays (tensors) and
-        bytes (payloads); times are ages in seconds, so that a restored server runs on any clock.
-        The metrics history is apart (``history_json``). ps_service/checkpoint.py writes it."""
-        traffic = self.traffic
-        return {
-            "run": self.run,
-            "store": self.store.to_state(),
-            "broadcaster": self.broadcaster.to_state(),
-            "codec": self.codec,
-            "previous_codec": self.previous_codec,
-            "pace": {"spec": self.pace.name, "buffer": [u.to_state() for u in self.pace.buffered()]},
-            "registry": self.registry.to_state(now),
-            "membership": self.membership.to_state(),
-            "bound": self.bound.to_state(),
-            "frequency": self.frequency.to_state(now),
-            "evaluation": None if self._evaluation is None else list(self._evaluation),
-            "traffic": {
-                "commits": traffic.commits,
-                "applied": traffic.applied,
-                "bytes_up": traffic.bytes_up,
-                "bytes_down": traffic.bytes_down,
-                "rejected": dict(sorted(traffic.rejected.items())),
-            },
-            "paused": self.paused,
-            "finished": self.finished,
-            "quorum": self.quorum,
-            "unbroadcast": self._unbroadcast,
-            "server_step": self.server_step,
-            "last_broadcast": [
-                {"topic": m.topic, "payload": m.payload, "qos": m.qos, "retain": m.retain} for m in self._last_broadcast
-            ],
-            "started_age_s": now - self._started,
-            "round_age_s": now - self.round_started,
-            "metrics_age_s": now - self._metrics_at,
-        }
+        """What a checkpoint holds (ps_service.state)."""
+        return state.to_state(self, now)
 
-    def load_state(self, state: dict[str, Any], history: list[Metrics], now: float) -> None:
+    def load_state(self, saved: dict[str, Any], history: list[Metrics], now: float) -> None:
         """Become the server ``to_state`` described (built with the same configuration)."""
-        self.run = int(state["run"])
-        self.store = ParameterStore.from_state(state["store"])
-        self.broadcaster = Broadcaster(self.topics, self.config.pull_codec, run=self.run)
-        self.broadcaster.load_state(state["broadcaster"], self.store)
-        self.codec, self.previous_codec = str(state["codec"]), str(state["previous_codec"])
-        self.pace = make_pace(str(state["pace"]["spec"]))
-        for update in state["pace"]["buffer"]:
-            self.pace.add(Update.from_state(update))
-        self.registry.load_state(state["registry"], now)
-        self.membership.load_state(state["membership"])
-        self.bound.load_state(state["bound"])
-        self.frequency.load_state(state["frequency"], now, self.config.push_every)
-        evaluation = state["evaluation"]
-        self._evaluation = (
-            None if evaluation is None else (int(evaluation[0]), float(evaluation[1]), float(evaluation[2]))
-        )
-        t = state["traffic"]
-        self.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
-                               Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
-        self.paused, self.finished, self.quorum = bool(state["paused"]), bool(state["finished"]), bool(state["quorum"])
-        self._unbroadcast, self.server_step = int(state["unbroadcast"]), float(state["server_step"])
-        self._last_broadcast = [
-            Publish(str(m["topic"]), bytes(m["payload"]), int(m["qos"]), bool(m["retain"]))
-            for m in state["last_broadcast"]
-        ]
-        self._started = now - float(state["started_age_s"])
-        self.round_started = now - float(state["round_age_s"])
-        self._metrics_at = now - float(state["metrics_age_s"])
-        self.history = list(history)
-        self.history_json = [m.to_bytes() for m in history]
+        state.load_state(self, saved, history, now)
+
+    @property
+    def history_json(self) -> list[bytes]:
+        return self.report.history_json
 
     # ----------------------------------------------------------------- events
     def on_message(
@@ -238,7 +184,7 @@ class ServerCore:
             if kind == "status" and device is not None:
                 return self.on_status(device, payload, now)
             if kind == "cmd":
-                return self.on_command(payload, now, response_topic, correlation)
+                return commands.on_command(self, payload, now, response_topic, correlation)
         except Exception as exc:  # a bug: never let one message stop the job
             log.exception("failed on a message on %s", topic)
             rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
@@ -277,9 +223,8 @@ class ServerCore:
         if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
             self.traffic.bytes_down += len(self.broadcaster.snapshot)
         out = [self._control(device)]
-        if not self.quorum and len(self.registry.active()) >= self.config.min_devices:
-            self.quorum = True
-            self._started = self.round_started = now  # the job's clock starts with its quorum
+        if not self.round.quorum and len(self.registry.active()) >= self.config.min_devices:
+            self.round.reach_quorum(now)  # the job's clock starts with its quorum
             log.info("start quorum of %d devices reached", self.config.min_devices)
             out += self._maybe_aggregate(now)
         return [*out, self._barrier()]
@@ -364,123 +309,63 @@ class ServerCore:
         for device in self.registry.unmute_due(now):
             log.info("listening to device %s again", device)
         duration = self.config.duration_s
-        if duration is not None and self.quorum and not self.finished and now - self._started >= duration:
+        if duration is not None and self.round.quorum and not self.finished and now - self.round.started >= duration:
             log.info("job %s reached its duration of %.1f s", self.config.job, duration)
-            return self._finish(now)
+            return self.finish(now)
         interval = self.config.metrics_interval_s
-        if interval is not None and not self.finished and now - self._metrics_at >= interval:
-            return [self._metrics(now), *self._deadline(now)]
+        if interval is not None and not self.finished and now - self.report.metrics_at >= interval:
+            return [reporting.metrics(self, now), *self._deadline(now)]
         return self._deadline(now)
 
+    def next_deadline(self) -> float | None:
+        """When ``on_tick`` next has something to do, on the core's clock (None: nothing timed in
+        force): the open round's deadline, a mute that ends, metrics due on their interval, the
+        job's duration. A driver sleeps until then unless a message comes first."""
+        times = [self.registry.next_unmute()]
+        deadline = self._round_deadline()
+        if deadline is not None:
+            times.append(self.round.due(self.waiting_for(), self.membership, deadline))
+        if not self.finished:
+            interval, duration = self.config.metrics_interval_s, self.config.duration_s
+            times.append(None if interval is None else self.report.metrics_at + interval)
+            times.append(None if duration is None or not self.round.quorum else self.round.started + duration)
+        return min((t for t in times if t is not None), default=None)
+
+    def _round_deadline(self) -> float | None:
+        """The round deadline in force now (None: rounds do not wait, or none is open)."""
+        if not self.pace.wait_for_barrier or not self.round.aggregating:
+            return None
+        return self.config.round_deadline_s
+
     def _deadline(self, now: float) -> list[Publish]:
-        deadline = self.config.round_deadline_s
-        if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
-            return []
-        waited = now - self.round_started
-        late = [d for d in self.pace.waiting_for(self.barrier_set())
-                if waited >= self.membership.deadline([d], deadline)]  # fmt: skip
+        deadline = self._round_deadline()
+        late = [] if deadline is None else self.round.late(self.waiting_for(), self.membership, deadline, now)
         if not late:
             return []
         self.membership.missed(late)
         log.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
         return self._maybe_aggregate(now) or [self._barrier()]
 
-    def barrier_set(self) -> frozenset[str]:
-        """Devices the next aggregate waits for: online, not left (past a deadline, or released)."""
-        return self.membership.barrier(self.registry.active())
+    # ------------------------------------------------------ operations (commands)
+    def pause(self) -> list[Publish]:
+        """Stop making versions (commits are still accepted and buffered)."""
+        if not self.finished:
+            self.round.state = JobState.PAUSED
+        return [self._barrier()]
 
-    def next_deadline(self) -> float | None:
-        """When ``on_tick`` next has something to do for the open round's deadline, or a mute that
-        ends (None: nothing timed in force), on the core's clock."""
-        unmute = self.registry.next_unmute()
-        deadline = self.config.round_deadline_s
-        if deadline is None or not self.pace.wait_for_barrier or self.finished or self.paused or not self.quorum:
-            return unmute
-        late = self.pace.waiting_for(self.barrier_set())
-        if not late:
-            return unmute
-        due = self.round_started + min(self.membership.deadline([d], deadline) for d in late)
-        return due if unmute is None else min(due, unmute)
+    def resume_aggregation(self, now: float) -> list[Publish]:
+        """Make versions again after ``pause``."""
+        if self.paused:
+            self.round.state = JobState.RUNNING
+        return self._maybe_aggregate(now) or [self._barrier()]
 
-    def on_command(
-        self, payload: bytes, now: float, response_topic: str | None = None, correlation_data: bytes | None = None
-    ) -> list[Publish]:
-        """An operator's command: carried out whole or not at all, answered when it asks for a reply
-        (MQTT 5 response topic and correlation data, or the command's reply_to and correlation)."""
-        reply_to, correlation = self._reply_address(payload)
-        if reply_to is None and response_topic is not None:
-            reply_to = self._reply_topic(response_topic)
-        if correlation is None and correlation_data is not None:
-            correlation = correlation_data.decode("utf-8", "replace")[:128]
-        where = (reply_to, correlation_data)
-        try:
-            command = Command.from_bytes(payload)
-            log.info("operator command: %s %s", command.cmd, command.reason)
-            out, detail = self._execute(command, now)
-        except ValueError as exc:  # MessageError, an unknown pace, bounds that cross ...
-            self.traffic.rejected[RejectReason.INVALID_COMMAND] += 1
-            log.warning("rejected command: %s", exc)
-            return self._reply(where, Reply(cmd=_command_name(payload), correlation=correlation, ok=False,
-                                            detail=str(exc)[:1024]))  # fmt: skip
-        status = self.status(now) if command.cmd == "status" else None
-        answer = Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=status)
-        return [*out, *self._reply(where, answer)]
+    def set_codec(self, codec: str) -> list[Publish]:
+        """Devices commit in ``codec`` from now on (commits in the previous one are still taken)."""
+        self.previous_codec, self.codec = self.codec, codec
+        return [self._control(device) for device in sorted(self.registry.active())]
 
-    def status(self, now: float) -> dict[str, Any]:
-        """The job's state, for operators."""
-        evaluation = self._evaluation or (0, float("nan"), float("nan"))
-        barrier = self.barrier_set()
-        return {
-            "job": self.config.job,
-            "state": "finished" if self.finished else "paused" if self.paused else "running",
-            "pace": self.pace.name,
-            "version": self.store.version,
-            "accuracy": evaluation[1],
-            "loss": evaluation[2],
-            "evaluated_version": evaluation[0],
-            "devices_online": sorted(self.registry.active()),
-            "waiting_for": self.pace.waiting_for(barrier) if self.pace.wait_for_barrier else [],
-            "left": sorted(self.membership.left),
-            "evicted": sorted(self.registry.evicted),
-            "codec": self.codec,
-            "pull_codec": self.config.pull_codec,
-            "frequency": {
-                "policy": self.frequency.policy.name,
-                "frozen": self.frequency.frozen is not None,
-                "base": self.frequency.base,
-                "low": self.frequency.bounds.low,
-                "high": self.frequency.bounds.high,
-                "push_every": {d: self.frequency.push_every(d) for d in sorted(self.registry.active())},
-            },
-            "commits": self.traffic.commits,
-            "applied": self.traffic.applied,
-            "rejected": dict(self.traffic.rejected),
-            "elapsed_s": round(now - self._started, 3),
-        }
-
-    def _execute(self, command: Command, now: float) -> tuple[list[Publish], str]:
-        """(messages, what was done) for a valid command; ValueError changes nothing."""
-        cmd = command.cmd
-        if cmd == "status":
-            return [], ""
-        if cmd == "pause":
-            self.paused = True
-            return [self._barrier()], "aggregation paused"
-        if cmd == "resume":
-            self.paused = False
-            return self._maybe_aggregate(now) or [self._barrier()], "aggregation resumed"
-        if cmd == "set_codec" and command.codec is not None:
-            self.previous_codec, self.codec = self.codec, command.codec
-            return [self._control(device) for device in sorted(self.registry.active())], f"codec {self.codec}"
-        if cmd == "set_pace" and command.pace is not None:
-            return self._set_pace(command.pace, now), f"pace {self.pace.name}"
-        if cmd == "evict" and command.device is not None:
-            return self._evict(command.device, now), f"{command.device} evicted"
-        if cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
-            return self._frequency_command(command), f"push_every base {self.frequency.base}"
-        return self._finish(now), "job finished"
-
-    def _set_pace(self, spec: str, now: float) -> list[Publish]:
+    def set_pace(self, spec: str, now: float) -> list[Publish]:
+        """Replace the pace; buffered commits carry over."""
         pace = make_pace(spec)  # ValueError for an unknown one, before anything changes
         for update in self.pace.take_all():  # buffered commits carry over to the new pace
             pace.add(update)
@@ -488,7 +373,8 @@ class ServerCore:
         controls = [self._control(device) for device in sorted(self.registry.active())]
         return [*controls, *(self._maybe_aggregate(now) or [self._barrier()])]
 
-    def _evict(self, device: str, now: float) -> list[Publish]:
+    def evict(self, device: str, now: float) -> list[Publish]:
+        """Remove ``device`` from the job (its buffered commits are dropped, counted)."""
         if not self.registry.known(device):
             raise ValueError(f"no device {device!r} in this job")
         self.registry.evict(device)
@@ -500,35 +386,8 @@ class ServerCore:
         )
         return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1), *self._device_left(device, now)]
 
-    def _reply_address(self, payload: bytes) -> tuple[str | None, str | None]:
-        """Where to answer a command (a ``reply/{client}`` topic of this job only), read leniently
-        so that an invalid command still gets its error reply."""
-        try:
-            body = json.loads(payload) if len(payload) <= 64 * 1024 else None
-        except ValueError:
-            return None, None
-        if not isinstance(body, dict):
-            return None, None
-        reply_to, correlation = body.get("reply_to"), body.get("correlation")
-        correlation = correlation[:128] if isinstance(correlation, str) else None
-        return self._reply_topic(reply_to), correlation
-
-    def _reply_topic(self, topic: object) -> str | None:
-        """``topic`` if it is a ``reply/{client}`` topic of this job: replies go nowhere else."""
-        try:
-            kind, _ = self.topics.parse(topic) if isinstance(topic, str) else (None, None)
-        except ValueError:
-            return None
-        return topic if kind == "reply" and isinstance(topic, str) else None
-
-    def _reply(self, where: tuple[str | None, bytes | None], reply: Reply) -> list[Publish]:
-        """``reply`` to ``where``: (reply topic or None, MQTT 5 correlation data to echo)."""
-        reply_to, correlation_data = where
-        if reply_to is None:
-            return []
-        return [Publish(reply_to, reply.to_bytes(), qos=1, correlation=correlation_data)]
-
-    def _frequency_command(self, command: Command) -> list[Publish]:
+    def set_frequency(self, command: Command) -> list[Publish]:
+        """set_frequency, freeze_frequency or unfreeze_frequency."""
         frequency = self.frequency
         if command.cmd == "freeze_frequency":
             frequency.freeze()
@@ -540,9 +399,19 @@ class ServerCore:
                 frequency.set_policy(make_policy(command.policy, self.config.push_every))
         return self._reassign()
 
+    def finish(self, now: float) -> list[Publish]:
+        """End the job: the last version is broadcast and the barrier says ``finished``."""
+        if self.finished:
+            return []
+        self.round.state = JobState.FINISHED
+        if self.unbroadcast:  # the retained snapshot must be the final model
+            return self._broadcast_version(now)
+        return [self._barrier(), reporting.metrics(self, now)]
+
+    # -------------------------------------------------------------- internals
     def _release(self, now: float) -> list[Publish]:
         """Release balancing: stop waiting for devices much slower than the rest."""
-        if not self.pace.wait_for_barrier or not self.quorum or self.finished:
+        if not self.pace.wait_for_barrier or not self.round.quorum or self.finished:
             return []
         released = self.frequency.released(sorted(self.registry.active())) - self.membership.left
         if not released:
@@ -586,7 +455,7 @@ class ServerCore:
 
     def _maybe_aggregate(self, now: float) -> list[Publish]:
         out: list[Publish] = []
-        while self.quorum and not self.paused and not self.finished and self.pace.ready(self.barrier_set()):
+        while self.round.aggregating and self.pace.ready(self.barrier_set()):
             taken = self.pace.take()
             refused = self.bound.outliers(taken, self.store.version, self.store.norm())
             updates = [u for u in taken if u.device not in refused]
@@ -605,11 +474,11 @@ class ServerCore:
                 continue
             self.traffic.applied += len(updates)
             if self.pace.wait_for_barrier:
-                self.membership.round_closed(now - self.round_started)
-            self.round_started = now
-            self._unbroadcast += 1
+                self.membership.round_closed(now - self.round.opened)
+            self.round.opened = now
+            self.unbroadcast += 1
             last = self.store.version >= self.config.rounds
-            if last or self._unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
+            if last or self.unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
                 out += self._broadcast_version(now)
             else:
                 out.append(self._barrier())
@@ -632,16 +501,16 @@ class ServerCore:
         return bounded_sizes(claimed, reference, self.config.samples_factor, self.config.max_device_samples)
 
     def _broadcast_version(self, now: float) -> list[Publish]:
-        self._unbroadcast = 0
+        self.unbroadcast = 0
         messages, per_device = self.broadcaster.publish(self.store)
-        self._last_broadcast = messages
+        self.last_broadcast = messages
         self.traffic.bytes_down += per_device * len(self.registry.active())
         if self.store.version >= self.config.rounds:
-            self.finished = True
+            self.round.state = JobState.FINISHED
         if self.pace.wait_for_params:  # waiting devices train again from here
             for device in self.registry.active():
                 self.frequency.balancer.on_ready(device, now)
-        metrics = self._metrics(now)  # evaluates, and the policy observes the evaluation
+        metrics = reporting.metrics(self, now)  # evaluates, and the policy observes the evaluation
         changed = [] if self.finished else self._reassign()
         if self.pace.wait_for_barrier and not self.finished:  # the new round waits only for those it should
             self.membership.release(self.frequency.released(sorted(self.registry.active())))
@@ -650,31 +519,11 @@ class ServerCore:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
         return out
 
-    def _finish(self, now: float) -> list[Publish]:
-        if self.finished:
-            return []
-        self.finished = True
-        if self._unbroadcast:  # the retained snapshot must be the final model
-            return self._broadcast_version(now)
-        return [self._barrier(), self._metrics(now)]
-
     def _count(self, rejection: Rejection) -> list[Publish]:
-        self.traffic.rejected[rejection.reason.value] += 1
-        return []
+        return self.report.count(rejection)
 
     def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
-        self._count(rejection)
-        count = self.traffic.rejected[rejection.reason.value]
-        record = self.registry.record(device)
-        if rejection.reason is RejectReason.RATE_LIMITED and now is not None and record is not None:
-            # a flooding device gets one notice (and one log line) a second, not one per message
-            if record.noticed_at is not None and now - record.noticed_at < 1.0:
-                return []
-            record.noticed_at = now
-        if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
-            log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
-        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
-        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
+        return self.report.reject(device, rejection, self.registry.record(device), now)
 
     def _control(self, device: str) -> Publish:
         record = self.registry.record(device)
@@ -699,58 +548,15 @@ class ServerCore:
 
     def _barrier(self) -> Publish:
         barrier_set = self.barrier_set()
-        state = "finished" if self.finished else "paused" if self.paused else "running"
         barrier = Barrier(
             run=self.run,
             round=self.store.version,
             version=self.store.version,
             pace=self.pace.name,
-            state=state,
-            waiting_for=self.pace.waiting_for(barrier_set) if self.pace.wait_for_barrier else [],
+            state=self.round.state.value,
+            waiting_for=self.waiting_for(),
             committed=self.pace.committed(),
             left=sorted(self.membership.left),
             slowest_clock=self.registry.slowest_clock(barrier_set),
         )
         return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)
-
-    def _evaluate(self, now: float) -> tuple[int, float, float]:
-        """The latest evaluation, made afresh every ``eval_every`` versions and at the end."""
-        version = self.store.version
-        due = self._evaluation is None or version - self._evaluation[0] >= self.config.eval_every or self.finished
-        if due and (self._evaluation is None or self._evaluation[0] != version):
-            accuracy, loss = self.evaluator(self.store.view())
-            self._evaluation = (version, accuracy, loss)
-            self.frequency.observe(now - self._started, accuracy, loss)
-        assert self._evaluation is not None
-        return self._evaluation
-
-    def _metrics(self, now: float) -> Publish:
-        self._metrics_at = now
-        evaluated, accuracy, loss = self._evaluate(now)
-        metrics = Metrics(
-            job=self.config.job,
-            run=self.run,
-            version=self.store.version,
-            round=self.store.version,
-            pace=self.pace.name,
-            accuracy=accuracy,
-            loss=loss,
-            commits=self.traffic.commits,
-            applied=self.traffic.applied,
-            rejected=dict(self.traffic.rejected),
-            bytes_up=self.traffic.bytes_up,
-            bytes_down=self.traffic.bytes_down,
-            devices_online=len(self.registry.active()),
-            elapsed_s=round(now - self._started, 6),
-            finished=self.finished,
-            evaluated_version=evaluated,
-            eval_s=round(self.evaluator.seconds, 6),
-            frequency=self.frequency.policy.name if self.frequency.frozen is None else "frozen",
-            trend=self.frequency.policy.trend,
-            server_step=round(self.server_step, 4),
-            push_every={d: self.frequency.push_every(d) for d in sorted(self.registry.active())},
-        )
-        if not self.history or self.history[-1].version != metrics.version or metrics.finished:
-            self.history.append(metrics)
-            self.history_json.append(metrics.to_bytes())
-        return Publish(self.topics.metrics, metrics.to_bytes(), qos=1)

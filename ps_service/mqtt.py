@@ -19,6 +19,7 @@ log = logging.getLogger("edgeps.ps")
 
 
 BATCH = 64  # inbound messages processed per checkpoint
+IDLE_S = 0.25  # the longest wait for a message: how soon a stop request is seen
 #: The server's inbox: at most this many messages (and bytes) received and not yet processed; the
 #: rest waits in the broker (MQTT 5 Receive Maximum, and TCP flow control under MQTT 3.1.1).
 INBOX_MESSAGES = 256
@@ -122,7 +123,8 @@ def serve(
     listen()
     publish(outgoing)
     while not core.finished and not stopped():
-        process(0.1)
+        due = core.next_deadline()  # sleep until the core has something timed to do, or a message comes
+        process(IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
     if stopped():
         return
     # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.

@@ -181,7 +181,7 @@ def test_a_crashed_device_leaves_the_barrier_through_its_last_will(mosquitto) ->
     device = DeviceCore("will", "alive", Dataset(holdout.x[:100], holdout.y[:100]), NumpyTrainer())
     runner = threading.Thread(target=run_device, args=(device, connect_device(device, address)), daemon=True)
     runner.start()
-    wait_until(lambda: server.quorum and server.pace.committed() == ["alive"], what="alive's first commit")
+    wait_until(lambda: server.round.quorum and server.pace.committed() == ["alive"], what="alive's first commit")
     assert server.store.version == 0  # the round waits for the doomed device
     doomed._client.loop_stop()  # crash: the socket drops without a DISCONNECT, so the broker sends the will
     doomed._client.socket().close()

@@ -37,7 +37,7 @@ def test_a_restored_server_goes_on_exactly_like_the_saved_one(tmp_path) -> None:
     restore(restored, tmp_path / "ps.ckpt", now=100.0, key=KEY)  # a new process: another clock
     assert restored.store.version == original.store.version == 1
     assert restored.run == original.run and restored.history == original.history
-    assert restored.round_started == pytest.approx(original.round_started + 98.0)
+    assert restored.round.opened == pytest.approx(original.round.opened + 98.0)
     resumed = restored.resume(100.0)
     assert {p.topic for p in resumed} >= {restored.topics.params, restored.topics.barrier, restored.topics.model}
     for server, now in ((original, 3.0), (restored, 101.0)):

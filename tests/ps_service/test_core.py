@@ -221,6 +221,24 @@ def test_round_deadline_drops_a_straggler_whose_late_commit_joins_a_later_round(
     assert server.store.version == 2 and server.traffic.applied == 3
 
 
+def test_next_deadline_names_when_the_core_has_something_timed_to_do() -> None:
+    server = small_server(pace="bsp", round_deadline_s=5.0, metrics_interval_s=3.0, duration_s=100.0)
+    server.start(0.0)
+    assert server.next_deadline() == 3.0  # no quorum yet: only the metrics interval
+    hello(server, "a", now=1.0)
+    hello(server, "b", now=1.0)  # quorum at 1.0: the round's deadline and the duration count from there
+    assert server.next_deadline() == 3.0
+    assert server.on_tick(2.9) == []
+    server.on_tick(3.0)  # metrics go out, next due at 6.0; the round deadline is 1.0 + 5.0
+    assert server.next_deadline() == 6.0
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 5.5)
+    assert server.on_tick(5.99) == [] and server.store.version == 0
+    server.on_tick(6.0)  # b let the deadline pass: the round closes without it
+    assert server.store.version == 1 and server.membership.left == {"b"}
+    server.on_message(server.topics.cmd, Command(cmd="stop").to_bytes(), 7.0)
+    assert server.finished and server.next_deadline() is None  # nothing timed after the end
+
+
 def test_a_silent_fleet_cannot_deadlock_a_round() -> None:
     server = small_server(pace="bsp", round_deadline_s=1.0)
     server.start(0.0)

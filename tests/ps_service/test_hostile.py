@@ -56,7 +56,7 @@ def test_the_metrics_stay_valid_and_the_endpoint_up_whatever_the_model() -> None
     server = small_server(pace="asp", rounds=10**6)
     server.start(0.0)
     server.store.apply({n: np.full(s, 3e38, np.float32) for n, s in server.store.shapes.items()})  # a model gone bad
-    server._evaluation = None
+    server.report.evaluation = None
     out = server.on_tick(10.0) + server._broadcast_version(10.0)
     endpoint = MetricsEndpoint(0)
     try:

@@ -1,0 +1,148 @@
+"""What a job reports: traffic counts, rejection notices, evaluations, metrics and status.
+
+``Report`` holds the counts and the metrics history; ``metrics`` and ``status`` read a core.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ps_service.registry import DeviceRecord
+from ps_service.validation import Rejection
+from schemas.messages import Metrics, Notice, RejectReason
+from schemas.topics import Publish, Topics
+
+if TYPE_CHECKING:
+    from ps_service.core import ServerCore
+
+log = logging.getLogger("edgeps.ps")
+
+
+@dataclass
+class Traffic:
+    commits: int = 0
+    applied: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+class Report:
+    """A job's counts, its latest evaluation and its metrics history (one record per version)."""
+
+    def __init__(self, topics: Topics, now: float) -> None:
+        self.topics = topics
+        self.traffic = Traffic()
+        self.history: list[Metrics] = []
+        self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
+        self.evaluation: tuple[int, float, float] | None = None  # (version, accuracy, loss)
+        self.metrics_at = now  # when metrics last went out
+
+    def count(self, rejection: Rejection) -> list[Publish]:
+        """Count a rejection that gets no notice."""
+        self.traffic.rejected[rejection.reason.value] += 1
+        return []
+
+    def reject(
+        self, device: str, rejection: Rejection, record: DeviceRecord | None, now: float | None
+    ) -> list[Publish]:
+        """Count a rejection and notice ``device`` of it; a flooding device (``rate_limited``, with
+        ``now``) gets one notice (and one log line) a second, not one per message."""
+        self.count(rejection)
+        count = self.traffic.rejected[rejection.reason.value]
+        if rejection.reason is RejectReason.RATE_LIMITED and now is not None and record is not None:
+            if record.noticed_at is not None and now - record.noticed_at < 1.0:
+                return []
+            record.noticed_at = now
+        if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
+            log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
+        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
+        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
+
+    def record(self, metrics: Metrics) -> None:
+        """Keep ``metrics`` in the history: one record per version, and the final one."""
+        if not self.history or self.history[-1].version != metrics.version or metrics.finished:
+            self.history.append(metrics)
+            self.history_json.append(metrics.to_bytes())
+
+
+def evaluate(core: ServerCore, now: float) -> tuple[int, float, float]:
+    """The latest evaluation, made afresh every ``eval_every`` versions and at the end; the
+    frequency policy observes each one."""
+    report, version = core.report, core.store.version
+    latest = report.evaluation
+    due = latest is None or version - latest[0] >= core.config.eval_every or core.finished
+    if due and (latest is None or latest[0] != version):
+        accuracy, loss = core.evaluator(core.store.view())
+        report.evaluation = latest = (version, accuracy, loss)
+        core.frequency.observe(now - core.round.started, accuracy, loss)
+    assert latest is not None
+    return latest
+
+
+def metrics(core: ServerCore, now: float) -> Publish:
+    """The job's metrics message (evaluating when due), recorded in its history."""
+    report, traffic, frequency = core.report, core.report.traffic, core.frequency
+    report.metrics_at = now
+    evaluated, accuracy, loss = evaluate(core, now)
+    record = Metrics(
+        job=core.config.job,
+        run=core.run,
+        version=core.store.version,
+        round=core.store.version,
+        pace=core.pace.name,
+        accuracy=accuracy,
+        loss=loss,
+        commits=traffic.commits,
+        applied=traffic.applied,
+        rejected=dict(traffic.rejected),
+        bytes_up=traffic.bytes_up,
+        bytes_down=traffic.bytes_down,
+        devices_online=len(core.registry.active()),
+        elapsed_s=round(now - core.round.started, 6),
+        finished=core.finished,
+        evaluated_version=evaluated,
+        eval_s=round(core.evaluator.seconds, 6),
+        frequency=frequency.policy.name if frequency.frozen is None else "frozen",
+        trend=frequency.policy.trend,
+        server_step=round(core.server_step, 4),
+        push_every={d: frequency.push_every(d) for d in sorted(core.registry.active())},
+    )
+    report.record(record)
+    return Publish(core.topics.metrics, record.to_bytes(), qos=1)
+
+
+def status(core: ServerCore, now: float) -> dict[str, Any]:
+    """The job's state, for operators (a ``status`` command's reply)."""
+    evaluation = core.report.evaluation or (0, float("nan"), float("nan"))
+    frequency, traffic = core.frequency, core.report.traffic
+    return {
+        "job": core.config.job,
+        "state": core.round.state.value,
+        "pace": core.pace.name,
+        "version": core.store.version,
+        "accuracy": evaluation[1],
+        "loss": evaluation[2],
+        "evaluated_version": evaluation[0],
+        "devices_online": sorted(core.registry.active()),
+        "waiting_for": core.waiting_for(),
+        "left": sorted(core.membership.left),
+        "evicted": sorted(core.registry.evicted),
+        "codec": core.codec,
+        "pull_codec": core.config.pull_codec,
+        "frequency": {
+            "policy": frequency.policy.name,
+            "frozen": frequency.frozen is not None,
+            "base": frequency.base,
+            "low": frequency.bounds.low,
+            "high": frequency.bounds.high,
+            "push_every": {d: frequency.push_every(d) for d in sorted(core.registry.active())},
+        },
+        "commits": traffic.commits,
+        "applied": traffic.applied,
+        "rejected": dict(traffic.rejected),
+        "elapsed_s": round(now - core.round.started, 3),
+    }
