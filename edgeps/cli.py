@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from broker.client import BrokerAddress, MqttTransport
-from ps_service.pace import make_pace
+from ps_service.paces import make_pace
 
 
 def _broker_args(parser: argparse.ArgumentParser) -> None:

@@ -15,29 +15,27 @@ import secrets
 from typing import Any
 
 from learning.model import Params
-from ps_service import commands, reporting, state
-from ps_service.aggregate import aggregate, norms_hold
+from ps_service import admission, commands, reporting, state
+from ps_service.aggregate import norms_hold
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
 from ps_service.frequency import Bounds, FrequencyController, make_policy
 from ps_service.membership import Membership
-from ps_service.pace import make_pace
+from ps_service.paces import make_pace
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report, Traffic
 from ps_service.robust import NormBound, bounded_sizes
 from ps_service.round import JobState, Round
 from ps_service.store import ParameterStore
 from ps_service.update import Update
-from ps_service.validation import Rejection, validate_commit
+from ps_service.validation import Rejection
 from schemas.frame import peek_seq
 from schemas.messages import (
     MAX_SAFE_INT,
     Barrier,
     Command,
     Control,
-    DeviceStatus,
-    MessageError,
     Metrics,
     Notice,
     RejectReason,
@@ -45,10 +43,6 @@ from schemas.messages import (
 from schemas.topics import Publish, Topics
 
 log = logging.getLogger("edgeps.ps")
-
-#: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
-#: report a second at most): a flood of statuses is refused as ``rate_limited``.
-STATUS_BURST, STATUS_RATE = 10, 2.0
 
 
 def new_run() -> int:
@@ -125,7 +119,7 @@ class ServerCore:
 
     def waiting_for(self) -> list[str]:
         """Devices of the barrier set the open round still waits for (none under a pace without rounds)."""
-        return self.pace.waiting_for(self.barrier_set()) if self.pace.wait_for_barrier else []
+        return self.pace.waiting_for(self.barrier_set())
 
     def status(self, now: float) -> dict[str, Any]:
         """The job's state, for operators."""
@@ -137,14 +131,14 @@ class ServerCore:
         self.round.started = self.round.opened = now
         # without an artifact, an empty retained message clears one an earlier run of this job left
         model = Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)
-        return [model, *self._broadcast_version(now)]
+        return [model, *self.broadcast_version(now)]
 
     def resume(self, now: float) -> list[Publish]:
         """After a restore from a checkpoint: publish again what devices need to go on (the
         artifact, the newest version's parameter messages, the barrier, the metrics), in case
         the crash came between the checkpoint and those messages leaving."""
         model = [Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)]
-        return [*model, *self.last_broadcast, self._barrier(), reporting.metrics(self, now)]
+        return [*model, *self.last_broadcast, self.barrier(), reporting.metrics(self, now)]
 
     def to_state(self, now: float) -> dict[str, Any]:
         """What a checkpoint holds (ps_service.state)."""
@@ -180,111 +174,16 @@ class ServerCore:
             return []
         try:
             if kind == "grad" and device is not None:
-                return self.on_commit(device, payload, now, retained)
+                return admission.on_commit(self, device, payload, now, retained)
             if kind == "status" and device is not None:
-                return self.on_status(device, payload, now)
+                return admission.on_status(self, device, payload, now)
             if kind == "cmd":
                 return commands.on_command(self, payload, now, response_topic, correlation)
         except Exception as exc:  # a bug: never let one message stop the job
             log.exception("failed on a message on %s", topic)
             rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
-            return self._reject(device, rejection) if device is not None and kind != "reply" else self._count(rejection)
+            return self.reject(device, rejection) if device is not None and kind != "reply" else self.count(rejection)
         return []
-
-    def on_status(self, device: str, payload: bytes, now: float) -> list[Publish]:
-        """A device's hello (online) or last will (offline); an empty (cleared) status is offline."""
-        record = self.registry.record(device)
-        if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):
-            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, "statuses too often"), now)
-        if not payload:
-            return self._device_left(device, now)
-        try:
-            status = DeviceStatus.from_bytes(payload)
-        except MessageError as exc:
-            return self._reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
-        if status.device != device:
-            return self._reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
-        if status.state == "offline":
-            return self._device_left(device, now, status.incarnation)
-        if not self.registry.permits(device):
-            return self._reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
-        assert status.incarnation is not None  # DeviceStatus requires it online
-        if status.step_s is not None:
-            self.frequency.balancer.on_report(device, status.step_s)
-        first, rebooted = self.registry.set_online(device, status.samples, status.incarnation)
-        if not first and not rebooted:  # already online: a speed report
-            if status.step_s is None:
-                return []
-            return self._reassign() + self._release(now)
-        if rebooted and not first:
-            log.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
-                     status.incarnation, self.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip
-        log.info("device %s online (%d samples)", device, status.samples)
-        if self.broadcaster.deltas:  # a joining device first reads the retained snapshot
-            self.traffic.bytes_down += len(self.broadcaster.snapshot)
-        out = [self._control(device)]
-        if not self.round.quorum and len(self.registry.active()) >= self.config.min_devices:
-            self.round.reach_quorum(now)  # the job's clock starts with its quorum
-            log.info("start quorum of %d devices reached", self.config.min_devices)
-            out += self._maybe_aggregate(now)
-        return [*out, self._barrier()]
-
-    def on_commit(self, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
-        """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
-        self.traffic.commits += 1
-        self.traffic.bytes_up += len(payload)
-        R = RejectReason
-        if retained:  # left on the broker by someone: never a device's live work
-            return self._reject(device, Rejection(R.RETAINED, "commits must not be retained", peek_seq(payload)))
-        if self.finished:
-            return self._reject(device, Rejection(R.FINISHED, "the job has finished", peek_seq(payload)))
-        rate, burst, limit = self.config.max_commit_rate, self.config.max_commit_burst, self.commit_limit
-        record = self.registry.record(device)
-        if rate is not None and self.registry.permits(device):
-            record = self.registry.limits(device)
-            over = (f"more than {rate:g} commits/s" if not record.commits.take(1, now, rate, burst)
-                    else f"more than {rate * limit:g} bytes/s"
-                    if not record.bytes.take(len(payload), now, rate * limit, burst * limit) else None)  # fmt: skip
-            if over is not None:
-                return self._flooding(device, over, peek_seq(payload), now)
-        try:
-            update = validate_commit(
-                payload,
-                device,
-                self.registry,
-                self.store.version,
-                self.store.shapes,
-                self.commit_limit,
-                frozenset({self.codec, self.previous_codec}),
-            )
-        except Rejection as rejection:
-            # a copy of a commit the server holds (its work is in the model) gets no notice: the device
-            # would send that work again
-            redelivered = rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
-            out = self._count(rejection) if redelivered else self._reject(device, rejection)
-            if rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and record is not None:
-                out += self._resequence(device)
-            return out
-        self.frequency.balancer.on_commit(device, update.steps, now)
-        self.pace.add(update)
-        if device in self.registry.active() and self.membership.on_commit(
-            device, self.store.version - update.base_version
-        ):
-            log.info("device %s rejoins the barrier", device)
-        return self._maybe_aggregate(now) or [self._barrier()]
-
-    def _flooding(self, device: str, over: str, seq: int | None, now: float) -> list[Publish]:
-        """A commit beyond the device's rate limit: refused, and the server stops listening to the
-        device's commits for a while (``DeviceRegistry.mute``), so that the broker drops a flood
-        instead of queueing it in front of the other devices' commits."""
-        if self.registry.muted(device):  # already in flight when it was muted
-            return self._reject(device, Rejection(RejectReason.RATE_LIMITED, over, seq), now)
-        duration = self.registry.mute(device, now)
-        log.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
-        detail = f"{over}: its commits are not received for {duration:g} s"
-        record = self.registry.limits(device)
-        record.noticed_at = None  # this notice goes out whatever the one-a-second rule says
-        return self._reject(device, Rejection(RejectReason.RATE_LIMITED, detail, seq), now)
 
     def subscriptions(self) -> list[str]:
         """The topics the server listens to now: statuses, commands, and the commit topic of each
@@ -293,15 +192,6 @@ class ServerCore:
         subscription to its commits)."""
         t = self.topics
         return [t.all_status, t.cmd, *(t.grad(device) for device in self.registry.listening())]
-
-    def _resequence(self, device: str) -> list[Publish]:
-        """A device used a sequence number at or below the highest received: its Control again,
-        with where its numbers resume (it may have lost count: a restart the server did not see)."""
-        record = self.registry.record(device)
-        if record is None or record.incarnation is None or record.seq_base >= record.highest_seq:
-            return []
-        record.seq_base = record.highest_seq
-        return [self._control(device)]
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
@@ -333,7 +223,7 @@ class ServerCore:
 
     def _round_deadline(self) -> float | None:
         """The round deadline in force now (None: rounds do not wait, or none is open)."""
-        if not self.pace.wait_for_barrier or not self.round.aggregating:
+        if not self.pace.rounds or not self.round.aggregating:
             return None
         return self.config.round_deadline_s
 
@@ -344,25 +234,25 @@ class ServerCore:
             return []
         self.membership.missed(late)
         log.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
-        return self._maybe_aggregate(now) or [self._barrier()]
+        return self.advance(now) or [self.barrier()]
 
     # ------------------------------------------------------ operations (commands)
     def pause(self) -> list[Publish]:
         """Stop making versions (commits are still accepted and buffered)."""
         if not self.finished:
             self.round.state = JobState.PAUSED
-        return [self._barrier()]
+        return [self.barrier()]
 
     def resume_aggregation(self, now: float) -> list[Publish]:
         """Make versions again after ``pause``."""
         if self.paused:
             self.round.state = JobState.RUNNING
-        return self._maybe_aggregate(now) or [self._barrier()]
+        return self.advance(now) or [self.barrier()]
 
     def set_codec(self, codec: str) -> list[Publish]:
         """Devices commit in ``codec`` from now on (commits in the previous one are still taken)."""
         self.previous_codec, self.codec = self.codec, codec
-        return [self._control(device) for device in sorted(self.registry.active())]
+        return [self.control(device) for device in sorted(self.registry.active())]
 
     def set_pace(self, spec: str, now: float) -> list[Publish]:
         """Replace the pace; buffered commits carry over."""
@@ -370,8 +260,8 @@ class ServerCore:
         for update in self.pace.take_all():  # buffered commits carry over to the new pace
             pace.add(update)
         self.pace = pace
-        controls = [self._control(device) for device in sorted(self.registry.active())]
-        return [*controls, *(self._maybe_aggregate(now) or [self._barrier()])]
+        controls = [self.control(device) for device in sorted(self.registry.active())]
+        return [*controls, *(self.advance(now) or [self.barrier()])]
 
     def evict(self, device: str, now: float) -> list[Publish]:
         """Remove ``device`` from the job (its buffered commits are dropped, counted)."""
@@ -384,7 +274,7 @@ class ServerCore:
         notice = Notice(
             device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job"
         )
-        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1), *self._device_left(device, now)]
+        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1), *self.device_left(device, now)]
 
     def set_frequency(self, command: Command) -> list[Publish]:
         """set_frequency, freeze_frequency or unfreeze_frequency."""
@@ -397,7 +287,7 @@ class ServerCore:
             frequency.set_bounds(command.low, command.high)  # ValueError if they cross the bound in force
             if command.policy is not None and command.policy != frequency.policy.name:
                 frequency.set_policy(make_policy(command.policy, self.config.push_every))
-        return self._reassign()
+        return self.reassign()
 
     def finish(self, now: float) -> list[Publish]:
         """End the job: the last version is broadcast and the barrier says ``finished``."""
@@ -405,55 +295,45 @@ class ServerCore:
             return []
         self.round.state = JobState.FINISHED
         if self.unbroadcast:  # the retained snapshot must be the final model
-            return self._broadcast_version(now)
-        return [self._barrier(), reporting.metrics(self, now)]
+            return self.broadcast_version(now)
+        return [self.barrier(), reporting.metrics(self, now)]
 
     # -------------------------------------------------------------- internals
-    def _release(self, now: float) -> list[Publish]:
+    def release_slow(self, now: float) -> list[Publish]:
         """Release balancing: stop waiting for devices much slower than the rest."""
-        if not self.pace.wait_for_barrier or not self.round.quorum or self.finished:
+        if not self.pace.rounds or not self.round.quorum or self.finished:
             return []
         released = self.frequency.released(sorted(self.registry.active())) - self.membership.left
         if not released:
             return []
         log.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
         self.membership.release(released)
-        return self._maybe_aggregate(now)
+        return self.advance(now)
 
-    def _reassign(self) -> list[Publish]:
+    def reassign(self) -> list[Publish]:
         """Control messages for the devices whose push_every changed."""
         devices = sorted(self.registry.active())
         before = {device: self.frequency.push_every(device) for device in devices}  # what each was told
         after = self.frequency.assign(devices)
-        return [self._control(device) for device, value in after.items() if before[device] != value]
+        return [self.control(device) for device, value in after.items() if before[device] != value]
 
     # -------------------------------------------------------------- internals
-    def _device_left(self, device: str, now: float, incarnation: int | None = None) -> list[Publish]:
+    def device_left(self, device: str, now: float, incarnation: int | None = None) -> list[Publish]:
         if not self.registry.set_offline(device, incarnation):  # not online, or an earlier boot's will
             return []
         self.membership.forget(device)
         self.frequency.forget(device)
         log.info("device %s offline: it leaves the barrier", device)
-        return self._maybe_aggregate(now) or [self._barrier()]
+        return self.advance(now) or [self.barrier()]
 
-    def _max_extrapolation(self) -> float:
-        """How far the next aggregate may be extrapolated: the job's setting, else the pace's
-        under a fixed push_every, after the pace's warm-up. An adaptive frequency policy changes
-        the local work per round, which FedExP's step takes as steady: measured, trend with it
-        oscillated (seeds 0-2: plateau 0.957 against 0.962 without, lowest sample 0.70 against
-        0.89; docs/FREQUENCY.md). Likewise a codec whose noise swamps the norms FedExP compares
-        (``norms_hold``)."""
-        if self.store.version < self.pace.extrapolation_warmup:
-            return 1.0
-        if self.config.extrapolation is not None:
-            return self.config.extrapolation
-        if self.pace.max_extrapolation <= 1:  # asp and ssp ask this once per commit
-            return 1.0
-        if self.frequency.policy.name != "fixed" or not all(map(norms_hold, (self.codec, self.config.pull_codec))):
-            return 1.0
-        return self.pace.max_extrapolation
+    def _steady(self) -> bool:
+        """Whether FedExP's server step may extrapolate: only under a fixed push_every (an adaptive
+        policy changes the local work per round, which the step takes as steady) and codecs whose
+        noise leaves the norms it compares meaningful (``norms_hold``); measured in docs/FREQUENCY.md
+        and docs/PACES.md."""
+        return self.frequency.policy.name == "fixed" and all(map(norms_hold, (self.codec, self.config.pull_codec)))
 
-    def _maybe_aggregate(self, now: float) -> list[Publish]:
+    def advance(self, now: float) -> list[Publish]:
         out: list[Publish] = []
         while self.round.aggregating and self.pace.ready(self.barrier_set()):
             taken = self.pace.take()
@@ -463,9 +343,8 @@ class ServerCore:
             if not updates:
                 continue
             try:
-                result = aggregate(
-                    updates, self.store.version, self._weights(updates), self.pace.mixing, self._max_extrapolation()
-                )
+                weights, version = self._weights(updates), self.store.version
+                result = self.pace.aggregate(updates, version, weights, self.config.extrapolation, self._steady())
                 self.store.apply(result.delta)
                 self.server_step = result.step
             except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
@@ -473,20 +352,20 @@ class ServerCore:
                 self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
                 continue
             self.traffic.applied += len(updates)
-            if self.pace.wait_for_barrier:
+            if self.pace.rounds:
                 self.membership.round_closed(now - self.round.opened)
             self.round.opened = now
             self.unbroadcast += 1
             last = self.store.version >= self.config.rounds
             if last or self.unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
-                out += self._broadcast_version(now)
+                out += self.broadcast_version(now)
             else:
-                out.append(self._barrier())
+                out.append(self.barrier())
         return out
 
     def _refuse_outlier(self, update: Update) -> Publish:
         detail = "its update is far from the other devices' (ps_service.robust): not applied"
-        [notice] = self._reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
+        [notice] = self.reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
         return notice
 
     def _weights(self, updates: list[Update]) -> dict[str, int]:
@@ -500,35 +379,35 @@ class ServerCore:
         reference = [size for size in declared.values() if size > 0]
         return bounded_sizes(claimed, reference, self.config.samples_factor, self.config.max_device_samples)
 
-    def _broadcast_version(self, now: float) -> list[Publish]:
+    def broadcast_version(self, now: float) -> list[Publish]:
         self.unbroadcast = 0
         messages, per_device = self.broadcaster.publish(self.store)
         self.last_broadcast = messages
         self.traffic.bytes_down += per_device * len(self.registry.active())
         if self.store.version >= self.config.rounds:
             self.round.state = JobState.FINISHED
-        if self.pace.wait_for_params:  # waiting devices train again from here
-            for device in self.registry.active():
+        for device in self.registry.active():  # devices waiting for parameters train again from here
+            if self.pace.configure(device).wait_for_params:
                 self.frequency.balancer.on_ready(device, now)
         metrics = reporting.metrics(self, now)  # evaluates, and the policy observes the evaluation
-        changed = [] if self.finished else self._reassign()
-        if self.pace.wait_for_barrier and not self.finished:  # the new round waits only for those it should
+        changed = [] if self.finished else self.reassign()
+        if self.pace.rounds and not self.finished:  # the new round waits only for those it should
             self.membership.release(self.frequency.released(sorted(self.registry.active())))
-        out = [*messages, *changed, self._barrier(), metrics]
+        out = [*messages, *changed, self.barrier(), metrics]
         if self.finished:
             log.info("job %s finished at version %d", self.config.job, self.store.version)
         return out
 
-    def _count(self, rejection: Rejection) -> list[Publish]:
+    def count(self, rejection: Rejection) -> list[Publish]:
         return self.report.count(rejection)
 
-    def _reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
+    def reject(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
         return self.report.reject(device, rejection, self.registry.record(device), now)
 
-    def _control(self, device: str) -> Publish:
+    def control(self, device: str) -> Publish:
         record = self.registry.record(device)
         assert record is not None and record.incarnation is not None, "a control answers a device's hello"
-        push_every = self.frequency.push_every(device)
+        push_every, rules = self.frequency.push_every(device), self.pace.configure(device)
         control = Control(
             device=device,
             run=self.run,
@@ -540,13 +419,13 @@ class ServerCore:
             batch_size=self.config.batch_size,
             codec=self.codec,
             pull_codec=self.config.pull_codec,
-            wait_for_params=self.pace.wait_for_params,
-            staleness_bound=self.pace.staleness_bound,
-            one_commit_per_version=self.pace.one_commit_per_version,
+            wait_for_params=rules.wait_for_params,
+            staleness_bound=rules.staleness_bound,
+            one_commit_per_version=rules.one_commit_per_version,
         )
         return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
 
-    def _barrier(self) -> Publish:
+    def barrier(self) -> Publish:
         barrier_set = self.barrier_set()
         barrier = Barrier(
             run=self.run,

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ps_service.broadcast import Broadcaster
-from ps_service.pace import make_pace
+from ps_service.paces import make_pace
 from ps_service.reporting import Traffic
 from ps_service.round import JobState
 from ps_service.store import ParameterStore

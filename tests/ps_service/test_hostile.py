@@ -57,7 +57,7 @@ def test_the_metrics_stay_valid_and_the_endpoint_up_whatever_the_model() -> None
     server.start(0.0)
     server.store.apply({n: np.full(s, 3e38, np.float32) for n, s in server.store.shapes.items()})  # a model gone bad
     server.report.evaluation = None
-    out = server.on_tick(10.0) + server._broadcast_version(10.0)
+    out = server.on_tick(10.0) + server.broadcast_version(10.0)
     endpoint = MetricsEndpoint(0)
     try:
         for message in out:
@@ -140,7 +140,7 @@ def test_a_message_the_server_fails_on_is_a_counted_rejection_not_a_crash_loop(m
     def boom(*args, **kwargs):
         raise MemoryError("simulated")
 
-    monkeypatch.setattr("ps_service.core.validate_commit", boom)
+    monkeypatch.setattr("ps_service.admission.validate_commit", boom)
     out = server.on_message(server.topics.grad("x"), commit_bytes(server, "x", 1), 1.0)
     assert [Notice.from_bytes(p.payload).reason.value for p in out] == ["unprocessable"]
     assert server.traffic.rejected == {"unprocessable": 1} and server.store.version == 0

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from ps_service.aggregate import aggregate, extrapolation, staleness_weight
-from ps_service.pace import Asp, Bsp, make_pace
+from ps_service.paces import Asp, Bsp, make_pace
 from ps_service.update import Update
 
 
@@ -52,11 +52,11 @@ def test_asp_applies_one_update_at_a_time_in_arrival_order() -> None:
 
 
 def test_make_pace() -> None:
-    assert make_pace("bsp").wait_for_params and not make_pace("asp").wait_for_params
+    assert make_pace("bsp").configure("d").wait_for_params and not make_pace("asp").configure("d").wait_for_params
     acbsp = make_pace("acbsp")
-    assert acbsp.wait_for_barrier and not acbsp.wait_for_params
+    assert acbsp.rounds and not acbsp.configure("d").wait_for_params and acbsp.configure("d").one_commit_per_version
     ssp = make_pace("ssp:3")
-    assert ssp.staleness_bound == 3 and ssp.name == "ssp:3" and not ssp.wait_for_barrier
+    assert ssp.configure("d").staleness_bound == 3 and ssp.name == "ssp:3" and not ssp.rounds
     for bad in ("nope", "ssp", "ssp:-1", "ssp:x", "bsp:2"):
         with pytest.raises(ValueError, match="unknown pace"):
             make_pace(bad)
@@ -159,3 +159,27 @@ def test_fedexp_trusts_codecs_whose_noise_does_not_swamp_norms() -> None:
     assert typical_error("ternary") > 1.0  # an unbiased codec noisier than the signal
     assert [c for c in ("fp32", "fp16", "int8", "sign", "topk:0.01", "qsgd:16") if not norms_hold(c)] == []
     assert not norms_hold("ternary") and not norms_hold("qsgd:2")
+
+
+def test_a_new_pace_is_one_registered_class() -> None:
+    """The example of docs/PACES.md: a pace that makes a version once half the barrier set committed."""
+    from ps_service.paces import Pace, known, register
+    from ps_service.paces import base as registry
+
+    @register
+    class Quorum(Pace):
+        name = "half"
+        rounds = False
+
+        def ready(self, barrier: frozenset[str]) -> bool:
+            return len(self.committed()) * 2 >= max(1, len(barrier))
+
+    try:
+        pace = make_pace("half")
+        assert "half" in known() and isinstance(pace, Quorum)
+        pace.add(upd("a"))
+        assert not pace.ready(frozenset({"a", "b", "c"})) and pace.ready(frozenset({"a", "b"}))
+        with pytest.raises(ValueError, match="already registered"):
+            register(type("Other", (Quorum,), {"name": "bsp"}))
+    finally:
+        del registry._PACES["half"]

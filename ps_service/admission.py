@@ -1,0 +1,130 @@
+"""Devices' messages at the door: statuses (hello, will, speed reports) and commits.
+
+Each is rate-limited, validated (ps_service.validation) and either refused with a counted
+notice or handed on: a device online to the registry and the round, a commit to the pace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ps_service.validation import Rejection, validate_commit
+from schemas.frame import peek_seq
+from schemas.messages import DeviceStatus, MessageError, RejectReason
+from schemas.topics import Publish
+
+if TYPE_CHECKING:
+    from ps_service.core import ServerCore
+
+log = logging.getLogger("edgeps.ps")
+
+#: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
+#: report a second at most): a flood of statuses is refused as ``rate_limited``.
+STATUS_BURST, STATUS_RATE = 10, 2.0
+
+
+def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list[Publish]:
+    """A device's hello (online) or last will (offline); an empty (cleared) status is offline."""
+    record = core.registry.record(device)
+    if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):
+        return core.reject(device, Rejection(RejectReason.RATE_LIMITED, "statuses too often"), now)
+    if not payload:
+        return core.device_left(device, now)
+    try:
+        status = DeviceStatus.from_bytes(payload)
+    except MessageError as exc:
+        return core.reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
+    if status.device != device:
+        return core.reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
+    if status.state == "offline":
+        return core.device_left(device, now, status.incarnation)
+    if not core.registry.permits(device):
+        return core.reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
+    assert status.incarnation is not None  # DeviceStatus requires it online
+    if status.step_s is not None:
+        core.frequency.balancer.on_report(device, status.step_s)
+    first, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
+    if not first and not rebooted:  # already online: a speed report
+        if status.step_s is None:
+            return []
+        return core.reassign() + core.release_slow(now)
+    if rebooted and not first:
+        log.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
+                 status.incarnation, core.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip
+    log.info("device %s online (%d samples)", device, status.samples)
+    if core.broadcaster.deltas:  # a joining device first reads the retained snapshot
+        core.traffic.bytes_down += len(core.broadcaster.snapshot)
+    out = [core.control(device)]
+    if not core.round.quorum and len(core.registry.active()) >= core.config.min_devices:
+        core.round.reach_quorum(now)  # the job's clock starts with its quorum
+        log.info("start quorum of %d devices reached", core.config.min_devices)
+        out += core.advance(now)
+    return [*out, core.barrier()]
+
+
+def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
+    """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
+    core.traffic.commits += 1
+    core.traffic.bytes_up += len(payload)
+    R = RejectReason
+    if retained:  # left on the broker by someone: never a device's live work
+        return core.reject(device, Rejection(R.RETAINED, "commits must not be retained", peek_seq(payload)))
+    if core.finished:
+        return core.reject(device, Rejection(R.FINISHED, "the job has finished", peek_seq(payload)))
+    rate, burst, limit = core.config.max_commit_rate, core.config.max_commit_burst, core.commit_limit
+    record = core.registry.record(device)
+    if rate is not None and core.registry.permits(device):
+        record = core.registry.limits(device)
+        over = (f"more than {rate:g} commits/s" if not record.commits.take(1, now, rate, burst)
+                else f"more than {rate * limit:g} bytes/s"
+                if not record.bytes.take(len(payload), now, rate * limit, burst * limit) else None)  # fmt: skip
+        if over is not None:
+            return flooding(core, device, over, peek_seq(payload), now)
+    try:
+        update = validate_commit(
+            payload,
+            device,
+            core.registry,
+            core.store.version,
+            core.store.shapes,
+            core.commit_limit,
+            frozenset({core.codec, core.previous_codec}),
+        )
+    except Rejection as rejection:
+        # a copy of a commit the server holds (its work is in the model) gets no notice: the device
+        # would send that work again
+        redelivered = rejection.reason is R.REPLAYED and core.registry.redelivered(device, rejection.seq)
+        out = core.count(rejection) if redelivered else core.reject(device, rejection)
+        if rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and record is not None:
+            out += resequence(core, device)
+        return out
+    core.frequency.balancer.on_commit(device, update.steps, now)
+    core.pace.add(update)
+    if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
+        log.info("device %s rejoins the barrier", device)
+    return core.advance(now) or [core.barrier()]
+
+
+def flooding(core: ServerCore, device: str, over: str, seq: int | None, now: float) -> list[Publish]:
+    """A commit beyond the device's rate limit: refused, and the server stops listening to the
+    device's commits for a while (``DeviceRegistry.mute``), so that the broker drops a flood
+    instead of queueing it in front of the other devices' commits."""
+    if core.registry.muted(device):  # already in flight when it was muted
+        return core.reject(device, Rejection(RejectReason.RATE_LIMITED, over, seq), now)
+    duration = core.registry.mute(device, now)
+    log.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
+    detail = f"{over}: its commits are not received for {duration:g} s"
+    record = core.registry.limits(device)
+    record.noticed_at = None  # this notice goes out whatever the one-a-second rule says
+    return core.reject(device, Rejection(RejectReason.RATE_LIMITED, detail, seq), now)
+
+
+def resequence(core: ServerCore, device: str) -> list[Publish]:
+    """A device used a sequence number at or below the highest received: its Control again,
+    with where its numbers resume (it may have lost count: a restart the server did not see)."""
+    record = core.registry.record(device)
+    if record is None or record.incarnation is None or record.seq_base >= record.highest_seq:
+        return []
+    record.seq_base = record.highest_seq
+    return [core.control(device)]
