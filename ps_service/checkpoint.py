@@ -124,7 +124,17 @@ def decode(blob: bytes, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
         with np.load(io.BytesIO(body[8 + n + m :]), allow_pickle=False) as arrays:
             state = _join(json.loads(text), arrays)
         history = [Metrics.model_validate(record) for record in json.loads(history_text)]
-    except (struct.error, ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile, MessageError) as exc:
+    except (
+        struct.error,
+        ValueError,
+        KeyError,
+        TypeError,
+        OSError,
+        EOFError,
+        NotImplementedError,
+        zipfile.BadZipFile,
+        MessageError,
+    ) as exc:  # NotImplementedError: zipfile reading a damaged "version needed" field
         raise CheckpointError(f"checkpoint unreadable: {exc}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint format {state.get('format') if isinstance(state, dict) else '?'}")

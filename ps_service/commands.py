@@ -7,14 +7,21 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+from ps_service.frequency import make_policy
+from ps_service.paces import make_pace
 from ps_service.reporting import status
-from schemas.messages import Command, RejectReason, Reply
+from ps_service.round import JobState
+from schemas.messages import Command, MessageError, Notice, RejectReason, Reply
 from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
 
 log = logging.getLogger("edgeps.ps")
+
+
+class CommandError(ValueError):
+    """A valid command that cannot be carried out (an unknown pace or device, crossing bounds)."""
 
 
 def command_name(payload: bytes) -> str:
@@ -50,23 +57,88 @@ def reply_address(topics: Topics, payload: bytes) -> tuple[str | None, str | Non
     return reply_topic(topics, body.get("reply_to")), correlation[:128] if isinstance(correlation, str) else None
 
 
+def pause(core: ServerCore) -> list[Publish]:
+    """Stop making versions (commits are still accepted and buffered)."""
+    if not core.finished:
+        core.round.state = JobState.PAUSED
+    return [core.barrier()]
+
+
+def resume_aggregation(core: ServerCore, now: float) -> list[Publish]:
+    """Make versions again after ``pause``."""
+    if core.paused:
+        core.round.state = JobState.RUNNING
+    return core.advance(now) or [core.barrier()]
+
+
+def set_codec(core: ServerCore, codec: str) -> list[Publish]:
+    """Devices commit in ``codec`` from now on (commits in the previous one are still taken)."""
+    core.previous_codec, core.codec = core.codec, codec
+    return [core.control(device) for device in sorted(core.registry.active())]
+
+
+def set_pace(core: ServerCore, spec: str, now: float) -> list[Publish]:
+    """Replace the pace; buffered commits carry over."""
+    try:
+        pace = make_pace(spec)  # before anything changes
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    for update in core.pace.take_all():  # buffered commits carry over to the new pace
+        pace.add(update)
+    core.pace = pace
+    controls = [core.control(device) for device in sorted(core.registry.active())]
+    return [*controls, *(core.advance(now) or [core.barrier()])]
+
+
+def evict(core: ServerCore, device: str, now: float) -> list[Publish]:
+    """Remove ``device`` from the job (its buffered commits are dropped, counted)."""
+    if not core.registry.known(device):
+        raise CommandError(f"no device {device!r} in this job")
+    core.registry.evict(device)
+    dropped = core.pace.drop(device)  # its buffered commits go with it, counted
+    if dropped:
+        core.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
+    notice = Notice(device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job")
+    return [Publish(core.topics.notice(device), notice.to_bytes(), qos=1), *core.device_left(device, now)]
+
+
+def set_frequency(core: ServerCore, command: Command) -> list[Publish]:
+    """set_frequency, freeze_frequency or unfreeze_frequency."""
+    frequency = core.frequency
+    if command.cmd == "freeze_frequency":
+        frequency.freeze()
+    elif command.cmd == "unfreeze_frequency":
+        frequency.unfreeze()
+    else:
+        try:  # everything that can fail before anything changes
+            policy = None
+            if command.policy is not None and command.policy != frequency.policy.name:
+                policy = make_policy(command.policy, core.config.push_every)
+            frequency.set_bounds(command.low, command.high)  # refused if they cross the bound in force
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if policy is not None:
+            frequency.set_policy(policy)
+    return core.reassign()
+
+
 def execute(core: ServerCore, command: Command, now: float) -> tuple[list[Publish], str]:
     """(messages, what was done) for a valid command; ValueError changes nothing."""
     cmd = command.cmd
     if cmd == "status":
         return [], ""
     if cmd == "pause":
-        return core.pause(), "aggregation paused"
+        return pause(core), "aggregation paused"
     if cmd == "resume":
-        return core.resume_aggregation(now), "aggregation resumed"
+        return resume_aggregation(core, now), "aggregation resumed"
     if cmd == "set_codec" and command.codec is not None:
-        return core.set_codec(command.codec), f"codec {core.codec}"
+        return set_codec(core, command.codec), f"codec {core.codec}"
     if cmd == "set_pace" and command.pace is not None:
-        return core.set_pace(command.pace, now), f"pace {core.pace.name}"
+        return set_pace(core, command.pace, now), f"pace {core.pace.name}"
     if cmd == "evict" and command.device is not None:
-        return core.evict(command.device, now), f"{command.device} evicted"
+        return evict(core, command.device, now), f"{command.device} evicted"
     if cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
-        return core.set_frequency(command), f"push_every base {core.frequency.base}"
+        return set_frequency(core, command), f"push_every base {core.frequency.base}"
     return core.finish(now), "job finished"
 
 
@@ -88,7 +160,7 @@ def on_command(
         command = Command.from_bytes(payload)
         log.info("operator command: %s %s", command.cmd, command.reason)
         out, detail = execute(core, command, now)
-    except ValueError as exc:  # MessageError, an unknown pace, bounds that cross ...
+    except (MessageError, CommandError) as exc:
         core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
         log.warning("rejected command: %s", exc)
         return answer(Reply(cmd=command_name(payload), correlation=correlation, ok=False, detail=str(exc)[:1024]))

@@ -15,8 +15,7 @@ import secrets
 from typing import Any
 
 from learning.model import Params
-from ps_service import admission, commands, reporting, state
-from ps_service.aggregate import norms_hold
+from ps_service import admission, commands, reporting, state, versions
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
@@ -25,19 +24,16 @@ from ps_service.membership import Membership
 from ps_service.paces import make_pace
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report, Traffic
-from ps_service.robust import NormBound, bounded_sizes
+from ps_service.robust import NormBound
 from ps_service.round import JobState, Round
 from ps_service.store import ParameterStore
-from ps_service.update import Update
 from ps_service.validation import Rejection
 from schemas.frame import peek_seq
 from schemas.messages import (
     MAX_SAFE_INT,
     Barrier,
-    Command,
     Control,
     Metrics,
-    Notice,
     RejectReason,
 )
 from schemas.topics import Publish, Topics
@@ -237,58 +233,6 @@ class ServerCore:
         return self.advance(now) or [self.barrier()]
 
     # ------------------------------------------------------ operations (commands)
-    def pause(self) -> list[Publish]:
-        """Stop making versions (commits are still accepted and buffered)."""
-        if not self.finished:
-            self.round.state = JobState.PAUSED
-        return [self.barrier()]
-
-    def resume_aggregation(self, now: float) -> list[Publish]:
-        """Make versions again after ``pause``."""
-        if self.paused:
-            self.round.state = JobState.RUNNING
-        return self.advance(now) or [self.barrier()]
-
-    def set_codec(self, codec: str) -> list[Publish]:
-        """Devices commit in ``codec`` from now on (commits in the previous one are still taken)."""
-        self.previous_codec, self.codec = self.codec, codec
-        return [self.control(device) for device in sorted(self.registry.active())]
-
-    def set_pace(self, spec: str, now: float) -> list[Publish]:
-        """Replace the pace; buffered commits carry over."""
-        pace = make_pace(spec)  # ValueError for an unknown one, before anything changes
-        for update in self.pace.take_all():  # buffered commits carry over to the new pace
-            pace.add(update)
-        self.pace = pace
-        controls = [self.control(device) for device in sorted(self.registry.active())]
-        return [*controls, *(self.advance(now) or [self.barrier()])]
-
-    def evict(self, device: str, now: float) -> list[Publish]:
-        """Remove ``device`` from the job (its buffered commits are dropped, counted)."""
-        if not self.registry.known(device):
-            raise ValueError(f"no device {device!r} in this job")
-        self.registry.evict(device)
-        dropped = self.pace.drop(device)  # its buffered commits go with it, counted
-        if dropped:
-            self.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
-        notice = Notice(
-            device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job"
-        )
-        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1), *self.device_left(device, now)]
-
-    def set_frequency(self, command: Command) -> list[Publish]:
-        """set_frequency, freeze_frequency or unfreeze_frequency."""
-        frequency = self.frequency
-        if command.cmd == "freeze_frequency":
-            frequency.freeze()
-        elif command.cmd == "unfreeze_frequency":
-            frequency.unfreeze()
-        else:
-            frequency.set_bounds(command.low, command.high)  # ValueError if they cross the bound in force
-            if command.policy is not None and command.policy != frequency.policy.name:
-                frequency.set_policy(make_policy(command.policy, self.config.push_every))
-        return self.reassign()
-
     def finish(self, now: float) -> list[Publish]:
         """End the job: the last version is broadcast and the barrier says ``finished``."""
         if self.finished:
@@ -326,77 +270,13 @@ class ServerCore:
         log.info("device %s offline: it leaves the barrier", device)
         return self.advance(now) or [self.barrier()]
 
-    def _steady(self) -> bool:
-        """Whether FedExP's server step may extrapolate: only under a fixed push_every (an adaptive
-        policy changes the local work per round, which the step takes as steady) and codecs whose
-        noise leaves the norms it compares meaningful (``norms_hold``); measured in docs/FREQUENCY.md
-        and docs/PACES.md."""
-        return self.frequency.policy.name == "fixed" and all(map(norms_hold, (self.codec, self.config.pull_codec)))
-
     def advance(self, now: float) -> list[Publish]:
-        out: list[Publish] = []
-        while self.round.aggregating and self.pace.ready(self.barrier_set()):
-            taken = self.pace.take()
-            refused = self.bound.outliers(taken, self.store.version, self.store.norm())
-            updates = [u for u in taken if u.device not in refused]
-            out += [self._refuse_outlier(u) for u in taken if u.device in refused]
-            if not updates:
-                continue
-            try:
-                weights, version = self._weights(updates), self.store.version
-                result = self.pace.aggregate(updates, version, weights, self.config.extrapolation, self._steady())
-                self.store.apply(result.delta)
-                self.server_step = result.step
-            except ValueError as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
-                log.error("aggregate of %d updates refused: %s", len(updates), exc)
-                self.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
-                continue
-            self.traffic.applied += len(updates)
-            if self.pace.rounds:
-                self.membership.round_closed(now - self.round.opened)
-            self.round.opened = now
-            self.unbroadcast += 1
-            last = self.store.version >= self.config.rounds
-            if last or self.unbroadcast >= self.pace.broadcast_every(len(self.barrier_set())):
-                out += self.broadcast_version(now)
-            else:
-                out.append(self.barrier())
-        return out
-
-    def _refuse_outlier(self, update: Update) -> Publish:
-        detail = "its update is far from the other devices' (ps_service.robust): not applied"
-        [notice] = self.reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
-        return notice
-
-    def _weights(self, updates: list[Update]) -> dict[str, int]:
-        """The data size each device of an aggregate is weighted by: what it declared (else the
-        samples its commits consumed), bounded against the job's median (ps_service.robust)."""
-        declared = self.registry.sizes()
-        claimed = {u.device: declared.get(u.device) or 0 for u in updates}
-        for u in updates:
-            if not declared.get(u.device):
-                claimed[u.device] += u.samples
-        reference = [size for size in declared.values() if size > 0]
-        return bounded_sizes(claimed, reference, self.config.samples_factor, self.config.max_device_samples)
+        """Make versions while the pace is ready (ps_service.versions)."""
+        return versions.advance(self, now)
 
     def broadcast_version(self, now: float) -> list[Publish]:
-        self.unbroadcast = 0
-        messages, per_device = self.broadcaster.publish(self.store)
-        self.last_broadcast = messages
-        self.traffic.bytes_down += per_device * len(self.registry.active())
-        if self.store.version >= self.config.rounds:
-            self.round.state = JobState.FINISHED
-        for device in self.registry.active():  # devices waiting for parameters train again from here
-            if self.pace.configure(device).wait_for_params:
-                self.frequency.balancer.on_ready(device, now)
-        metrics = reporting.metrics(self, now)  # evaluates, and the policy observes the evaluation
-        changed = [] if self.finished else self.reassign()
-        if self.pace.rounds and not self.finished:  # the new round waits only for those it should
-            self.membership.release(self.frequency.released(sorted(self.registry.active())))
-        out = [*messages, *changed, self.barrier(), metrics]
-        if self.finished:
-            log.info("job %s finished at version %d", self.config.job, self.store.version)
-        return out
+        """Publish the newest version (ps_service.versions)."""
+        return versions.broadcast(self, now)
 
     def count(self, rejection: Rejection) -> list[Publish]:
         return self.report.count(rejection)
@@ -407,7 +287,7 @@ class ServerCore:
     def control(self, device: str) -> Publish:
         record = self.registry.record(device)
         assert record is not None and record.incarnation is not None, "a control answers a device's hello"
-        push_every, rules = self.frequency.push_every(device), self.pace.configure(device)
+        push_every, rules = self.frequency.tell(device), self.pace.configure(device)
         control = Control(
             device=device,
             run=self.run,

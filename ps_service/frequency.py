@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ps_service.balance import make_balancer
 from schemas.messages import FREQUENCY_POLICIES
 
 
@@ -34,17 +35,19 @@ class Bounds:
 
 class FrequencyPolicy(ABC):
     """Sets the fleet's base push_every (local steps per commit) from evaluations of the
-    global model. ``observe`` is called once per evaluation; ``value`` is read after it."""
+    global model. ``observe`` is called once per evaluation, and is where the value moves;
+    ``value`` only reads it."""
 
     name: str
 
     @abstractmethod
-    def observe(self, now: float, accuracy: float, loss: float) -> None:
-        """An evaluation of the global model at time ``now`` (seconds)."""
+    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
+        """An evaluation of the global model at time ``now`` (seconds); the value may move,
+        within ``bounds``."""
 
     @abstractmethod
     def value(self, bounds: Bounds) -> int:
-        """The base push_every now, within ``bounds``."""
+        """The base push_every now, within ``bounds``; reading it changes nothing."""
 
     @property
     def trend(self) -> float | None:
@@ -67,7 +70,7 @@ class Fixed(FrequencyPolicy):
     def __init__(self, push_every: int) -> None:
         self.push_every = push_every
 
-    def observe(self, now: float, accuracy: float, loss: float) -> None:
+    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
         pass
 
     def value(self, bounds: Bounds) -> int:
@@ -90,7 +93,7 @@ class AdaComm(FrequencyPolicy):
         self.initial_loss: float | None = None
         self.loss: float | None = None
 
-    def observe(self, now: float, accuracy: float, loss: float) -> None:
+    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
         if not math.isfinite(loss):
             return
         if self.initial_loss is None:
@@ -142,15 +145,26 @@ class Trend(FrequencyPolicy):
     def trend(self) -> float | None:
         return self._gain
 
-    def observe(self, now: float, accuracy: float, loss: float) -> None:
+    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
         if not math.isfinite(accuracy):
             return
         self.points = [*self.points, (now, accuracy)][-self.window :]
         self._gain = self.gain(self.points)
-        if self._gain is None:
-            return
-        signal = 1 if self._gain >= self.steep else -1 if self._gain <= self.flat else 0
-        self.votes = 0 if signal == 0 else self.votes + signal if self.votes * signal > 0 else signal
+        if self._gain is not None:
+            signal = 1 if self._gain >= self.steep else -1 if self._gain <= self.flat else 0
+            self.votes = 0 if signal == 0 else self.votes + signal if self.votes * signal > 0 else signal
+        self._move(bounds)
+
+    def _move(self, bounds: Bounds) -> None:
+        """Double or halve the level when the window is full and enough evaluations agree."""
+        level = self.value(bounds)
+        if len(self.points) >= self.window and abs(self.votes) >= self.patience:
+            moved = bounds.clip(level * 2 if self.votes > 0 else math.ceil(level / 2))
+            if moved != level:
+                level = moved
+                self.points = self.points[-1:]  # judge the new setting on its own evidence
+            self.votes = 0
+        self.level = level
 
     @staticmethod
     def gain(points: list[tuple[float, float]]) -> float | None:
@@ -167,16 +181,8 @@ class Trend(FrequencyPolicy):
         return slope * span / max(1.0 - float(a.mean()), 0.01)
 
     def value(self, bounds: Bounds) -> int:
-        if self.level is None:
-            self.level = bounds.clip(self.start if self.start is not None else bounds.high)
-        if len(self.points) >= self.window and abs(self.votes) >= self.patience:
-            moved = bounds.clip(self.level * 2 if self.votes > 0 else math.ceil(self.level / 2))
-            if moved != self.level:
-                self.level = moved
-                self.points = self.points[-1:]  # judge the new setting on its own evidence
-            self.votes = 0
-        self.level = bounds.clip(self.level)
-        return self.level
+        level = self.level if self.level is not None else self.start if self.start is not None else bounds.high
+        return bounds.clip(level)
 
     def to_state(self) -> dict[str, Any]:
         return {"points": [list(p) for p in self.points], "level": self.level, "votes": self.votes, "gain": self._gain}
@@ -200,129 +206,18 @@ def make_policy(name: str, push_every: int) -> FrequencyPolicy:
     raise ValueError(f"unknown frequency policy {name!r}; known: {', '.join(POLICIES)}")
 
 
-@dataclass
-class StepRate:
-    """A device's local steps per second, smoothed over its commits."""
-
-    ready_at: float | None = None  # when it could start training towards its next commit
-    rate: float | None = None
-    history: list[float] = field(default_factory=list)
-
-    def commit(self, steps: int, now: float, smoothing: float = 0.5) -> None:
-        if self.ready_at is not None and now > self.ready_at:
-            sample = steps / (now - self.ready_at)
-            self.rate = sample if self.rate is None else (1 - smoothing) * self.rate + smoothing * sample
-        self.ready_at = now
-
-    def to_state(self, now: float) -> dict[str, Any]:
-        age = None if self.ready_at is None else now - self.ready_at
-        return {"ready_age_s": age, "rate": self.rate, "history": list(self.history)}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], now: float) -> StepRate:
-        age = state["ready_age_s"]
-        return cls(None if age is None else now - float(age), state["rate"], [float(x) for x in state["history"]])
-
-
-class Balancer:
-    """Per-device adjustment after ADSP: slow devices must not hold the barrier, fast devices
-    must not be throttled. Two ways, chosen by ``mode``:
-
-    * ``steps``: a device gets push_every in proportion to its step rate, so that the slowest
-      commits as often as the fastest; the fastest keep the base value. A value changes only
-      when it moves by at least ``tolerance`` (relative), so that measurement noise does not
-      rewrite a control message every round.
-    * ``release``: every device keeps the base push_every; a device expected to need more
-      than ``factor`` times the median device's time for its next commit leaves the barrier
-      (as if past the round deadline) and commits at its own pace, its commit joining the
-      round open when it arrives, with its staleness weight. Fewer commits, and no short
-      slow-device commits stretched to the round's step count by the aggregation.
-
-    A device's rate is what it reports (its timed steps, in its status), else what its
-    commits show; until either is known it is treated as a fast one."""
-
-    MODES = ("off", "steps", "release")
-
-    def __init__(self, mode: str = "off", tolerance: float = 0.25, factor: float = 2.0) -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"unknown balance mode {mode!r}; known: {', '.join(self.MODES)}")
-        self.mode, self.tolerance, self.factor = mode, tolerance, factor
-        self.rates: dict[str, StepRate] = {}
-        self.reported: dict[str, float] = {}  # steps per second, from the devices' own timing
-        self.current: dict[str, int] = {}
-
-    def on_commit(self, device: str, steps: int, now: float) -> None:
-        self.rates.setdefault(device, StepRate()).commit(steps, now)
-
-    def on_ready(self, device: str, now: float) -> None:
-        """``device`` may train again from ``now`` (it was waiting for parameters)."""
-        self.rates.setdefault(device, StepRate()).ready_at = now
-
-    def on_report(self, device: str, step_s: float) -> None:
-        """``device`` timed its local steps at ``step_s`` seconds each."""
-        self.reported[device] = 1.0 / step_s
-
-    def rate(self, device: str) -> float | None:
-        """Steps per second: as the device reported it, else as measured from its commits."""
-        if device in self.reported:
-            return self.reported[device]
-        return self.rates[device].rate if device in self.rates else None
-
-    def forget(self, device: str) -> None:
-        self.rates.pop(device, None)
-        self.reported.pop(device, None)
-        self.current.pop(device, None)
-
-    def assign(self, devices: list[str], base: int, bounds: Bounds) -> dict[str, int]:
-        """push_every per device."""
-        if self.mode != "steps":
-            return dict.fromkeys(devices, base)
-        fastest = max((r for r in map(self.rate, devices) if r), default=None)
-        out = {}
-        for device in devices:
-            rate = self.rate(device)
-            wanted = base if not rate or not fastest else max(bounds.low, min(base, round(base * rate / fastest)))
-            current = self.current.get(device)
-            if current is None or abs(wanted - current) >= self.tolerance * current or wanted == base:
-                current = wanted
-            self.current[device] = current
-            out[device] = current
-        return out
-
-    def to_state(self, now: float) -> dict[str, Any]:
-        return {
-            "rates": {d: r.to_state(now) for d, r in sorted(self.rates.items())},
-            "reported": dict(sorted(self.reported.items())),
-            "current": dict(sorted(self.current.items())),
-        }
-
-    def load_state(self, state: dict[str, Any], now: float) -> None:
-        self.rates = {str(d): StepRate.from_state(r, now) for d, r in state["rates"].items()}
-        self.reported = {str(d): float(r) for d, r in state["reported"].items()}
-        self.current = {str(d): int(c) for d, c in state["current"].items()}
-
-    def released(self, push_every: dict[str, int]) -> set[str]:
-        """``release`` mode: the devices the barrier should not wait for."""
-        if self.mode != "release":
-            return set()
-        expected = {d: p / rate for d, p in push_every.items() if (rate := self.rate(d))}
-        if len(expected) < 2:
-            return set()
-        median = float(np.median(list(expected.values())))
-        return {d for d, t in expected.items() if t > self.factor * median}
-
-
 class FrequencyController:
     """The policy, the bounds, the per-device balancing and the operator's levers together."""
 
     def __init__(self, policy: FrequencyPolicy, bounds: Bounds, balance: str = "off") -> None:
         self.policy, self.bounds = policy, bounds
-        self.balancer = Balancer(balance)
+        self.balancer = make_balancer(balance)
         self.frozen: int | None = None  # the base push_every an operator froze
         self.assigned: dict[str, int] = {}
 
     def observe(self, now: float, accuracy: float, loss: float) -> None:
-        self.policy.observe(now, accuracy, loss)
+        """An evaluation of the global model: the policy may move the base value."""
+        self.policy.observe(now, accuracy, loss, self.bounds)
 
     @property
     def base(self) -> int:
@@ -343,8 +238,13 @@ class FrequencyController:
         self.policy = policy
 
     def push_every(self, device: str) -> int:
-        """The push_every ``device`` was given; a device new to the controller gets the base value."""
-        return self.assigned.setdefault(device, self.base)
+        """The push_every ``device`` was told (the base value for one not told yet)."""
+        return self.assigned.get(device, self.base)
+
+    def tell(self, device: str) -> int:
+        """The push_every to tell ``device`` in a control message, remembered as told."""
+        value = self.assigned[device] = self.push_every(device)
+        return value
 
     def assign(self, devices: list[str]) -> dict[str, int]:
         """push_every per device; also remembered in ``assigned``."""

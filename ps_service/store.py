@@ -10,6 +10,10 @@ from learning.model import Params
 from schemas.frame import Frame, FrameKind, encode_frame
 
 
+class NonFinite(ValueError):
+    """A change that would make the model hold NaN or Inf: refused, the model kept."""
+
+
 class ParameterStore:
     """Holds version ``v`` of the parameters; every applied delta makes version ``v + 1``.
 
@@ -47,7 +51,7 @@ class ParameterStore:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
             updated = {name: values + delta[name].astype(np.float32) for name, values in self._params.items()}
         if not all(np.isfinite(v).all() for v in updated.values()):
-            raise ValueError("applying the delta would make the model non-finite")
+            raise NonFinite("applying the delta would make the model non-finite")
         self._params = updated
         self.version += 1
         self._frame = None

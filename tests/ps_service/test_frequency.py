@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_service.frequency import AdaComm, Balancer, Bounds, Fixed, FrequencyController, Trend, make_policy
+from ps_service.balance import ReleaseBalancer, StepsBalancer
+from ps_service.frequency import AdaComm, Bounds, Fixed, FrequencyController, Trend, make_policy
 
 BOUNDS = Bounds(1, 160)
 
@@ -17,7 +18,7 @@ def feed(policy, accuracies, start=0.0, dt=1.0):
     """Observe ``accuracies`` one second apart; the value read after each."""
     values = []
     for i, accuracy in enumerate(accuracies):
-        policy.observe(start + i * dt, accuracy, 1.0 - accuracy)
+        policy.observe(start + i * dt, accuracy, 1.0 - accuracy, BOUNDS)
         values.append(policy.value(BOUNDS))
     return values
 
@@ -37,10 +38,10 @@ def test_fixed_never_moves() -> None:
 def test_adacomm_starts_at_the_top_and_shrinks_with_the_square_root_of_the_loss() -> None:
     policy = AdaComm()
     assert policy.value(BOUNDS) == 160
-    policy.observe(0, 0.1, 2.0)
-    policy.observe(1, 0.8, 0.5)  # loss / loss_0 = 1/4: sqrt = 1/2
+    policy.observe(0, 0.1, 2.0, BOUNDS)
+    policy.observe(1, 0.8, 0.5, BOUNDS)  # loss / loss_0 = 1/4: sqrt = 1/2
     assert policy.value(BOUNDS) == 80
-    policy.observe(2, 0.99, 0.0)
+    policy.observe(2, 0.99, 0.0, BOUNDS)
     assert policy.value(BOUNDS) == 1  # the lower bound, not 0
 
 
@@ -59,7 +60,7 @@ def test_trend_does_not_move_inside_its_dead_band() -> None:
     accuracy, values = 0.5, []
     for i in range(30):
         accuracy += 0.2 * (1 - accuracy) / 2  # closes about 20% of the error per two evaluations
-        policy.observe(float(i), accuracy, 0.0)
+        policy.observe(float(i), accuracy, 0.0, BOUNDS)
         values.append(policy.value(BOUNDS))
     assert set(values) == {20}
 
@@ -83,7 +84,7 @@ def test_trend_stays_within_bounds_and_moves_by_at_most_a_factor_of_two(accuraci
     policy = Trend()
     previous = None
     for i, accuracy in enumerate(accuracies):
-        policy.observe(float(i), accuracy, 0.0)
+        policy.observe(float(i), accuracy, 0.0, bounds)
         value = policy.value(bounds)
         assert bounds.low <= value <= bounds.high
         if previous is not None:
@@ -92,7 +93,7 @@ def test_trend_stays_within_bounds_and_moves_by_at_most_a_factor_of_two(accuraci
 
 
 def test_balancer_steps_mode_scales_slow_devices_and_keeps_the_fastest_at_base() -> None:
-    balancer = Balancer("steps")
+    balancer = StepsBalancer()
     balancer.on_report("fast", 0.01)
     balancer.on_report("slow", 0.04)
     assigned = balancer.assign(["fast", "slow", "new"], 40, BOUNDS)
@@ -104,7 +105,7 @@ def test_balancer_steps_mode_scales_slow_devices_and_keeps_the_fastest_at_base()
 
 
 def test_balancer_measures_rates_from_commits_when_devices_do_not_report() -> None:
-    balancer = Balancer("steps")
+    balancer = StepsBalancer()
     for device, seconds in (("a", 1.0), ("b", 4.0)):
         balancer.on_ready(device, 0.0)
         balancer.on_commit(device, 20, seconds)
@@ -113,13 +114,13 @@ def test_balancer_measures_rates_from_commits_when_devices_do_not_report() -> No
 
 
 def test_balancer_release_mode_lets_only_the_much_slower_devices_go() -> None:
-    balancer = Balancer("release")
+    balancer = ReleaseBalancer()
     for device, step_s in (("a", 0.01), ("b", 0.012), ("c", 0.011), ("slow", 0.04)):
         balancer.on_report(device, step_s)
     push_every = dict.fromkeys(["a", "b", "c", "slow", "unknown"], 10)
     assert balancer.released(push_every) == {"slow"}
     assert balancer.assign(list(push_every), 10, BOUNDS) == push_every  # nobody's push_every changes
-    assert Balancer("steps").released(push_every) == set()
+    assert StepsBalancer().released(push_every) == set()
 
 
 def test_controller_operator_levers() -> None:
@@ -226,3 +227,13 @@ def test_evaluation_every_k_versions_on_a_fixed_sample_and_its_cost_is_reported(
     assert [m.evaluated_version for m in evaluated] == [0, 0, 3, 3, 3, 6, 7]  # the last version always
     assert server.evaluator.calls == 4 and evaluated[-1].eval_s > 0
     assert evaluated[-1].push_every == {"a": 2} and evaluated[-1].frequency == "fixed"
+
+
+def test_reading_push_every_changes_nothing_only_an_evaluation_moves_it() -> None:
+    controller = FrequencyController(Trend(window=3, steep=0.3, flat=0.1), BOUNDS, "off")
+    for i in range(3):  # a plateau: the third evaluation halves the level
+        controller.observe(float(i), 0.9, 0.1)
+    state = controller.to_state(now=3.0)
+    reads = [controller.base, controller.push_every("a"), controller.policy.value(BOUNDS), controller.base]
+    assert reads == [80] * 4 and controller.to_state(now=3.0) == state
+    assert controller.tell("a") == 80 and controller.assigned == {"a": 80}  # telling is what records

@@ -1,0 +1,103 @@
+"""From buffered updates to published versions: outliers refused, data-size weights, the
+pace's aggregate applied to the store, and the broadcast of the new parameters."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ps_service import reporting
+from ps_service.aggregate import norms_hold
+from ps_service.robust import bounded_sizes
+from ps_service.round import JobState
+from ps_service.store import NonFinite
+from ps_service.update import Update
+from ps_service.validation import Rejection
+from schemas.messages import RejectReason
+from schemas.topics import Publish
+
+if TYPE_CHECKING:
+    from ps_service.core import ServerCore
+
+log = logging.getLogger("edgeps.ps")
+
+
+def steady(core: ServerCore) -> bool:
+    """Whether FedExP's server step may extrapolate: only under a fixed push_every (an adaptive
+    policy changes the local work per round, which the step takes as steady) and codecs whose
+    noise leaves the norms it compares meaningful (``norms_hold``); measured in docs/FREQUENCY.md
+    and docs/PACES.md."""
+    return core.frequency.policy.name == "fixed" and all(map(norms_hold, (core.codec, core.config.pull_codec)))
+
+
+def advance(core: ServerCore, now: float) -> list[Publish]:
+    """Make versions while the pace is ready: outliers refused, the rest aggregated, applied,
+    and broadcast as often as the pace says."""
+    out: list[Publish] = []
+    while core.round.aggregating and core.pace.ready(core.barrier_set()):
+        taken = core.pace.take()
+        refused = core.bound.outliers(taken, core.store.version, core.store.norm())
+        updates = [u for u in taken if u.device not in refused]
+        out += [refuse_outlier(core, u) for u in taken if u.device in refused]
+        if not updates:
+            continue
+        try:
+            weights, version = sizes(core, updates), core.store.version
+            result = core.pace.aggregate(updates, version, weights, core.config.extrapolation, steady(core))
+            core.store.apply(result.delta)
+            core.server_step = result.step
+        except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
+            log.error("aggregate of %d updates refused: %s", len(updates), exc)
+            core.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
+            continue
+        core.traffic.applied += len(updates)
+        if core.pace.rounds:
+            core.membership.round_closed(now - core.round.opened)
+        core.round.opened = now
+        core.unbroadcast += 1
+        last = core.store.version >= core.config.rounds
+        if last or core.unbroadcast >= core.pace.broadcast_every(len(core.barrier_set())):
+            out += core.broadcast_version(now)
+        else:
+            out.append(core.barrier())
+    return out
+
+
+def refuse_outlier(core: ServerCore, update: Update) -> Publish:
+    detail = "its update is far from the other devices' (ps_service.robust): not applied"
+    [notice] = core.reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
+    return notice
+
+
+def sizes(core: ServerCore, updates: list[Update]) -> dict[str, int]:
+    """The data size each device of an aggregate is weighted by: what it declared (else the
+    samples its commits consumed), bounded against the job's median (ps_service.robust)."""
+    declared = core.registry.sizes()
+    claimed = {u.device: declared.get(u.device) or 0 for u in updates}
+    for u in updates:
+        if not declared.get(u.device):
+            claimed[u.device] += u.samples
+    reference = [size for size in declared.values() if size > 0]
+    return bounded_sizes(claimed, reference, core.config.samples_factor, core.config.max_device_samples)
+
+
+def broadcast(core: ServerCore, now: float) -> list[Publish]:
+    """Publish the newest version (and, at the last one, finish): parameters, changed controls,
+    the barrier and the metrics (evaluating when due)."""
+    core.unbroadcast = 0
+    messages, per_device = core.broadcaster.publish(core.store)
+    core.last_broadcast = messages
+    core.traffic.bytes_down += per_device * len(core.registry.active())
+    if core.store.version >= core.config.rounds:
+        core.round.state = JobState.FINISHED
+    for device in core.registry.active():  # devices waiting for parameters train again from here
+        if core.pace.configure(device).wait_for_params:
+            core.frequency.balancer.on_ready(device, now)
+    metrics = reporting.metrics(core, now)  # evaluates, and the policy observes the evaluation
+    changed = [] if core.finished else core.reassign()
+    if core.pace.rounds and not core.finished:  # the new round waits only for those it should
+        core.membership.release(core.frequency.released(sorted(core.registry.active())))
+    out = [*messages, *changed, core.barrier(), metrics]
+    if core.finished:
+        log.info("job %s finished at version %d", core.config.job, core.store.version)
+    return out
