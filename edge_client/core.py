@@ -14,17 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_client.tflite import TFLiteTrainer, TrainerError
-from edge_client.trainer import Trainer
+from edge_client.backend import Backend
+from edge_client.speed import SpeedMeter
+from edge_client.trainer import ArtifactTrainer, Trainer
 from learning.data import Dataset
 from learning.model import Params
-from schemas.artifact import ArtifactError, decode_artifact
 from schemas.codecs import ErrorFeedback, make_codec
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 from schemas.messages import (
     CARRIED,
     MAX_SAFE_INT,
-    STATUS_INTERVAL_S,
     Barrier,
     Control,
     DeviceStatus,
@@ -35,9 +34,6 @@ from schemas.messages import (
 from schemas.topics import Publish, Topics
 
 log = logging.getLogger("edgeps.device")
-
-
-SPEED_SAMPLES = 3  # local steps timed before a device first reports its speed
 
 
 def new_incarnation() -> int:
@@ -79,21 +75,15 @@ class DeviceCore:
         data: Dataset,
         trainer: Trainer | None,
         seed: int = 0,
-        use_artifact: bool = False,
+        artifact_trainer: ArtifactTrainer | None = None,
         incarnation: int | None = None,
     ) -> None:
         if len(data) == 0:
             raise ValueError("a device needs training data")
-        if trainer is None and not use_artifact:
-            raise ValueError("a device needs a trainer, or the server's model artifact")
         self.topics = Topics(job)
         self.device = device
         self.data = data
-        self.trainer = trainer  # None until the model artifact arrives (tflite backend)
-        self.fallback = trainer  # auto backend: what to train with if the artifact's trainer fails
-        self.use_artifact = use_artifact  # subscribe to the model topic and train with its trainer
-        self.artifact: bytes | None = None  # the verified artifact in use
-        self.artifact_error: str | None = None
+        self.backend = Backend(trainer, artifact_trainer)  # the trainer, maybe the server's artifact's
         self.rng = np.random.default_rng(seed)
         self.incarnation = incarnation if incarnation is not None else new_incarnation()
         self.control: Control | None = None
@@ -116,14 +106,16 @@ class DeviceCore:
         self.slowest_clock = 0
         self.finished = False
         self.trained = False  # whether the last step() made an SGD step (only those are timed)
-        self._untimed_s = 0.0  # step time since the last speed report
         self.last_loss = float("nan")
         self.notices: list[Notice] = []
         self.busy_s = 0.0
         self.idle_s = 0.0
-        self.step_s: float | None = None  # the speed last reported to the server
-        self._timed_steps = 0
-        self._mean_step_s: float | None = None
+        self.speed = SpeedMeter()  # step times, and the one last reported to the server
+
+    @property
+    def use_artifact(self) -> bool:
+        """Whether the device takes the server's model artifact (subscribes to the model topic)."""
+        return self.backend.artifact_trainer is not None
 
     # ---------------------------------------------------------------- topics
     def subscriptions(self) -> list[str]:
@@ -142,10 +134,10 @@ class DeviceCore:
             state=state,
             incarnation=self.incarnation,
             samples=len(self.data),
-            backend=self.trainer.name if self.trainer is not None else "waiting for model",
+            backend=self.backend.name,
             busy_s=round(self.busy_s, 6),
             idle_s=round(self.idle_s, 6),
-            step_s=self.step_s,
+            step_s=self.speed.reported,
         )
         return Publish(self.topics.status(self.device), body.to_bytes(), qos=1, retain=True)
 
@@ -161,7 +153,7 @@ class DeviceCore:
         ``max_uncommitted_steps`` (then it does not train further until it can commit)."""
         return (
             self.control is not None
-            and self.trainer is not None
+            and self.backend.trainer is not None
             and self._local is not None
             and self._replica_run == self.run
             and not self.waiting
@@ -242,26 +234,9 @@ class DeviceCore:
             self.samples += sent.samples
 
     def load_artifact(self, payload: bytes) -> bool:
-        """Verify a model artifact and train with its TFLite trainer from the next step. A
-        tampered or unrunnable artifact is refused with the reason in ``artifact_error``; the
-        device keeps its current trainer (none under the tflite backend: it does not train)."""
-        if payload == self.artifact:
-            return True
-        try:
-            meta, tflite = decode_artifact(payload)
-            if self._replica is not None:
-                shapes = {name: tuple(value.shape) for name, value in self._replica.items()}
-                if shapes != {spec.name: spec.shape for spec in meta.params}:
-                    raise ArtifactError(f"artifact tensors differ from the job's parameters {shapes}")
-            trainer = TFLiteTrainer(meta, tflite)
-        except (ArtifactError, TrainerError) as exc:
-            self.artifact_error = str(exc)
-            log.error("refused the model artifact: %s", exc)
-            return False
-        self.trainer, self.artifact, self.artifact_error = trainer, payload, None
-        log.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version, meta.built_with,
-                 meta.sha256[:12])  # fmt: skip
-        return True
+        """Verify a model artifact and train with its trainer from the next step (``Backend``)."""
+        shapes = None if self._replica is None else {name: tuple(v.shape) for name, v in self._replica.items()}
+        return self.backend.load_artifact(payload, shapes)
 
     def on_params(self, frame: Frame) -> None:
         """A snapshot or a delta of a newer version: update the replica and adopt it. A snapshot
@@ -319,23 +294,16 @@ class DeviceCore:
         commit when ``push_every`` steps are done."""
         if not self.ready:
             raise RuntimeError("step() called while the device is not ready")
-        assert self.control is not None and self._local is not None and self.trainer is not None
+        assert self.control is not None and self._local is not None
         self.trained = self.since_commit < self.control.max_uncommitted_steps
         if self.trained:
             self._train(self.control)
         return [self._commit()] if self._commit_due else []
 
     def _train(self, control: Control) -> None:
-        assert self._local is not None and self.trainer is not None
+        assert self._local is not None
         batch = self.rng.integers(0, len(self.data), size=min(control.batch_size, len(self.data)))
-        try:
-            self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
-        except TrainerError as exc:  # e.g. the job's batch size or model is not the artifact's
-            if self.fallback is None or self.trainer is self.fallback:
-                raise
-            log.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
-            self.trainer, self.artifact_error = self.fallback, str(exc)
-            self.last_loss, grads = self.trainer.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
+        self.last_loss, grads = self.backend.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         lr = np.float32(control.lr)
         for name, g in grads.items():
             self._local[name] -= lr * g
@@ -344,26 +312,12 @@ class DeviceCore:
         self.samples += len(batch)
 
     def timed_step(self, seconds: float) -> list[Publish]:
-        """The driver timed the last ``step()`` (one that ``trained``). After the first
-        ``SPEED_SAMPLES`` local steps, and whenever the smoothed time (0.8 old + 0.2 new) drifts
-        by a quarter from the last report, the retained online status goes out again with
-        ``step_s`` (at most once per ``STATUS_INTERVAL_S`` of timed steps): the server balances
-        push_every with it from the first round on, instead of learning speeds from commits that
-        a slow device may take long to make."""
-        if not seconds > 0:
+        """The driver timed the last ``step()`` (one that ``trained``): the retained online status
+        again, with ``step_s``, when the speed meter says it should be reported. The server balances
+        push_every with it from the first round on, instead of learning speeds from commits that a
+        slow device may take long to make."""
+        if self.speed.observe(seconds) is None:
             return []
-        self._timed_steps += 1
-        self._untimed_s += seconds
-        mean = self._mean_step_s
-        self._mean_step_s = seconds if mean is None else 0.8 * mean + 0.2 * seconds
-        if self._timed_steps < SPEED_SAMPLES:
-            return []
-        if self.step_s is not None and abs(self._mean_step_s - self.step_s) <= 0.25 * self.step_s:
-            return []
-        if self.step_s is not None and self._untimed_s < STATUS_INTERVAL_S:
-            return []
-        self.step_s = round(max(self._mean_step_s, 1e-6), 6)
-        self._untimed_s = 0.0
         return [self.status("online")]
 
     @property

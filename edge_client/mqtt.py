@@ -48,7 +48,7 @@ def run_device(
         for payload in cached_artifacts(cache):
             if core.load_artifact(payload):
                 break
-    cached = core.artifact
+    cached = core.backend.artifact
     clock = time.perf_counter
     mark = clock()
     while not core.finished and not (stop is not None and stop.is_set()):
@@ -61,9 +61,9 @@ def run_device(
             if core.resync:  # a new run of the job: its newest snapshot is the retained one
                 core.resync = False
                 transport.resubscribe([core.topics.params])
-            if cache is not None and core.artifact is not None and core.artifact is not cached:
-                save_artifact(cache, core.artifact)
-                cached = core.artifact
+            if cache is not None and core.backend.artifact is not None and core.backend.artifact is not cached:
+                save_artifact(cache, core.backend.artifact)
+                cached = core.backend.artifact
         elif core.ready:
             started = clock()
             for message in core.step():

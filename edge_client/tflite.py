@@ -10,13 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.trainer import Trainer
+from edge_client.trainer import Trainer, TrainerError
 from learning.model import Params
 from schemas.artifact import ArtifactMeta
 
-
-class TrainerError(RuntimeError):
-    """The tflite backend cannot run: no runtime, or inputs the artifact was not built for."""
+__all__ = ["TFLiteTrainer", "TrainerError", "interpreter_class", "runtime_available"]
 
 
 def interpreter_class() -> Any:

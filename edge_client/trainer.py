@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
 from learning import model
 from learning.model import Params
+from schemas.artifact import ArtifactMeta
+
+
+class TrainerError(RuntimeError):
+    """A trainer cannot run: no runtime, or inputs its model was not built for."""
 
 
 class Trainer(ABC):
@@ -33,17 +39,30 @@ class NumpyTrainer(Trainer):
         return model.loss_and_grads(params, x, y)
 
 
+#: Builds the trainer of a verified model artifact (its metadata and flatbuffer); TrainerError
+#: when this device cannot run it.
+ArtifactTrainer = Callable[[ArtifactMeta, bytes], Trainer]
+
+
+def tflite_trainer(meta: ArtifactMeta, flatbuffer: bytes) -> Trainer:
+    """The artifact's trainer in a TFLite interpreter (the runtime is imported only here)."""
+    from edge_client.tflite import TFLiteTrainer
+
+    return TFLiteTrainer(meta, flatbuffer)
+
+
 BACKENDS = ("numpy", "tflite", "auto")
 
 
-def make_trainer(backend: str) -> tuple[Trainer | None, bool]:
-    """(the trainer to start with, whether to take the server's model artifact) for a backend:
-    ``numpy``: the reference, no artifact; ``tflite``: only the artifact's trainer (no training
-    until it arrives); ``auto``: numpy until an artifact arrives that this device can run."""
+def make_trainer(backend: str) -> tuple[Trainer | None, ArtifactTrainer | None]:
+    """(the trainer to start with, how to build one from the server's model artifact, if the
+    device takes it) for a backend: ``numpy``: the reference, no artifact; ``tflite``: only the
+    artifact's trainer (no training until it arrives); ``auto``: numpy until an artifact arrives
+    that this device can run."""
     if backend == "numpy":
-        return NumpyTrainer(), False
+        return NumpyTrainer(), None
     if backend == "tflite":
-        return None, True
+        return None, tflite_trainer
     if backend == "auto":
-        return NumpyTrainer(), True
+        return NumpyTrainer(), tflite_trainer
     raise ValueError(f"unknown trainer backend {backend!r}; known: {list(BACKENDS)}")

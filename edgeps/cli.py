@@ -169,9 +169,9 @@ def cmd_client(args: argparse.Namespace) -> int:
 
     if not args.device or not args.data:
         raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA)")
-    trainer, use_artifact = make_trainer(args.backend)
+    trainer, artifact_trainer = make_trainer(args.backend)
     data = Dataset.load(args.data)
-    core = DeviceCore(args.job, args.device, data, trainer, seed=args.seed, use_artifact=use_artifact)
+    core = DeviceCore(args.job, args.device, data, trainer, seed=args.seed, artifact_trainer=artifact_trainer)
     transport = connect_device(core, _address(args))
     logging.getLogger("edgeps").info("device %s joined job %s with %d samples", args.device, args.job, len(core.data))
     profile = DeviceProfile(slowdown=args.slowdown, step_s=args.step_time)

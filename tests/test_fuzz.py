@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_client.trainer import tflite_trainer
 from ps_service.checkpoint import CheckpointError, decode
 from schemas.artifact import ArtifactError, decode_artifact
 from schemas.frame import FrameError, decode_frame
@@ -56,10 +57,10 @@ def test_the_fuzzed_server_still_trains(server) -> None:
 @given(payload=payloads, where=st.sampled_from(["params", "delta", "ctrl/d1", "barrier", "notice/d1", "model"]))
 def test_a_device_never_crashes_and_keeps_its_replica(payload, where) -> None:
     device = small_device("d1")
-    device.use_artifact = True  # parse artifacts too
+    device.backend.artifact_trainer = tflite_trainer  # parse artifacts too
     device.on_message(f"edgeps/t/{where}", payload)
     assert device.replica is None  # nothing random became its parameters
-    assert device.trainer.name == "numpy"
+    assert device.backend.trainer.name == "numpy"
 
 
 @settings(max_examples=2000)

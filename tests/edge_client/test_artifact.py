@@ -7,7 +7,7 @@ import pytest
 
 from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import DeviceCore
-from edge_client.trainer import NumpyTrainer, make_trainer
+from edge_client.trainer import NumpyTrainer, make_trainer, tflite_trainer
 from learning.model import init_mlp
 from schemas.artifact import ArtifactError
 from schemas.messages import Control, DeviceStatus
@@ -34,8 +34,8 @@ def tampered(payload: bytes) -> bytes:
 
 
 def device(backend: str) -> DeviceCore:
-    trainer, use_artifact = make_trainer(backend)
-    core = DeviceCore("t", "d1", blobs(), trainer, use_artifact=use_artifact, incarnation=INCARNATION)
+    trainer, artifact_trainer = make_trainer(backend)
+    core = DeviceCore("t", "d1", blobs(), trainer, artifact_trainer=artifact_trainer, incarnation=INCARNATION)
     core.on_message(f"{T}/params", params_bytes(0, PARAMS))
     ctrl = Control.from_bytes(control_bytes("d1", push_every=3))
     core.on_message(f"{T}/ctrl/d1", ctrl.to_bytes())
@@ -46,9 +46,9 @@ def test_a_tflite_device_trains_only_once_a_verified_artifact_arrived(artifact) 
     core = device("tflite")
     assert f"{T}/model" in core.subscriptions() and not core.ready
     core.on_message(f"{T}/model", tampered(artifact))
-    assert not core.ready and "sha256" in core.artifact_error
+    assert not core.ready and "sha256" in core.backend.artifact_error
     core.on_message(f"{T}/model", artifact)
-    assert core.ready and core.trainer.name == "tflite" and core.artifact_error is None
+    assert core.ready and core.backend.trainer.name == "tflite" and core.backend.artifact_error is None
     commits = [m for _ in range(3) for m in core.step()]
     assert len(commits) == 1
     assert DeviceStatus.from_bytes(core.status("online").payload).backend == "tflite"
@@ -58,19 +58,19 @@ def test_numpy_and_auto_devices(artifact) -> None:
     numpy_device = device("numpy")
     assert f"{T}/model" not in numpy_device.subscriptions()
     numpy_device.on_message(f"{T}/model", artifact)  # not subscribed: ignored even if delivered
-    assert numpy_device.trainer.name == "numpy"
+    assert numpy_device.backend.trainer.name == "numpy"
     auto = device("auto")
-    assert auto.ready and auto.trainer.name == "numpy"  # trains before any artifact
+    assert auto.ready and auto.backend.trainer.name == "numpy"  # trains before any artifact
     auto.on_message(f"{T}/model", artifact)
-    assert auto.trainer.name == "tflite"
+    assert auto.backend.trainer.name == "tflite"
 
 
 def test_an_artifact_for_another_model_is_refused(artifact) -> None:
-    core = DeviceCore("t", "d1", blobs(), NumpyTrainer(), use_artifact=True)
+    core = DeviceCore("t", "d1", blobs(), NumpyTrainer(), artifact_trainer=tflite_trainer)
     other = init_mlp([8, 5, 3], seed=0)
     core.on_message(f"{T}/params", params_bytes(0, other))
     core.on_message(f"{T}/model", artifact)
-    assert core.trainer.name == "numpy" and "differ" in core.artifact_error
+    assert core.backend.trainer.name == "numpy" and "differ" in core.backend.artifact_error
 
 
 def test_the_cache_keeps_verified_artifacts_and_a_tampered_file_is_refused(tmp_path, artifact) -> None:

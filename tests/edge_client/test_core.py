@@ -161,7 +161,7 @@ def test_commits_use_the_control_codec_and_keep_what_it_dropped() -> None:
 
 
 def test_a_device_reports_its_speed_after_a_few_steps_and_again_only_when_it_drifts() -> None:
-    from edge_client.core import SPEED_SAMPLES
+    from edge_client.speed import SPEED_SAMPLES
     from schemas.messages import DeviceStatus
 
     device = small_device("d")
@@ -172,5 +172,5 @@ def test_a_device_reports_its_speed_after_a_few_steps_and_again_only_when_it_dri
     assert reports[SPEED_SAMPLES - 1][0].retain
     slower = [device.timed_step(0.05) for _ in range(20)]  # the device slows down (thermal throttling, say)
     assert 1 <= sum(len(r) for r in slower) <= 4  # a few reports as the smoothed time moves, not one per step
-    assert device.step_s == pytest.approx(0.05, rel=0.25)
+    assert device.speed.reported == pytest.approx(0.05, rel=0.25)
     assert device.timed_step(0.0) == [] and device.timed_step(float("nan")) == []

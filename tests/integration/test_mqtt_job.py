@@ -54,9 +54,9 @@ def run_job(
     shards = prepare_shards(load_digits(), tmp_path, devices=devices, alpha=0.5, seed=0)
     server, server_thread, _ = start_server(address, Dataset.load(shards.holdout), artifact, **config)
     job = config["job"]
-    trainer, use_artifact = make_trainer(backend)
+    trainer, artifact_trainer = make_trainer(backend)
     cores = [
-        DeviceCore(job, f"dev-{i}", Dataset.load(p), trainer, seed=i, use_artifact=use_artifact)
+        DeviceCore(job, f"dev-{i}", Dataset.load(p), trainer, seed=i, artifact_trainer=artifact_trainer)
         for i, p in enumerate(shards.devices)
     ]
     threads = [threading.Thread(target=run_device, args=(d, connect_device(d, address)), daemon=True) for d in cores]
@@ -334,7 +334,7 @@ def test_tflite_devices_train_as_well_as_numpy_ones_over_mosquitto(mosquitto, tm
         config = {"job": f"tfl-{backend}", "rounds": 30, "min_devices": 3, "lr": 0.2}
         server, cores = run_job(mosquitto, tmp_path / backend, 3, backend, artifact, **config)
         assert server.finished and server.traffic.applied == 90
-        assert all(core.trainer.name == backend for core in cores)
+        assert all(core.backend.trainer.name == backend for core in cores)
         best[backend] = max(m.accuracy for m in server.history)
     assert best["numpy"] > 0.85
     assert abs(best["tflite"] - best["numpy"]) <= 0.01
