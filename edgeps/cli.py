@@ -284,7 +284,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_pace(args: argparse.Namespace) -> int:
-    from edgeps.bench import DEFAULT_PACES, real_scenario, replace_scenario, run_bench_pace
+    from edgeps.bench.common import real_scenario, replace_scenario
+    from edgeps.bench.pace import DEFAULT_PACES, run_bench_pace
     from edgeps.simulator import Scenario
     from schemas.codecs import make_codec
 
@@ -322,7 +323,8 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_freq(args: argparse.Namespace) -> int:
-    from edgeps.bench import replace_scenario, run_bench_freq
+    from edgeps.bench.common import replace_scenario
+    from edgeps.bench.freq import run_bench_freq
     from edgeps.simulator import Scenario
 
     if not args.verbose:
@@ -341,7 +343,7 @@ def cmd_bench_freq(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_footprint(args: argparse.Namespace) -> int:
-    from edgeps.footprint import bench_footprint, format_footprint
+    from edgeps.bench.footprint import bench_footprint, format_footprint
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -428,7 +430,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
-    from edgeps.load import run_bench_load
+    from edgeps.bench.load import run_bench_load
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -437,7 +439,7 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_attack(args: argparse.Namespace) -> int:
-    from edgeps.attack import run_bench_attack
+    from edgeps.bench.attack import run_bench_attack
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -448,7 +450,7 @@ def cmd_bench_attack(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_restart(args: argparse.Namespace) -> int:
-    from edgeps.restart import run_bench_restart
+    from edgeps.bench.restart import run_bench_restart
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -457,7 +459,7 @@ def cmd_bench_restart(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_embedded(args: argparse.Namespace) -> int:
-    from edgeps.embedded import run_bench_embedded
+    from edgeps.bench.embedded import run_bench_embedded
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
@@ -466,7 +468,7 @@ def cmd_bench_embedded(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_codec(args: argparse.Namespace) -> int:
-    from edgeps.bench import bench_codecs
+    from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
 
     specs = args.codecs.split(",")

@@ -66,16 +66,6 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2))
 
 
-def show(report: dict[str, Any], table: str, json_path: str | Path | None) -> dict[str, Any]:
-    """A bench's end: its ``table`` after a blank line, and the ``report`` as JSON at ``json_path``
-    if given; returns the report."""
-    print()
-    print(table)
-    if json_path:
-        write_json(report, json_path)
-    return report
-
-
 def plot_accuracy(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out accuracy") -> None:
     """PNG of accuracy against round and against time."""
     import matplotlib

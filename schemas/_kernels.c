@@ -1,4 +1,4 @@
-/* Compiled inner loops for the hot codecs in schemas/codecs.py.
+/* Compiled inner loops for the hot codecs in schemas/codecs/.
  *
  * Optional: when this module does not build (a gateway without a C compiler), codecs.py runs
  * its numpy versions, which give the same bytes and the same floats. To keep them identical the

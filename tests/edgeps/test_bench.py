@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from edgeps.bench import format_pace_table, run_bench_pace
+from edgeps.bench.pace import format_pace_table, run_bench_pace
 from edgeps.cli import main
 from edgeps.simulator import Scenario
 
@@ -70,7 +70,7 @@ def test_bench_pace_sweeps_push_and_pull_codecs(tmp_path) -> None:
 
 
 def test_bench_freq_writes_table_plot_and_json(tmp_path, capsys) -> None:
-    from edgeps.bench import run_bench_freq
+    from edgeps.bench.freq import run_bench_freq
 
     scenario = Scenario(devices=4, duration_s=2.0, hidden=(16,), sample_s=0.5, target=0.5, push_every_max=20)
     run_bench_freq(scenario, json_path=str(tmp_path / "f.json"), plot_path=tmp_path / "f.png")

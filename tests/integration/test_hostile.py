@@ -6,7 +6,7 @@ commits from the same account."""
 
 from __future__ import annotations
 
-from edgeps.attack import bench_attack
+from edgeps.bench.attack import bench_attack
 
 
 def test_a_hostile_device_costs_the_job_its_data_and_little_time() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeps.restart import bench_restart
+from edgeps.bench.restart import bench_restart
 
 pytestmark = pytest.mark.integration
 

@@ -133,3 +133,36 @@ def test_frames_with_arbitrary_codec_payloads_are_refused_cleanly() -> None:
     raw[-10] ^= 0xFF  # corrupt the payload but keep the CRC wrong: refused as corrupted
     with pytest.raises(FrameError):
         decode_frame(bytes(raw))
+
+
+def test_a_new_codec_is_one_registered_class() -> None:
+    """The example of docs/CODECS.md: bfloat16 by truncation, known to frames once registered."""
+    from schemas.codecs import base as registry
+    from schemas.codecs import codec_from_header, known, register
+    from schemas.codecs.base import Codec, count, expect, flat
+    from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
+
+    @register
+    class Bf16(Codec):
+        id = 7
+        name = "bf16"
+        biased = True
+
+        def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+            return (flat(values).view("<u4") >> 16).astype("<u2").tobytes()
+
+        def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
+            expect(payload, 2 * count(shape), self.name)
+            wide = np.frombuffer(payload, "<u2").astype(np.uint32) << 16
+            return wide.view(np.float32).reshape(shape)
+
+    try:
+        assert "bf16" in known() and isinstance(codec_from_header(7, 0.0), Bf16)
+        values = np.array([[1.0, -2.5], [3.140625, 1e-3]], np.float32)
+        frame = decode_frame(encode_frame(Frame(FrameKind.PARAMS, 3, {"w": values}, codec="bf16")))
+        assert frame.codec == "bf16"
+        np.testing.assert_allclose(frame.tensors["w"], values, rtol=2**-7)
+        with pytest.raises(ValueError, match="already registered"):
+            register(type("Again", (Bf16,), {"id": 0, "name": "bf16b"}))  # fp32 has wire id 0
+    finally:
+        del registry._BY_NAME["bf16"], registry._BY_ID[7]

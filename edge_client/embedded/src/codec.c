@@ -1,4 +1,4 @@
-/* The codecs of docs/PROTOCOL.md §5. Decoders compute exactly what schemas/codecs.py computes
+/* The codecs of docs/PROTOCOL.md §5. Decoders compute exactly what schemas/codecs/ computes
  * (float32, in the same order), so a replica built from compressed pulls is bit-identical to the
  * server's broadcast view. Encoders of the deterministic codecs (fp32, fp16, int8, topk) give the
  * reference's bytes; sign's bucket means are summed as schemas/_kernels.c sums them; ternary and

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 MAX_DEVICES = 1000
 MAX_SECONDS = 600.0
 
@@ -216,6 +216,6 @@ def format_load(report: dict[str, Any]) -> str:
 
 def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict:
     report = bench_load(devices, seconds, rate, flood)
-    from edgeps.report import show
+    from edgeps.bench.common import show
 
     return show(report, format_load(report), json_path)

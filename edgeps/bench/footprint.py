@@ -14,7 +14,7 @@ import venv
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 #: Runs ``edgeps`` in the device environment and writes its peak RSS (KiB) to argv[1]. VmHWM,
 #: not getrusage: a child forked from this (TensorFlow-laden) process inherits the parent's
 #: ru_maxrss across exec, which would report ours instead of the client's.

@@ -11,13 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from edgeps.bench.common import fmt_time, indent, replace_scenario
 from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
-
-
-def _fmt_time(value: float | None) -> str:
-    return "never" if value is None else f"{value:.2f}"
 
 
 def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
@@ -32,7 +29,7 @@ def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
     for r in runs:
         ratio = f"{first / r['time_to_target']:.2f}x" if first and r["time_to_target"] else "-"
         lines.append(
-            f"{r.get('run', r['pace']):<{width}} {_fmt_time(r['time_to_target']):>20} {ratio:>7} "
+            f"{r.get('run', r['pace']):<{width}} {fmt_time(r['time_to_target']):>20} {ratio:>7} "
             f"{r['best_accuracy']:>9.4f} "
             f"{r['final_accuracy']:>9.4f} {r.get('plateau_accuracy', r['final_accuracy']):>8.4f} "
             f"{r['idle_fraction']:>6.3f} {r['commits']:>8} "
@@ -75,14 +72,9 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
         summary = {"run": label, **result.summary(), "codec": push, "pull_codec": run_scenario.pull_codec}
         runs.append(summary)
         curves[label] = result.curve
-        say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
+        say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
             f"({time.monotonic() - started:.1f} s)")  # fmt: skip
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
-
-
-def _indent(say, text: str, **kw: Any) -> None:
-    """Progress lines of one seed, indented under it (continuations of a line stay as they are)."""
-    say("  " + text if text.startswith("[") else text, **kw)
 
 
 def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print) -> dict[str, Any]:
@@ -93,7 +85,7 @@ def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print
     for k in range(seeds):
         seeded = replace_scenario(scenario, seed=scenario.seed + k)
         say(f"seed {seeded.seed} ({k + 1}/{seeds}):")
-        indented = partial(_indent, say)
+        indented = partial(indent, say)
         report = bench_pace_sim(seeded, paces, say=indented)
         runs += [{**run, "seed": seeded.seed} for run in report["runs"]]
         for pace, curve in report["curves"].items():
@@ -132,7 +124,7 @@ def format_seeds_table(means: list[dict[str, Any]]) -> str:
     for m in means:
         low = "-" if m["lowest_after_target"] is None else f"{m['lowest_after_target']:.4f}"
         lines.append(
-            f"{m['pace']:<8} {m['reached']:>4}/{m['seeds']:<3} {_fmt_time(m['time_to_target']):>13} "
+            f"{m['pace']:<8} {m['reached']:>4}/{m['seeds']:<3} {fmt_time(m['time_to_target']):>13} "
             f"{m['best_accuracy']:>9.4f} {m['final_accuracy']:>9.4f} {m['plateau_accuracy']:>8.4f} {low:>9} "
             f"{m['idle_fraction']:>6.3f}  {' '.join(f'{b:.4f}' for b in m['best_per_seed'])}"
         )
@@ -191,7 +183,7 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
             summary = result.summary()
             runs.append(summary)
             curves[pace] = result.curve
-            say(f" target {_fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f}")
+            say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f}")
     return {"mode": "mosquitto", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
@@ -232,162 +224,3 @@ def run_bench_pace(
     if json_path:
         Path(json_path).write_text(json.dumps({k: v for k, v in report.items() if k != "curves"}, indent=2))
     return report
-
-
-#: The frequency bench's runs: (label, scenario changes). fixed keeps the scenario's push_every;
-#: adacomm and trend move within the scenario's bounds; trend adds the per-device adjustment.
-#: The next two rows separate the policy from the adjustment. The policies are compared with the
-#: same plain server step: the server extrapolates acbsp's aggregates (FedExP) only under a fixed
-#: push_every, so fixed runs without it too; the last row is fixed as acbsp runs it by default.
-FREQ_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("fixed", {"frequency": "fixed", "extrapolation": 1.0}),
-    ("adacomm", {"frequency": "adacomm"}),
-    ("trend", {"frequency": "trend", "balance": "release"}),
-    ("trend/steps", {"frequency": "trend", "balance": "steps"}),
-    ("adacomm/release", {"frequency": "adacomm", "balance": "release"}),
-    ("fixed+fedexp", {"frequency": "fixed"}),
-)
-
-
-def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] = FREQ_RUNS, say=print) -> dict:
-    """Each push_every policy on the same scenario (acbsp), simulated; return the report."""
-    data = scenario_data(scenario)
-    rows, curves, push_every = [], {}, {}
-    for n, (label, changes) in enumerate(runs, 1):
-        say(f"[{n}/{len(runs)}] {label}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
-        started = time.monotonic()
-        simulation = Simulation(replace_scenario(scenario, **changes), "acbsp", data)
-        result = simulation.run()
-        at_target = result.at_target()
-        rows.append(
-            {
-                "policy": label,
-                "commits_to_target": at_target[0] if at_target else None,
-                "bytes_to_target": at_target[1] if at_target else None,
-                "time_to_target": result.time_to_target,
-                "best_accuracy": round(result.best_accuracy, 4),
-                "plateau_accuracy": round(result.plateau_accuracy, 4),
-                "commits": result.commits,
-                "bytes": result.bytes_up + result.bytes_down,
-                "eval_s": result.history[-1].eval_s,
-                "evaluations": simulation.server.evaluator.calls,
-                **changes,
-            }
-        )
-        curves[label] = result.curve
-        push_every[label] = [(t, p) for (t, _), (_, _, p) in zip(result.curve, result.traffic, strict=True)]
-        say(f" {rows[-1]['commits_to_target']} commits to target, best {rows[-1]['best_accuracy']:.4f} "
-            f"({time.monotonic() - started:.1f} s)")  # fmt: skip
-    return {"scenario": scenario.model_dump(), "runs": rows, "curves": curves, "push_every": push_every}
-
-
-def format_freq_table(runs: list[dict[str, Any]]) -> str:
-    first = runs[0]["commits_to_target"] if runs else None
-    head = (
-        f"{'policy':<16} {'commits to target':>18} {'vs 1st':>7} {'MB to target':>13} {'to target, s':>13} "
-        f"{'best acc':>9} {'plateau':>8} {'commits':>8} {'eval s':>7}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in runs:
-        commits = r["commits_to_target"]
-        saving = f"{commits / first - 1:+.0%}" if first and commits else "-"
-        mb = "never" if r["bytes_to_target"] is None else f"{r['bytes_to_target'] / 1e6:.2f}"
-        lines.append(
-            f"{r['policy']:<16} {commits if commits is not None else 'never':>18} {saving:>7} {mb:>13} "
-            f"{_fmt_time(r['time_to_target']):>13} {r['best_accuracy']:>9.4f} {r['plateau_accuracy']:>8.4f} "
-            f"{r['commits']:>8} {r['eval_s']:>7.2f}"
-        )
-    return "\n".join(lines)
-
-
-def plot_freq(report: dict[str, Any], target: float, path: Path) -> None:
-    """PNG: accuracy against virtual time (top) and the devices' mean push_every (bottom), per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 2))
-    for label, curve in report["curves"].items():
-        top.plot([t for t, _ in curve], [a for _, a in curve], label=label, linewidth=1.4)
-        steps = report["push_every"][label]
-        bottom.step([t for t, _ in steps], [p for _, p in steps], where="post", label=label, linewidth=1.4)
-    top.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.2f}")
-    top.set(ylabel="held-out accuracy", ylim=(0.5, 1.0), title="push_every policies, acbsp (simulated)")
-    bottom.set(xlabel="virtual seconds", ylabel="push_every (mean over devices)", yscale="log")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right" if ax is top else "upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def run_bench_freq(scenario: Scenario, json_path: str | None, plot_path: Path) -> dict[str, Any]:
-    """Run, print the table, write the PNG (and JSON); return the report."""
-    report = bench_freq(scenario)
-    print()
-    print(format_freq_table(report["runs"]))
-    plot_freq(report, scenario.target, plot_path)
-    print(f"\nplot: {plot_path}" + (f"; json: {json_path}" if json_path else ""))
-    if json_path:
-        keep = ("scenario", "runs")
-        Path(json_path).write_text(json.dumps({k: report[k] for k in keep}, indent=2))
-    return report
-
-
-def real_scenario(base: Scenario) -> Scenario:
-    """The default real-run fleet: 8 devices, 2 of them 4x slower, 5 ms per reference step."""
-    return replace_scenario(base, devices=8, step_s=0.005, duration_s=12.0, round_deadline_s=5.0)
-
-
-def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
-    return Scenario.model_validate({**base.model_dump(), **changes})
-
-
-def _best_times(fns: list, repeats: int) -> list[float]:
-    """The fastest of ``repeats`` runs of each function, in seconds, the functions taking turns
-    so that a shared machine's slow spells hit them all alike."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
-            started = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - started)
-    return best
-
-
-def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int = 0, say=print) -> dict[str, Any]:
-    """Per codec and tensor size: compression ratio against fp32, relative error, and encode
-    and decode throughput as a ratio to numpy's copy of the same array, timed in the same run."""
-    import numpy as np
-
-    from schemas.codecs import compiled, make_codec, relative_error
-
-    loops = "compiled (schemas._kernels)" if compiled() else "numpy (schemas._kernels not built)"
-    say(f"codec loops: {loops}")
-    rows = []
-    for n in sizes:
-        values = np.random.default_rng(seed).normal(size=n).astype(np.float32)
-        say(f"{n:,} float32 values:")
-        for spec in specs:
-            codec, rng = make_codec(spec), np.random.default_rng(seed)
-            payload = codec.encode(values, rng)
-            copy_s, encode_s, decode_s = _best_times(
-                [values.copy, partial(codec.encode, values, rng), partial(codec.decode, payload, values.shape)], repeats
-            )
-            rows.append(
-                {
-                    "codec": codec.spec,
-                    "values": n,
-                    "ratio": round(4 * n / len(payload), 2),
-                    "rel_error": round(relative_error(codec, values, np.random.default_rng(seed)), 5),
-                    "encode_vs_copy": round(copy_s / encode_s, 3),
-                    "decode_vs_copy": round(copy_s / decode_s, 3),
-                }
-            )
-            r = rows[-1]
-            say(f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
-                f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy  "
-                f"(copy {4 * n / copy_s / 1e9:.1f} GB/s)")  # fmt: skip
-    return {"compiled": compiled(), "codecs": rows}

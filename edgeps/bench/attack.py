@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 JOB = "attack"
 DEVICES = ("dev-0", "dev-1", "dev-2")
 HOSTILE = "dev-2"
@@ -224,6 +224,6 @@ def format_attack(report: dict[str, Any]) -> str:
 
 def run_bench_attack(rounds: int, deadline: float, floods: tuple[int, ...], json_path: str | None) -> dict[str, Any]:
     report = bench_attack(rounds, deadline, floods)
-    from edgeps.report import show
+    from edgeps.bench.common import show
 
     return show(report, format_attack(report), json_path)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 DEVICES = 3
 JOB = "restart"
 
@@ -254,6 +254,6 @@ def plot_restart(report: dict[str, Any], path: str | Path) -> None:
 def run_bench_restart(trials: int, how: str, deadline: float, json_path: str | None) -> dict[str, Any]:
     report = bench_restart(trials, how, deadline)
     plot_restart(report, "bench-restart.png")
-    from edgeps.report import show
+    from edgeps.bench.common import show
 
     return show(report, format_restart(report), json_path)

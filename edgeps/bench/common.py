@@ -1,0 +1,44 @@
+"""What the benches share: scenario variants, time formatting, progress, and a bench's ending
+(the table printed, the report written as JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgeps.report import write_json
+from edgeps.simulator import Scenario
+
+#: How a bench reports progress: print-like (``end`` and ``flush`` keywords).
+Say = Callable[..., None]
+
+
+def fmt_time(value: float | None) -> str:
+    """A time to target in seconds, or ``never``."""
+    return "never" if value is None else f"{value:.2f}"
+
+
+def indent(say: Say, text: str, **kw: Any) -> None:
+    """Progress lines of one seed, indented under it (continuations of a line stay as they are)."""
+    say("  " + text if text.startswith("[") else text, **kw)
+
+
+def real_scenario(base: Scenario) -> Scenario:
+    """The default real-run fleet: 8 devices, 2 of them 4x slower, 5 ms per reference step."""
+    return replace_scenario(base, devices=8, step_s=0.005, duration_s=12.0, round_deadline_s=5.0)
+
+
+def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
+    """``base`` with ``changes``, validated."""
+    return Scenario.model_validate({**base.model_dump(), **changes})
+
+
+def show(report: dict[str, Any], table: str, json_path: str | Path | None) -> dict[str, Any]:
+    """A bench's end: its ``table`` after a blank line, and the ``report`` as JSON at ``json_path``
+    if given; returns the report."""
+    print()
+    print(table)
+    if json_path:
+        write_json(report, json_path)
+    return report

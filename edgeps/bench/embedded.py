@@ -1,0 +1,190 @@
+"""``edgeps bench embedded``: what the C device SDK (edge_client/embedded) costs on a Cortex-M4F and
+how it trains in a real job.
+
+* **Image**: the device built for a Cortex-M4F (arm-none-eabi-gcc, hard float, -Os, newlib-nano)
+  with every entry point a gateway uses and no data; flash = text + data, static RAM = data + bss
+  + a stack reserve of ``STACK_RESERVE`` bytes (the stack grows down from the top of RAM). The
+  MQTT stack is not in it: the port's functions are stubs.
+* **Arena**: ``eps_device_arena_size`` for each model at batch ``BATCH``, with fp32 commits and
+  pulls (compressed pulls add a replica, biased commit codecs a residual: both are reported).
+* **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386, checked against
+  learning.model on the batches the image drew (``scripted_exchange``).
+* **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
+  Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes,
+  with fp32 and with sign commits and ternary pulls: best accuracy, commits refused, and each device
+  process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from edgeps.embedded import (
+    BATCH,
+    CODECS,
+    MODELS,
+    STACK_RESERVE,
+    arena_bytes,
+    image_size,
+    make,
+    scripted_exchange,
+)
+
+# ---------------------------------------------------------------- a real job
+
+
+def _hwm_kib(pid: int) -> int | None:
+    """The peak RSS of a running process (VmHWM, since its exec), or None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(status.split("VmHWM:")[1].split()[0]) if "VmHWM:" in status else None
+
+
+def real_job(
+    kind: str, device_bin: Path | None, broker, shards, workdir: Path, rounds: int, codecs: tuple[str, str]
+) -> dict[str, Any]:
+    """A bsp job of the demo task with ``kind`` devices (``c``: edgeps-device, ``python``: edgeps
+    client), commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS per device."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    job, report = f"embedded-{kind}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
+    common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
+    from edgeps.demo import spawn
+
+    server = spawn(["ps", *common, "--rounds", str(rounds), "--min-devices", str(len(shards.devices)),
+                    "--eval-data", str(shards.holdout), "--report", str(report), "--codec", codecs[0],
+                    "--pull-codec", codecs[1]], workdir / "ps.log")  # fmt: skip
+    devices = []
+    for i, shard in enumerate(shards.devices):
+        log = workdir / f"dev-{i}.log"
+        if kind == "c":
+            args = [*common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")), "--seed", str(i)]
+            devices.append(spawn(args, log, program=device_bin))
+        else:
+            devices.append(spawn(["client", *common, "--device", f"dev-{i}", "--data", str(shard), "--seed", str(i)],
+                                 log))  # fmt: skip
+    rss = [0] * len(devices)  # sampled while they run (wait4's maxrss would count the forking parent)
+    try:
+        deadline = time.monotonic() + 600
+        while server.poll() is None or any(d.poll() is None for d in devices):
+            for i, device in enumerate(devices):
+                rss[i] = max(rss[i], _hwm_kib(device.pid) or 0)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the job did not end within 600 s; see {workdir}")
+            time.sleep(0.05)
+        if server.returncode != 0:
+            raise RuntimeError(f"the parameter server failed; see {workdir / 'ps.log'}")
+    finally:
+        for process in [server, *devices]:
+            if process.poll() is None:
+                process.kill()
+    history = json.loads(report.read_text())
+    final = history[-1]
+    return {
+        "devices": kind,
+        "codecs": "/".join(codecs),
+        "best_accuracy": max(m["accuracy"] for m in history),
+        "final_accuracy": final["accuracy"],
+        "versions": final["version"],
+        "applied": final["applied"],
+        "rejected": final["rejected"],
+        "peak_rss_kib": rss,
+        "exit_codes": [d.returncode for d in devices],
+    }
+
+
+def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, Any]:
+    from broker.launcher import start_broker
+    from learning.data import Dataset, load_digits
+    from learning.prepare import prepare_shards
+    from schemas.frame import encode_data_frame
+
+    with tempfile.TemporaryDirectory(prefix="edgeps-embedded-") as tmp:
+        root = Path(tmp)
+        say("building the Cortex-M4F image, the host tools and edgeps-device ...")
+        make(root / "m4", "m4")
+        make(root / "host", "all", "edgeps-device")
+        image = image_size(root / "m4" / "m4.elf")
+        models = {}
+        for model in MODELS:
+            arena = arena_bytes(root / "host" / "epsf", model)
+            models[model] = {
+                "flash_bytes": image["flash_bytes"],
+                "ram_bytes": image["ram_bytes"],
+                "arena_bytes": arena,
+                "arena_bytes_sign_ternary": arena_bytes(root / "host" / "epsf", model, "sign", "ternary"),
+                "total_ram_bytes": image["ram_bytes"] + arena,
+            }
+        say("the scripted exchange under QEMU (mps2-an386) ...")
+        qemu = scripted_exchange(root / "qemu")
+        shards = prepare_shards(load_digits(), root / "data", devices=devices, alpha=0.5, seed=0)
+        for shard in shards.devices:
+            data = Dataset.load(shard)
+            shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
+        jobs = {}
+        for codecs in CODECS:
+            for kind in ("c", "python"):
+                name = f"{kind} {'/'.join(codecs)}"
+                say(f"a {rounds}-round bsp job of {devices} {'edgeps-device' if kind == 'c' else 'edgeps client'} "
+                    f"processes over Mosquitto, {'/'.join(codecs)} ...")  # fmt: skip
+                broker = start_broker(workdir=root / f"broker-{name.replace(' ', '-').replace('/', '-')}")
+                try:
+                    jobs[name] = real_job(kind, root / "host" / "edgeps-device", broker, shards,
+                                          root / name.replace(" ", "-").replace("/", "-"), rounds, codecs)  # fmt: skip
+                finally:
+                    broker.stop()
+    c, python = jobs["c fp32/fp32"], jobs["python fp32/fp32"]
+    c_st, python_st = jobs["c sign/ternary"], jobs["python sign/ternary"]
+    return {
+        "image": image,
+        "stack_reserve_bytes": STACK_RESERVE,
+        "batch": BATCH,
+        "models": models,
+        "qemu_ok": qemu["ok"],
+        "qemu": qemu,
+        "c_best_accuracy": c["best_accuracy"],
+        "python_best_accuracy": python["best_accuracy"],
+        "c_best_accuracy_sign_ternary": c_st["best_accuracy"],
+        "python_best_accuracy_sign_ternary": python_st["best_accuracy"],
+        "c_rejected": sum(c["rejected"].values()) + sum(c_st["rejected"].values()),
+        "c_rss_kib": max(c["peak_rss_kib"] + c_st["peak_rss_kib"]),
+        "python_rss_kib": max(python["peak_rss_kib"] + python_st["peak_rss_kib"]),
+        "jobs": jobs,
+    }
+
+
+def format_embedded(report: dict[str, Any]) -> str:
+    image = report["image"]
+    lines = [
+        f"Cortex-M4F image (core, trainer, codecs, JSON, libc/libm; no MQTT stack): flash {image['flash_bytes']:,}"
+        f" bytes (text {image['text']:,} + data {image['data']:,}), static RAM {image['ram_bytes']:,} bytes "
+        f"(data + bss + a {report['stack_reserve_bytes']:,}-byte stack)",
+        f"{'model':<10} {'arena, fp32':>12} {'RAM + arena':>12} {'arena, sign/ternary':>20}",
+    ]
+    for model, m in report["models"].items():
+        lines.append(f"{model:<10} {m['arena_bytes']:>12,} {m['total_ram_bytes']:>12,} "
+                     f"{m['arena_bytes_sign_ternary']:>20,}")  # fmt: skip
+    qemu = report["qemu"]
+    lines.append(
+        f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
+        + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model)" if qemu["ok"] else "")
+    )
+    for job in report["jobs"].values():
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
+        who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
+        lines.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final {job['final_accuracy']:.4f}"
+                     f"  applied {job['applied']}  refused: {refused}  peak RSS per device "
+                     f"{max(job['peak_rss_kib']):,} KiB")  # fmt: skip
+    return "\n".join(lines)
+
+
+def run_bench_embedded(rounds: int, devices: int, json_path: str | None) -> dict[str, Any]:
+    from edgeps.bench.common import show
+
+    report = bench_embedded(rounds, devices)
+    return show(report, format_embedded(report), json_path)
