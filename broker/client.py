@@ -355,3 +355,20 @@ class MqttTransport(Transport):
             self._client.disconnect()
         finally:
             self._client.loop_stop()
+
+
+def connect(
+    broker: BrokerAddress, client_id: str, subscriptions: list[str], timeout: float = 10.0, **options: Any
+) -> MqttTransport:
+    """A connected ``MqttTransport`` (``options``: its other arguments): MQTT 5 where the broker
+    speaks it, else MQTT 3.1.1. ConnectionError when neither connects within ``timeout``."""
+    transport = MqttTransport(broker, client_id, subscriptions, mqtt5=True, **options)
+    try:
+        transport.wait_connected(min(timeout, 5.0))
+        return transport
+    except ConnectionError:
+        transport.close()
+        log.info("no MQTT 5 connection: using MQTT 3.1.1")
+    transport = MqttTransport(broker, client_id, subscriptions, **options)
+    transport.wait_connected(timeout)
+    return transport

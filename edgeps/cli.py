@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -14,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker.client import BrokerAddress, MqttTransport
+from broker.client import BrokerAddress
 from ps_service.paces import make_pace
 
 
@@ -355,45 +354,17 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ctl_transport(address: BrokerAddress, subscriptions: list[str]) -> MqttTransport:
-    """An operator's connection: MQTT 5 where the broker speaks it, else 3.1.1."""
-    for mqtt5 in (True, False):
-        transport = MqttTransport(address, f"edgeps-ctl-{os.getpid()}", subscriptions, persistent=False, mqtt5=mqtt5)
-        try:
-            transport.wait_connected(5 if mqtt5 else 10)
-            return transport
-        except ConnectionError:
-            transport.close()
-    raise ConnectionError(f"no MQTT connection to {address.host}:{address.port}")
-
-
 def cmd_ctl(args: argparse.Namespace) -> int:
-    """Operator commands on the job's command topic, and a live view of its metrics."""
-    from schemas.messages import Command, Metrics, Reply
-    from schemas.topics import Publish, Topics
+    """Operator commands on the job's command topic, and a live view of its metrics (edgeps.operator)."""
+    from edgeps.operator import request, watch
 
-    topics = Topics(args.job)
     if args.action == "watch":
-        transport = _ctl_transport(_address(args), [topics.metrics])
-        stop = _stop_on_signals()
-        try:
-            while not stop.is_set():
-                message = transport.receive(timeout=0.5)
-                if message is None:
-                    continue
-                m = Metrics.from_bytes(message.payload)
-                push = sorted(set(m.push_every.values()))
-                print(f"v{m.version:>6}  acc {m.accuracy:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
-                      f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
-                      f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
-                if m.finished:
-                    break
-        finally:
-            transport.close()
+        for m in watch(_address(args), args.job, _stop_on_signals()):
+            push = sorted(set(m.push_every.values()))
+            print(f"v{m.version:>6}  acc {m.accuracy:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
+                  f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
+                  f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
         return 0
-    client = args.username or f"ctl-{os.getpid()}"
-    correlation = f"{client}-{time.time_ns()}"
-    reply_topic = topics.reply(client)
     fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
     if args.action in ("set-codec", "set-pace", "evict"):
         if not args.value:
@@ -401,32 +372,15 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         fields[{"set-codec": "codec", "set-pace": "pace", "evict": "device"}[args.action]] = args.value
     if args.action == "set-frequency":
         fields |= {"policy": args.policy, "low": args.low, "high": args.high}
-    Command.model_validate({k: v for k, v in fields.items() if v is not None})  # refuse before sending
-    transport = _ctl_transport(_address(args), [reply_topic])
     try:
-        if transport.mqtt5:  # the answer's address travels as MQTT 5 properties
-            message = Publish(topics.cmd, b"", qos=1, response_topic=reply_topic, correlation=correlation.encode())
-        else:  # MQTT 3.1.1: in the command itself
-            fields |= {"reply_to": reply_topic, "correlation": correlation}
-            message = Publish(topics.cmd, b"", qos=1)
-        command = Command.model_validate({k: v for k, v in fields.items() if v is not None})
-        transport.publish(dataclasses.replace(message, payload=command.to_bytes()))
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            inbound = transport.receive(timeout=0.2)
-            if inbound is None:
-                continue
-            reply = Reply.from_bytes(inbound.payload)
-            if reply.correlation != correlation:
-                continue
-            if reply.status is not None:
-                print(json.dumps(reply.status, indent=2))
-            else:
-                print(f"{'ok' if reply.ok else 'refused'}: {reply.cmd}: {reply.detail}")
-            return 0 if reply.ok else 1
-    finally:
-        transport.close()
-    raise ConnectionError(f"no reply within {args.timeout:g} s: is a server running job {args.job!r}?")
+        reply = request(_address(args), args.job, fields, args.timeout)
+    except TimeoutError as exc:
+        raise ConnectionError(str(exc)) from None
+    if reply.status is not None:
+        print(json.dumps(reply.status, indent=2))
+    else:
+        print(f"{'ok' if reply.ok else 'refused'}: {reply.cmd}: {reply.detail}")
+    return 0 if reply.ok else 1
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:

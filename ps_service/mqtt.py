@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import BrokerAddress, Inbox, MqttTransport, Transport
+from broker.client import BrokerAddress, Inbox, MqttTransport, Transport, connect
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint
@@ -138,17 +138,5 @@ def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.
     where the broker speaks it (commands may then carry response topics and correlation data), else 3.1.1. Its
     inbox is bounded (``INBOX_MESSAGES``, ``INBOX_BYTES``): under overload the backlog stays in
     the broker and the server's memory stays flat."""
-    subscriptions = core.subscriptions()  # serve() keeps them up to date
-    client_id = f"edgeps-ps-{core.config.job}"
-    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions, mqtt5=True,
-                              inbox=Inbox(INBOX_MESSAGES, INBOX_BYTES))  # fmt: skip
-    try:
-        transport.wait_connected(min(timeout, 5.0))
-        return transport
-    except ConnectionError:
-        transport.close()
-        log.info("no MQTT 5 connection: using MQTT 3.1.1")
-    transport = MqttTransport(broker, client_id=client_id, subscriptions=subscriptions,
-                              inbox=Inbox(INBOX_MESSAGES, INBOX_BYTES))  # fmt: skip
-    transport.wait_connected(timeout)
-    return transport
+    inbox = Inbox(INBOX_MESSAGES, INBOX_BYTES)
+    return connect(broker, f"edgeps-ps-{core.config.job}", core.subscriptions(), timeout, inbox=inbox)
