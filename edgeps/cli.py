@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import os
 import signal
 import sys
 import threading
@@ -14,55 +12,31 @@ import time
 from pathlib import Path
 
 from broker.client import BrokerAddress
+from ps_service.config import PROCESS_DEFAULTS
 from ps_service.paces import make_pace
 
 
 def _broker_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker")
-    parser.add_argument("--username", default=os.environ.get("EDGEPS_USERNAME"), help="or $EDGEPS_USERNAME")
-    parser.add_argument("--password", default=os.environ.get("EDGEPS_PASSWORD"), help="or $EDGEPS_PASSWORD")
-    parser.add_argument("--password-file", default=os.environ.get("EDGEPS_PASSWORD_FILE"), help="read it from here")
-    parser.add_argument("--tls-ca", default=os.environ.get("EDGEPS_TLS_CA"), help="CA certificate: use TLS")
-    parser.add_argument("--tls-cert", default=os.environ.get("EDGEPS_TLS_CERT"), help="client certificate")
-    parser.add_argument("--tls-key", default=os.environ.get("EDGEPS_TLS_KEY"), help="client certificate's key")
-
-
-def _training_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--job", default="demo", help="job name (topic prefix edgeps/JOB/)")
-    parser.add_argument("--pace", default="bsp", help="bsp, acbsp, asp or ssp:S")
-    parser.add_argument("--rounds", type=int, default=100, help="global versions to train")
-    parser.add_argument("--push-every", type=int, default=10, help="local steps per commit")
-    parser.add_argument("--lr", type=float, default=0.2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--hidden", default="64", help="hidden layer sizes, comma-separated")
-    parser.add_argument("--arch", default="mlp", choices=["mlp", "cnn"], help="cnn: a 3x3 convolution before the MLP")
-    parser.add_argument("--channels", type=int, default=16, help="cnn: convolution filters")
-    parser.add_argument("--kernel", type=int, default=3, help="cnn: kernel side")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--codec", default="fp32", help="devices' commit codec: fp32, fp16, int8, sign, ternary, ...")
-    parser.add_argument("--pull-codec", default="fp32", help="fp32: parameter snapshots; else deltas, e.g. ternary")
-    parser.add_argument("--frequency", default="fixed", help="push_every policy: fixed, adacomm or trend")
-    parser.add_argument("--push-every-min", type=int, default=1, help="adacomm/trend: lowest push_every")
-    parser.add_argument("--push-every-max", type=int, default=160, help="adacomm/trend: highest push_every")
+    """Where the broker is and how to log in (each also from EDGEPS_<OPTION>, as every option)."""
     parser.add_argument(
-        "--balance",
-        choices=("off", "steps", "release"),
-        default="off",
-        help="per device: push_every in proportion to step rate (steps), or slow devices leave the barrier (release)",
+        "--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker (default: %(default)s)"
     )
-    parser.add_argument(
-        "--extrapolation",
-        type=float,
-        help="most an aggregate may be extrapolated (FedExP's server step); default: the pace's (acbsp 3, else 1)",
-    )
-    parser.add_argument("--eval-every", type=int, default=1, help="evaluate every this many versions")
-    parser.add_argument("--eval-sample", type=int, help="evaluate on a fixed sample of this many held-out rows")
+    parser.add_argument("--username", help="the account's name")
+    parser.add_argument("--password", help="the account's password (better: --password-file)")
+    parser.add_argument("--password-file", help="read the password from this file")
+    parser.add_argument("--tls-ca", help="CA certificate: use TLS")
+    parser.add_argument("--tls-cert", help="client certificate")
+    parser.add_argument("--tls-key", help="client certificate's key")
 
 
-def _policy_options(args: argparse.Namespace) -> dict:
-    """The frequency and evaluation options of _training_args, named as ServerConfig and DemoSettings name them."""
-    names = ("frequency", "push_every_min", "push_every_max", "balance", "extrapolation", "eval_every", "eval_sample")
-    return {name: getattr(args, name) for name in names}
+def _job_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = (), **defaults: object) -> None:
+    """The job's options (ServerConfig) and the model's (ModelSpec), derived from them."""
+    from edgeps.options import add_model_options
+    from learning.spec import ModelSpec
+    from ps_service.config import ServerConfig
+
+    add_model_options(parser, ServerConfig, skip=skip, defaults=defaults)
+    add_model_options(parser, ModelSpec)
 
 
 def _address(args: argparse.Namespace) -> BrokerAddress:
@@ -81,8 +55,9 @@ def _stop_on_signals() -> threading.Event:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from edgeps.options import model_values
     from learning.data import Dataset, load_digits, stratified_split
-    from learning.model import init_cnn, init_mlp
+    from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
@@ -93,13 +68,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
         holdout = Dataset.load(args.eval_data)
     else:
         _, holdout = stratified_split(load_digits(), 0.2, args.seed)
-    hidden = [int(h) for h in args.hidden.split(",") if h]
-    sizes = [holdout.x.shape[1], *hidden, holdout.classes]
-    if args.arch == "cnn":
-        side = math.isqrt(holdout.x.shape[1])
-        params = init_cnn(side, args.kernel, args.channels, hidden, holdout.classes, args.seed)
-    else:
-        params = init_mlp(sizes, args.seed)
+    config = ServerConfig(**model_values(ServerConfig, args))  # refused before anything starts
+    model = ModelSpec(**model_values(ModelSpec, args))
+    params = model.init(holdout.x.shape[1], holdout.classes, args.seed)
     artifact = None
     if args.artifact:
         artifact = Path(args.artifact).read_bytes()
@@ -108,24 +79,6 @@ def cmd_ps(args: argparse.Namespace) -> int:
         from ps_service.export import build_artifact
 
         artifact = build_artifact(params, args.batch_size)
-    config = ServerConfig(
-        job=args.job,
-        pace=args.pace,
-        rounds=args.rounds,
-        push_every=args.push_every,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        min_devices=args.min_devices,
-        codec=args.codec,
-        pull_codec=args.pull_codec,
-        duration_s=args.duration,
-        round_deadline_s=args.round_deadline,
-        allowed_devices=frozenset(args.devices.split(",")) if args.devices else None,
-        **_policy_options(args),
-        max_commit_rate=args.max_commit_rate or None,
-        max_commit_burst=args.max_commit_burst,
-        metrics_interval_s=args.metrics_interval or None,
-    )
     core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
@@ -148,7 +101,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
         logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
     transport = connect_server(core, _address(args))
     logging.getLogger("edgeps").info(
-        "parameter server for job %s on %s, model %s, pace %s", args.job, args.broker, sizes, args.pace
+        "parameter server for job %s on %s, model %s %s, pace %s",
+        args.job,
+        args.broker,
+        model.arch,
+        [holdout.x.shape[1], *model.layers, holdout.classes],
+        config.pace,
     )
     try:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
@@ -253,33 +211,20 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from edgeps.demo import DemoSettings, run_demo
+    from edgeps.options import model_values
+    from learning.spec import ModelSpec
+    from ps_service.config import ServerConfig
 
-    settings = DemoSettings(
-        devices=args.devices,
-        alpha=args.alpha,
-        pace=args.pace,
-        rounds=args.rounds,
-        push_every=args.push_every,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        hidden=args.hidden,
-        seed=args.seed,
-        codec=args.codec,
-        pull_codec=args.pull_codec,
-        **_policy_options(args),
-        backend=args.backend,
-        metrics_port=args.metrics_port,
-        arch=args.arch,
-        channels=args.channels,
-        kernel=args.kernel,
-        job=args.job,
-        out=Path(args.out),
-        broker=args.broker,
-        embedded_broker=args.embedded_broker,
-        embedded_devices=args.embedded_devices,
-    )
+    server = ServerConfig(**model_values(ServerConfig, args))
+    model = ModelSpec(**model_values(ModelSpec, args))
+    settings = DemoSettings(server=server, model=model, **model_values(DemoSettings, args, skip=DEMO_API_ONLY))
     report = run_demo(settings, json_path=args.json)
     return 0 if report["rounds"] > 0 else 1
+
+
+#: DemoSettings fields that are not flags of ``edgeps demo`` (the job and model have their own; the
+#: rest are for benches that emulate device classes).
+DEMO_API_ONLY = ("server", "model", "timeout_s", "slowdowns", "step_time")
 
 
 def cmd_bench_pace(args: argparse.Namespace) -> int:
@@ -441,38 +386,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="broker + server + N devices on loopback; prints a report")
-    _training_args(demo)
-    demo.add_argument("--devices", type=int, default=8)
-    demo.add_argument("--alpha", type=float, default=0.5, help="Dirichlet non-IID concentration")
-    demo.add_argument("--out", default="edgeps-demo", help="folder for data shards, logs, report.json, accuracy.png")
+    _job_args(demo, skip=("allowed_devices", "min_devices"), **PROCESS_DEFAULTS)
+    from edgeps.demo import DemoSettings
+    from edgeps.options import add_model_options
+
+    add_model_options(demo, DemoSettings, skip=DEMO_API_ONLY)
     demo.add_argument("--json", help="also write the report as JSON here")
-    demo.add_argument("--broker", help="use this HOST:PORT instead of starting a broker")
-    demo.add_argument("--embedded-broker", action="store_true", help="use the embedded amqtt broker")
-    demo.add_argument("--embedded-devices", type=int, default=0, metavar="K",
-                      help="run the last K devices as edgeps-device, the C SDK's (built on the fly)")  # fmt: skip
-    demo.add_argument("--metrics-port", type=int, help="serve Prometheus metrics and the dashboard on this port")
-    demo.add_argument(
-        "--backend",
-        default="numpy",
-        choices=["numpy", "tflite", "auto"],
-        help="devices' trainer; tflite/auto: the server exports a TFLite trainer (needs the tf extra)",
-    )
     demo.set_defaults(func=cmd_demo)
 
     ps = sub.add_parser("ps", help="run the parameter server against a broker")
     _broker_args(ps)
-    _training_args(ps)
+    _job_args(ps, **PROCESS_DEFAULTS)
+    ps.add_argument("--seed", type=int, default=0, help="seed of the model's initial parameters (default: 0)")
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
-    ps.add_argument("--devices", help="comma-separated device ids allowed in the job (default: any)")
-    ps.add_argument("--duration", type=float, help="finish after this many seconds (default: after --rounds)")
-    ps.add_argument("--round-deadline", type=float, default=30.0, help="bsp/acbsp: seconds before a late device leaves")
-    ps.add_argument("--min-devices", type=int, default=1, help="wait for this many devices before the first round")
     ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
-    ps.add_argument("--max-commit-rate", type=float, default=100.0, help="commits/s per device (0: no limit)")
-    ps.add_argument("--max-commit-burst", type=int, default=50, help="commits a device may send at once")
-    ps.add_argument("--metrics-interval", type=float, default=1.0, help="metrics at least every S s (0: per version)")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
     ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")

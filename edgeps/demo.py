@@ -8,60 +8,57 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
+from edgeps.options import nest_fields, to_flags
 from edgeps.report import build_report, format_report, plot_accuracy, write_json
 from learning.data import load_digits
 from learning.prepare import ShardPaths, prepare_shards
+from learning.spec import ModelSpec
+from ps_service.config import PROCESS_DEFAULTS, ServerConfig
 from schemas.messages import DeviceStatus, MessageError, Metrics
 from schemas.topics import Topics
 
 
-@dataclass(frozen=True)
-class DemoSettings:
-    """One local job: the fleet, its data, the training settings, where the files go."""
+class DemoSettings(BaseModel):
+    """One local job: the job's options (``server``), the model, the fleet, its data, where the
+    files go. ``edgeps demo`` derives its flags from it (edgeps/options.py)."""
 
-    devices: int = 8
-    alpha: float = 0.5
-    pace: str = "bsp"
-    rounds: int = 100
-    push_every: int = 10
-    lr: float = 0.2
-    batch_size: int = 32
-    hidden: str = "64"
-    seed: int = 0
-    codec: str = "fp32"
-    pull_codec: str = "fp32"
-    frequency: str = "fixed"
-    push_every_min: int = 1
-    push_every_max: int = 160
-    balance: str = "off"
-    extrapolation: float | None = None  # None: the pace's own (FedExP, acbsp only)
-    eval_every: int = 1
-    eval_sample: int | None = None
-    metrics_port: int | None = None  # the server's HTTP endpoint: /metrics and the dashboard
-    backend: str = "numpy"  # the devices' trainer: numpy, tflite or auto (the server then exports one)
-    arch: str = "mlp"
-    channels: int = 16
-    kernel: int = 3
-    job: str = "demo"
-    out: Path = Path("edgeps-demo")
-    broker: str | None = None
-    embedded_broker: bool = False
-    timeout_s: float = 600.0
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: ServerConfig = ServerConfig(**PROCESS_DEFAULTS)
+    model: ModelSpec = ModelSpec()
+    devices: int = Field(8, ge=1, description="device processes")
+    alpha: float = Field(0.5, gt=0, description="Dirichlet non-IID concentration of the device shards")
+    seed: int = Field(0, description="seed of the data split, the model and the devices")
+    backend: Literal["numpy", "tflite", "auto"] = Field(
+        "numpy", description="devices' trainer; tflite/auto: the server exports a TFLite trainer (needs the tf extra)"
+    )
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics and the dashboard "
+                                     "on this port")  # fmt: skip
+    out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, accuracy.png")
+    broker: str | None = Field(None, description="use this HOST:PORT instead of starting a broker")
+    embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
+    embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
+                                  "(built into OUT/sdk on the fly)")  # fmt: skip
+    timeout_s: float = Field(600.0, gt=0, description="give up on the job after this many seconds")
     #: Per-device compute slowdown factors (missing devices: 1.0).
     slowdowns: tuple[float, ...] = ()
     #: Emulated compute seconds per local step on a reference device.
-    step_time: float = 0.0
-    #: Finish after this many seconds instead of after ``rounds``.
-    duration_s: float | None = None
-    round_deadline_s: float = 30.0
-    #: The last K devices run as edgeps-device, the C SDK's device (built into OUT/sdk on the fly).
-    embedded_devices: int = 0
+    step_time: float = Field(0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_fields(cls, data: Any) -> Any:
+        """Flat job and model fields (``rounds=15``, ``hidden="32"``) become ``server``'s and ``model``'s."""
+        data = nest_fields(data, "server", ServerConfig, ServerConfig(**PROCESS_DEFAULTS))
+        return nest_fields(data, "model", ModelSpec, ModelSpec())
 
 
 @dataclass
@@ -129,39 +126,27 @@ def run_local_job(
 ) -> JobResult:
     """Run the parameter server and one process per device against ``address`` until the job ends."""
     logs.mkdir(parents=True, exist_ok=True)
-    topics = Topics(settings.job)
-    watcher = MqttTransport(
-        address, f"edgeps-watch-{settings.job}-{os.getpid()}", [topics.metrics, topics.all_status], persistent=False
-    )
+    job = settings.server.job
+    topics = Topics(job)
+    watcher = MqttTransport(address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status],
+                            persistent=False)  # fmt: skip
     processes: list[subprocess.Popen] = []
     statuses: dict[str, DeviceStatus] = {}
     try:
         watcher.wait_connected(10)
-        common = ["--broker", f"{address.host}:{address.port}", "--job", settings.job]
-        server_report = logs / f"{settings.job}-metrics.json"
+        common = ["--broker", f"{address.host}:{address.port}", "--job", settings.server.job]
+        server_report = logs / f"{settings.server.job}-metrics.json"
         server_args = [
-            "ps", *common, "--pace", settings.pace, "--rounds", str(settings.rounds),
-            "--push-every", str(settings.push_every), "--lr", str(settings.lr),
-            "--batch-size", str(settings.batch_size), "--hidden", settings.hidden, "--seed", str(settings.seed),
-            "--eval-data", str(shards.holdout), "--report", str(server_report),
-            "--min-devices", str(settings.devices), "--round-deadline", str(settings.round_deadline_s),
-            "--codec", settings.codec, "--pull-codec", settings.pull_codec,
-            "--frequency", settings.frequency, "--push-every-min", str(settings.push_every_min),
-            "--push-every-max", str(settings.push_every_max), "--eval-every", str(settings.eval_every),
-            "--balance", settings.balance, "--arch", settings.arch, "--channels", str(settings.channels),
-            "--kernel", str(settings.kernel),
+            "ps", *common, *to_flags(settings.server, ("job", "min_devices"), PROCESS_DEFAULTS),
+            *to_flags(settings.model),
+            "--seed", str(settings.seed), "--eval-data", str(shards.holdout), "--report", str(server_report),
+            "--min-devices", str(settings.devices),
         ]  # fmt: skip
         if settings.backend != "numpy":
             server_args.append("--export-tflite")
         if settings.metrics_port is not None:
             server_args += ["--metrics-port", str(settings.metrics_port)]
-        if settings.eval_sample:
-            server_args += ["--eval-sample", str(settings.eval_sample)]
-        if settings.extrapolation is not None:
-            server_args += ["--extrapolation", str(settings.extrapolation)]
-        if settings.duration_s:
-            server_args += ["--duration", str(settings.duration_s)]
-        server = spawn(server_args, logs / f"{settings.job}-ps.log")
+        server = spawn(server_args, logs / f"{settings.server.job}-ps.log")
         processes.append(server)
         _wait_for_fresh_start(watcher, topics, server, time.monotonic() + 60)
         for i, shard in enumerate(shards.devices):
@@ -170,16 +155,17 @@ def run_local_job(
             if c_device is not None and i >= settings.devices - settings.embedded_devices:  # the C SDK's device
                 device = [*common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
                           str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
-                processes.append(spawn(device, logs / f"{settings.job}-{name}.log", program=c_device))
+                processes.append(spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device))
                 continue
             device = [
                 "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
                 "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name),
             ]  # fmt: skip
-            processes.append(spawn(device, logs / f"{settings.job}-{name}.log"))
+            processes.append(spawn(device, logs / f"{settings.server.job}-{name}.log"))
         if not quiet:
-            print(f"started the parameter server ({settings.pace}) and {settings.devices} devices; logs in {logs}/")
+            print(f"started the parameter server ({settings.server.pace}) and {settings.devices} devices; "
+                  f"logs in {logs}/")  # fmt: skip
 
         deadline = time.monotonic() + settings.timeout_s
 
@@ -190,7 +176,7 @@ def run_local_job(
             try:
                 if inbound.topic == topics.metrics:
                     if not quiet:
-                        _progress(Metrics.from_bytes(inbound.payload), settings.rounds)
+                        _progress(Metrics.from_bytes(inbound.payload), settings.server.rounds)
                 elif inbound.payload:
                     status = DeviceStatus.from_bytes(inbound.payload)
                     statuses[status.device] = status
@@ -226,7 +212,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     say = (lambda *a, **k: None) if quiet else print
     c_device = None
     if settings.embedded_devices:
-        if not 0 < settings.embedded_devices <= settings.devices or settings.arch != "mlp":
+        if not 0 < settings.embedded_devices <= settings.devices or settings.model.arch != "mlp":
             raise ValueError(f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) "
                              "C devices, with --arch mlp (the C trainer is the MLP)")  # fmt: skip
         from edgeps.embedded import build_device
@@ -254,7 +240,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
         say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
         if settings.metrics_port and broker.ws_port:
-            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.job}"
+            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
                 f"&broker=ws://{broker.host}:{broker.ws_port}")  # fmt: skip
     try:
         result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device)
@@ -262,14 +248,15 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         if broker is not None:
             broker.stop()
 
-    settings_dict = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()}
+    settings_dict = settings.model_dump(mode="json")
     report = build_report(result.history, time.monotonic() - started, settings_dict)
     report["idle_fraction"] = round(result.idle_fraction, 4)
     report["device_backends"] = dict(Counter(s.backend for s in result.statuses.values()))
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)
-    plot_accuracy(report, out / "accuracy.png", title=f"edgeps demo: {settings.devices} devices, {settings.pace}")
+    title = f"edgeps demo: {settings.devices} devices, {settings.server.pace}"
+    plot_accuracy(report, out / "accuracy.png", title=title)
     say("")
     say(format_report(report))
     also = f" and {json_path}" if json_path else ""

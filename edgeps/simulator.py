@@ -12,14 +12,15 @@ import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_client.core import DeviceCore
 from edge_client.profile import DeviceProfile
 from edge_client.trainer import NumpyTrainer
+from edgeps.options import nest_fields
 from learning.data import Dataset, dirichlet_partition, load_digits, stratified_split
 from learning.model import init_mlp
 from ps_service.config import ServerConfig
@@ -28,11 +29,19 @@ from ps_service.evaluator import Evaluator
 from schemas.messages import Metrics
 from schemas.topics import Publish
 
+#: The job of every scenario unless it says otherwise: versions without end (a run lasts
+#: ``duration_s``), a 5 s round deadline.
+SCENARIO_SERVER = ServerConfig(job="sim", rounds=10**9, round_deadline_s=5.0)
+
 
 class Scenario(BaseModel):
-    """A fleet, its data and its training settings: what every pace is compared on."""
+    """A fleet, its data and its training settings (``server``, a job's ServerConfig): what every
+    pace is compared on. The job's fields may be given flat (``Scenario(push_every=20)``); they go
+    into ``server``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: ServerConfig = SCENARIO_SERVER
 
     devices: int = Field(16, ge=1)
     slow_fraction: float = Field(0.25, ge=0, le=1, description="share of devices that are slower")
@@ -44,23 +53,18 @@ class Scenario(BaseModel):
     alpha: float = Field(0.5, gt=0, description="Dirichlet non-IID concentration")
     holdout: float = Field(0.2, gt=0, lt=1)
     hidden: tuple[int, ...] = (64,)
-    push_every: int = Field(10, ge=1)
-    lr: float = Field(0.2, gt=0)
-    batch_size: int = Field(32, ge=1)
-    codec: str = Field("fp32", description="codec of the devices' commits")
-    pull_codec: str = Field("fp32", description="fp32: parameter snapshots; else compressed deltas")
-    round_deadline_s: float = Field(5.0, gt=0)
-    frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
-    push_every_min: int = Field(1, ge=1)
-    push_every_max: int = Field(160, ge=1)
-    balance: Literal["off", "steps", "release"] = Field("off", description="per-device adjustment, see ServerConfig")
-    extrapolation: float | None = Field(None, ge=1, description="FedExP cap; None: the pace's own")
     duration_s: float = Field(30.0, gt=0, description="virtual seconds of training per run")
     target: float = Field(0.90, gt=0, le=1, description="accuracy whose first crossing times a run")
     sample_s: float = Field(
         0.25, gt=0, description="virtual seconds between accuracy samples (the same grid for every pace)"
     )
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _job_fields_into_server(cls, data: Any) -> Any:
+        """Flat job fields (``push_every=20``) become ``server``'s."""
+        return nest_fields(data, "server", ServerConfig, SCENARIO_SERVER)
 
     def slow_devices(self) -> set[int]:
         """Indices of the slow devices: a seeded choice of round(slow_fraction * devices)."""
@@ -164,24 +168,8 @@ class Simulation:
         holdout, shards = data or scenario_data(scenario)
         self.scenario = scenario
         sizes = [holdout.x.shape[1], *scenario.hidden, holdout.classes]
-        config = ServerConfig(
-            job=self.JOB,
-            pace=pace,
-            rounds=10**9,
-            push_every=scenario.push_every,
-            lr=scenario.lr,
-            batch_size=scenario.batch_size,
-            codec=scenario.codec,
-            pull_codec=scenario.pull_codec,
-            min_devices=scenario.devices,
-            round_deadline_s=scenario.round_deadline_s,
-            duration_s=scenario.duration_s,
-            frequency=scenario.frequency,
-            push_every_min=scenario.push_every_min,
-            push_every_max=scenario.push_every_max,
-            balance=scenario.balance,
-            extrapolation=scenario.extrapolation,
-        )
+        changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s}
+        config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
         self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout), run=scenario.seed + 1)
         self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
@@ -292,7 +280,7 @@ class Simulation:
         for i, device in enumerate(self.devices):
             self._device_publishes(i, [device.status("online")])
             self._kick(i)
-        self._at(0.0, lambda: self._tick(min(0.05, self.scenario.round_deadline_s / 4)))
+        self._at(0.0, lambda: self._tick(min(0.05, (self.scenario.server.round_deadline_s or 1.0) / 4)))
         self._at(0.0, self._sample)
         seen = 0
         while self._events and not self.server.finished:

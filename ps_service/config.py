@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from schemas.codecs import make_codec
+from schemas.topics import NAME_PATTERN
+
+#: Where ``edgeps ps`` (a server process) departs from ServerConfig's defaults, which suit the
+#: simulator and tests: it publishes metrics at least every second, so that traffic shows
+#: between versions.
+PROCESS_DEFAULTS: dict[str, Any] = {"metrics_interval_s": 1.0}
 
 
 class ServerConfig(BaseModel):
-    """What the server needs to run a job; devices get their share through control messages."""
+    """What the server needs to run a job; devices get their share through control messages.
+    The one schema of the job's options: ``edgeps ps`` and ``edgeps demo`` derive their flags from
+    it (edgeps/options.py), the simulator and the benches hold one."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job: str = "demo"
-    pace: str = "bsp"
+    job: str = Field("demo", pattern=rf"^{NAME_PATTERN}$", description="job name (topic prefix edgeps/JOB/)")
+    pace: str = Field("bsp", description="bsp, acbsp, asp or ssp:S")
     rounds: int = Field(100, ge=1, description="global versions to produce before the job finishes")
     push_every: int = Field(10, ge=1, description="local steps per commit")
-    lr: float = Field(0.2, gt=0)
-    batch_size: int = Field(32, ge=1)
-    codec: str = Field("fp32", description="codec devices use for their commits")
+    lr: float = Field(0.2, gt=0, description="the devices' SGD learning rate")
+    batch_size: int = Field(32, ge=1, description="the devices' batch size")
+    codec: str = Field("fp32", description="codec devices use for their commits: fp32, fp16, int8, sign, ternary, "
+                       "qsgd:S or topk:P")  # fmt: skip
     pull_codec: str = Field("fp32", description="fp32: broadcast snapshots; else compressed deltas in this codec")
 
     @field_validator("codec", "pull_codec")
@@ -28,20 +37,33 @@ class ServerConfig(BaseModel):
     def _known_codec(cls, spec: str) -> str:
         return make_codec(spec).spec
 
-    duration_s: float | None = Field(None, gt=0, description="finish the job this long after it started")
+    @field_validator("pace")
+    @classmethod
+    def _known_pace(cls, spec: str) -> str:
+        from ps_service.paces import make_pace
+
+        return make_pace(spec).name
+
+    duration_s: float | None = Field(
+        None, gt=0, description="finish the job this many seconds after its start quorum (none: after --rounds)",
+        json_schema_extra={"flag": "duration"},
+    )  # fmt: skip
     min_devices: int = Field(
         1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"
     )
     round_deadline_s: float | None = Field(
-        30.0, gt=0, description="bsp/acbsp: devices not committed this long after a round began leave the barrier"
-    )
+        30.0, gt=0, description="bsp/acbsp: devices not committed this many seconds after a round began leave the "
+        "barrier (0: none)", json_schema_extra={"flag": "round-deadline"},
+    )  # fmt: skip
     max_commit_bytes: int | None = Field(
-        None, ge=1024, description="largest commit accepted (None: the model's fp32 commit, the largest valid one)"
+        None,
+        ge=1024,
+        description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
     )
     max_commit_rate: float | None = Field(
         100.0,
         gt=0,
-        description="commits per second a device may send, sustained (None: no limit); in bytes, as many as that "
+        description="commits per second a device may send, sustained (0: no limit); in bytes, as many as that "
         "many of the largest accepted commits",
     )
     max_commit_burst: int = Field(50, ge=1, description="commits a device may send at once")
@@ -57,10 +79,13 @@ class ServerConfig(BaseModel):
     samples_factor: float = Field(
         2.0, ge=1, description="a device's declared data size counts at most this many times the job's median"
     )
-    max_device_samples: int | None = Field(None, ge=1, description="a ceiling on any device's declared data size")
-    metrics_interval_s: float | None = Field(
-        None, gt=0, description="also publish metrics when none went out for this long (None: per version only)"
+    max_device_samples: int | None = Field(
+        None, ge=1, description="a ceiling on any device's declared data size (default: none)"
     )
+    metrics_interval_s: float | None = Field(
+        None, gt=0, description="also publish metrics when none went out for this many seconds (0: per version only)",
+        json_schema_extra={"flag": "metrics-interval"},
+    )  # fmt: skip
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
     push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")
@@ -83,7 +108,10 @@ class ServerConfig(BaseModel):
         make_policy(name, 1)
         return name
 
-    allowed_devices: frozenset[str] | None = None
+    allowed_devices: frozenset[str] | None = Field(
+        None, description="comma-separated device ids allowed in the job (default: any)",
+        json_schema_extra={"flag": "devices"},
+    )  # fmt: skip
 
     @field_serializer("allowed_devices")
     def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:

@@ -61,15 +61,15 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
     """Simulate each pace (for each commit codec) on the same data, seed and fleet; return the report."""
     data = scenario_data(scenario)
     runs, curves = [], {}
-    plan = [(pace, codec) for codec in (codecs or [scenario.codec]) for pace in paces]
+    plan = [(pace, codec) for codec in (codecs or [scenario.server.codec]) for pace in paces]
     for n, (pace, codec) in enumerate(plan, 1):
         label = f"{pace} {codec}" if codecs else pace
         push, _, pull = codec.partition("/")  # PUSH or PUSH/PULL
         say(f"[{n}/{len(plan)}] {label}: simulating {scenario.duration_s:.0f} virtual seconds ...", end="", flush=True)
         started = time.monotonic()
-        run_scenario = replace_scenario(scenario, codec=push, pull_codec=pull or scenario.pull_codec)
+        run_scenario = replace_scenario(scenario, codec=push, pull_codec=pull or scenario.server.pull_codec)
         result = Simulation(run_scenario, pace, data).run()
-        summary = {"run": label, **result.summary(), "codec": push, "pull_codec": run_scenario.pull_codec}
+        summary = {"run": label, **result.summary(), "codec": push, "pull_codec": run_scenario.server.pull_codec}
         runs.append(summary)
         curves[label] = result.curve
         say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
@@ -138,6 +138,8 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
     from edgeps.demo import DemoSettings, run_local_job
     from learning.data import load_digits
     from learning.prepare import prepare_shards
+    from learning.spec import ModelSpec
+    from ps_service.config import ServerConfig
 
     shards = prepare_shards(load_digits(), out / "data", scenario.devices, scenario.alpha, scenario.seed)
     slow = scenario.slow_devices()
@@ -148,23 +150,16 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
         say(f"broker: {broker.kind} on {broker.host}:{broker.port}; slow devices: {sorted(slow)}")
         for n, pace in enumerate(paces, 1):
             say(f"[{n}/{len(paces)}] {pace}: {scenario.duration_s:.0f} s over MQTT ...", end="", flush=True)
+            job_name = f"bench-{pace.replace(':', '-')}"
+            server = {"job": job_name, "pace": pace, "rounds": 10**9, "duration_s": scenario.duration_s}
             settings = DemoSettings(
+                server=ServerConfig.model_validate({**scenario.server.model_dump(), **server}),
+                model=ModelSpec(hidden=",".join(str(h) for h in scenario.hidden)),
                 devices=scenario.devices,
                 alpha=scenario.alpha,
-                pace=pace,
-                rounds=10**9,
-                push_every=scenario.push_every,
-                lr=scenario.lr,
-                batch_size=scenario.batch_size,
-                hidden=",".join(str(h) for h in scenario.hidden),
                 seed=scenario.seed,
-                codec=scenario.codec,
-                pull_codec=scenario.pull_codec,
-                job=f"bench-{pace.replace(':', '-')}",
                 slowdowns=slowdowns,
                 step_time=scenario.step_s,
-                duration_s=scenario.duration_s,
-                round_deadline_s=scenario.round_deadline_s,
                 out=out,
             )
             job = run_local_job(settings, address, shards, out / "logs")

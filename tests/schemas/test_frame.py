@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import struct
 import zlib
 
@@ -49,9 +50,15 @@ def test_round_trip_keeps_every_field_and_value() -> None:
         np.testing.assert_array_equal(back.tensors[name], values)
 
 
-def test_decoded_tensors_are_writable_copies() -> None:
-    back = decode_frame(encode_frame(WORKED_EXAMPLE))
-    back.tensors["w"][0, 0] = 5.0  # must not raise (read-only buffer) nor alias the payload
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:4", "topk:0.5"])
+def test_decoded_tensors_are_writable_copies(codec) -> None:
+    payload = bytearray(encode_frame(dataclasses.replace(WORKED_EXAMPLE, codec=codec)))
+    before = bytes(payload)
+    back = decode_frame(payload)
+    for values in back.tensors.values():
+        assert values.flags.writeable and not np.shares_memory(values, np.frombuffer(payload, np.uint8))
+        values[...] = 5.0  # must not raise (read-only buffer) nor write into the payload
+    assert bytes(payload) == before
 
 
 def _recrc(body: bytes) -> bytes:

@@ -1,0 +1,122 @@
+"""Command-line options derived from the pydantic models that hold them: one schema per set of
+options (``ServerConfig``, ``DeviceConfig``, ``DemoSettings``), from which the flags, their
+types, defaults and help, the TOML file and ``EDGEPS_*`` layering (edgeps/settings.py, which
+works on the flags) and ``edgeps config show`` all follow.
+
+A field ``push_every`` is the flag ``--push-every`` (``json_schema_extra={"flag": "duration"}``
+names another). An optional number whose default is not None takes 0 for "none" (``--max-commit-
+rate 0``: no limit). A ``frozenset[str]`` is a comma-separated list. ``bool`` is a switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def flag(name: str, info: FieldInfo) -> str:
+    """The option that sets field ``name``."""
+    return "--" + str(_extra(info).get("flag", name)).replace("_", "-")
+
+
+def _base(annotation: Any) -> tuple[Any, bool]:
+    """(the annotation without None, whether None is allowed)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return (args[0] if len(args) == 1 else annotation), len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def _parser(name: str, annotation: Any, optional: bool, default: Any) -> Any:
+    """The argparse ``type`` of a field: text to the field's value."""
+    base, _ = _base(annotation)
+    if typing.get_origin(base) is frozenset:
+        return lambda text: frozenset(x for x in text.split(",") if x) or None
+    if base in (int, float) and optional and default is not None:
+
+        def number_or_none(text: str) -> Any:
+            value = base(text)
+            return None if value == 0 else value
+
+        number_or_none.__name__ = base.__name__  # argparse names the type in its error messages
+        return number_or_none
+    return base if base in (int, float, str) else None
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    skip: Iterable[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> None:
+    """An option for every field of ``model`` but ``skip``, its dest the field's name; ``defaults``
+    replace the model's for this command."""
+    defaults = defaults or {}
+    for name, info in model.model_fields.items():
+        if name in skip:
+            continue
+        default = defaults.get(name, info.default)
+        base, optional = _base(info.annotation)
+        help_text = info.description or ""
+        if base is bool:
+            parser.add_argument(flag(name, info), dest=name, action="store_true", default=default, help=help_text)
+            continue
+        if "(default" not in help_text:
+            help_text += " (default: none)" if default is None else f" (default: {default})"
+        metavar = flag(name, info)[2:].replace("-", "_").upper()
+        if typing.get_origin(base) is Literal:
+            choices = typing.get_args(base)
+            parser.add_argument(flag(name, info), dest=name, default=default, choices=choices, help=help_text)
+            continue
+        kind = _parser(name, info.annotation, optional, default)
+        parser.add_argument(flag(name, info), dest=name, default=default, type=kind, metavar=metavar, help=help_text)
+
+
+def model_values(model: type[BaseModel], args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The values ``args`` holds for the fields of ``model`` (those added by ``add_model_options``)."""
+    return {name: getattr(args, name) for name in model.model_fields if name not in skip and hasattr(args, name)}
+
+
+def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """The flags that give a command ``config`` again (for a child process): every field not at
+    the command's default (``defaults``, else the model's), but ``skip``."""
+    out: list[str] = []
+    defaults = defaults or {}
+    for name, info in type(config).model_fields.items():
+        value = getattr(config, name)
+        if name in skip or value == defaults.get(name, info.default):
+            continue
+        if isinstance(value, bool):
+            out += [flag(name, info)] if value else []
+        elif value is None:
+            out += [flag(name, info), "0"]  # an optional number whose default is not None
+        elif isinstance(value, frozenset):
+            out += [flag(name, info), ",".join(sorted(value))]
+        else:
+            out += [flag(name, info), str(value)]
+    return out
+
+
+def nest_fields(data: Any, field: str, model: type[BaseModel], default: BaseModel) -> Any:
+    """For a ``mode="before"`` validator of a model that holds a ``model`` in ``field``: the flat
+    fields of ``model`` in ``data`` (``rounds=15``) go into ``field`` (over ``default``'s values
+    where ``data`` gives none)."""
+    if not isinstance(data, dict):
+        return data
+    flat = {k: v for k, v in data.items() if k in model.model_fields}
+    if not flat:
+        return data
+    held = data.get(field, default)
+    base = held.model_dump() if isinstance(held, BaseModel) else dict(held)
+    return {**{k: v for k, v in data.items() if k not in flat}, field: {**base, **flat}}
