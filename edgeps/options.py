@@ -72,7 +72,7 @@ def add_model_options(
         if base is bool:
             parser.add_argument(flag(name, info), dest=name, action="store_true", default=default, help=help_text)
             continue
-        if "(default" not in help_text:
+        if "(default" not in help_text and "required" not in help_text:
             help_text += " (default: none)" if default is None else f" (default: {default})"
         metavar = flag(name, info)[2:].replace("-", "_").upper()
         if typing.get_origin(base) is Literal:

@@ -1,0 +1,75 @@
+"""The ``edgeps`` command: one module per role (ps, client, broker, ctl, data, demo, bench), each
+adding its subcommand; ``main`` layers a role's TOML file and environment under its flags."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from edgeps.cli import bench, broker, client, ctl, data, demo, ps
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for role in (demo, ps, client, broker, ctl):
+        role.add(sub)
+    for name in LAYERED:
+        _roles(parser)[name].add_argument("--config", help="a TOML file of this role's options (docs: edgeps config)")
+    config = sub.add_parser("config", help="show a role's effective configuration (file, environment, flags)")
+    config.add_argument("what", choices=["show"])
+    config.add_argument("role", help=f"one of {', '.join(LAYERED)}")
+    config.add_argument("rest", nargs=argparse.REMAINDER, help="--config FILE and flags, as the role takes them")
+    config.set_defaults(func=cmd_config)
+    bench.add(sub)
+    data.add(sub)
+    return parser
+
+
+LAYERED = ("demo", "ps", "client", "ctl", "broker")  # roles that read --config and EDGEPS_* variables
+
+
+def _roles(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from edgeps.settings import show
+
+    role = _roles(build_parser()).get(args.role)
+    if args.role not in LAYERED or role is None:
+        raise ValueError(f"config show takes one of {', '.join(LAYERED)}")
+    config = None
+    rest = list(args.rest)
+    if "--config" in rest:
+        config = rest[rest.index("--config") + 1]
+    print(show(role, rest, config))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgeps.settings import apply
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command in LAYERED:  # the role's file and environment go under its flags
+        try:
+            apply(_roles(parser)[args.command], argv[argv.index(args.command) + 1 :], args.config)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+        args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    started = time.monotonic()
+    try:
+        return args.func(args)
+    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:  # CodecError, CheckpointError too
+        logging.getLogger("edgeps").error("%s (after %.1f s)", exc, time.monotonic() - started)
+        return 2

@@ -1,0 +1,215 @@
+"""``edgeps bench ...``: the measurements (edgeps/bench/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from ps_service.paces import make_pace
+
+
+def cmd_bench_pace(args: argparse.Namespace) -> int:
+    from edgeps.bench.common import real_scenario, replace_scenario
+    from edgeps.bench.pace import DEFAULT_PACES, run_bench_pace
+    from edgeps.simulator import Scenario
+    from schemas.codecs import make_codec
+
+    if not args.verbose:  # the table and the progress lines say it all
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    base = real_scenario(Scenario()) if args.real else Scenario()
+    changes = {
+        "devices": args.devices,
+        "slow_fraction": args.slow_fraction,
+        "slowdown": args.slowdown,
+        "alpha": args.alpha,
+        "target": args.target,
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "push_every": args.push_every,
+        "lr": args.lr,
+        "pull_codec": args.pull_codec,
+        "extrapolation": args.extrapolation,
+    }
+    scenario = replace_scenario(base, **{k: v for k, v in changes.items() if v is not None})
+    if args.codec and args.real:
+        raise ValueError("--codec sweeps run in the simulator; drop --real")
+    default = ("acbsp",) if args.codec else ("bsp", "acbsp") if args.real else DEFAULT_PACES
+    paces = args.paces.split(",") if args.paces else list(default)
+    for pace in paces:
+        make_pace(pace)  # fail before running anything
+    for spec in args.codec or []:
+        for codec in spec.split("/"):
+            make_codec(codec)
+    out = Path(args.out) if args.out else None
+    if args.seeds > 1 and (args.real or args.codec):
+        raise ValueError("--seeds runs the default comparison in the simulator; drop --real and --codec")
+    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec, seeds=args.seeds)
+    return 0
+
+
+def cmd_bench_freq(args: argparse.Namespace) -> int:
+    from edgeps.bench.common import replace_scenario
+    from edgeps.bench.freq import run_bench_freq
+    from edgeps.simulator import Scenario
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    changes = {
+        "seed": args.seed,
+        "duration_s": args.duration,
+        "push_every": args.push_every,
+        "push_every_min": args.push_every_min,
+        "push_every_max": args.push_every_max,
+        "target": args.target,
+    }
+    scenario = replace_scenario(Scenario(), **{k: v for k, v in changes.items() if v is not None})
+    run_bench_freq(scenario, args.json, Path(args.plot))
+    return 0
+
+
+def cmd_bench_footprint(args: argparse.Namespace) -> int:
+    from edgeps.bench.footprint import bench_footprint, format_footprint
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = bench_footprint(rounds=args.rounds)
+    print()
+    print(format_footprint(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    from edgeps.bench.load import run_bench_load
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = run_bench_load(args.devices, args.seconds, args.rate, args.flood, args.json)
+    return 0 if report["balanced"] else 1
+
+
+def cmd_bench_attack(args: argparse.Namespace) -> int:
+    from edgeps.bench.attack import run_bench_attack
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    floods = tuple(int(float(x.rstrip("kKmM")) * {"k": 1 << 10, "m": 1 << 20}.get(x[-1].lower(), 1))
+                   for x in args.flood.split(",") if x)  # fmt: skip
+    run_bench_attack(args.rounds, args.round_deadline, floods, args.json)
+    return 0
+
+
+def cmd_bench_restart(args: argparse.Namespace) -> int:
+    from edgeps.bench.restart import run_bench_restart
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    run_bench_restart(args.trials, args.signal, args.round_deadline, args.json)
+    return 0
+
+
+def cmd_bench_embedded(args: argparse.Namespace) -> int:
+    from edgeps.bench.embedded import run_bench_embedded
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = run_bench_embedded(args.rounds, args.devices, args.json)
+    return 0 if report["qemu_ok"] else 1
+
+
+def cmd_bench_codec(args: argparse.Namespace) -> int:
+    from edgeps.bench.codec import bench_codecs
+    from schemas.codecs import make_codec
+
+    specs = args.codecs.split(",")
+    for spec in specs:
+        make_codec(spec)  # fail before measuring anything
+    sizes = [int(float(s.rstrip("Mm")) * (1 << 20)) if s[-1] in "Mm" else int(s) for s in args.sizes.split(",")]
+    report = bench_codecs(specs, sizes, repeats=args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The role's subcommand, its options and its function."""
+    bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
+    pace = bench.add_parser("pace", help="compare paces on one scenario (simulated, or --real over Mosquitto)")
+    pace.add_argument("--real", action="store_true", help="real processes over a Mosquitto it starts (wall time)")
+    pace.add_argument("--paces", help="comma-separated, default bsp,acbsp,asp,ssp:2 (real: bsp,acbsp)")
+    pace.add_argument("--devices", type=int, help="default 16 (real: 8)")
+    pace.add_argument("--slow-fraction", type=float, help="share of slow devices, default 0.25")
+    pace.add_argument("--slowdown", type=float, help="slow devices' compute factor, default 4")
+    pace.add_argument("--alpha", type=float, help="Dirichlet non-IID concentration, default 0.5")
+    pace.add_argument("--target", type=float, help="target accuracy, default 0.90")
+    pace.add_argument("--duration", type=float, help="seconds per run (virtual; real: wall), default 30 (real: 12)")
+    pace.add_argument("--push-every", type=int)
+    pace.add_argument("--lr", type=float)
+    pace.add_argument("--seed", type=int)
+    pace.add_argument("--seeds", type=int, default=1, help="run every pace on this many seeds from --seed; print means")
+    pace.add_argument("--extrapolation", type=float, help="FedExP cap for every pace (default: each pace's own)")
+    pace.add_argument(
+        "--codec",
+        action="append",
+        help="PUSH or PUSH/PULL codecs to sweep (repeatable; default pace then acbsp), e.g. sign or fp32/ternary",
+    )
+    pace.add_argument("--pull-codec", help="parameter deltas in this codec for every run (default: fp32 snapshots)")
+    pace.add_argument("--json", help="write the report as JSON here")
+    pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
+    pace.add_argument("--out", help="real runs: keep data, logs and broker files here")
+    pace.set_defaults(func=cmd_bench_pace)
+
+    freq = bench.add_parser("freq", help="push_every policies fixed, adacomm and trend on the pace scenario (acbsp)")
+    freq.add_argument("--seed", type=int)
+    freq.add_argument("--duration", type=float, help="virtual seconds per run, default 30")
+    freq.add_argument("--target", type=float, help="target accuracy, default 0.90")
+    freq.add_argument("--push-every", type=int, help="fixed's push_every, default 10")
+    freq.add_argument("--push-every-min", type=int, help="adacomm/trend lower bound, default 1")
+    freq.add_argument("--push-every-max", type=int, help="adacomm/trend upper bound, default 160")
+    freq.add_argument("--json", help="write the report as JSON here")
+    freq.add_argument("--plot", default="bench-freq.png", help="PNG of accuracy and push_every against time")
+    freq.set_defaults(func=cmd_bench_freq)
+
+    footprint = bench.add_parser("footprint", help="a fresh device install: size on disk, client peak RSS per backend")
+    footprint.add_argument("--rounds", type=int, default=20, help="versions in each client's job")
+    footprint.add_argument("--json", help="write the report as JSON here")
+    footprint.set_defaults(func=cmd_bench_footprint)
+
+    load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
+    load.add_argument("--devices", type=int, default=200)
+    load.add_argument("--seconds", type=float, default=60.0)
+    load.add_argument("--rate", type=float, default=1.0, help="commits per second per device")
+    load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
+    load.add_argument("--json", help="write the report as JSON here")
+    load.set_defaults(func=cmd_bench_load)
+
+    attack = bench.add_parser("attack", help="a job with one of three devices hostile, beside a clean one (TLS broker)")
+    attack.add_argument("--rounds", type=int, default=100, help="bsp versions in each job")
+    attack.add_argument("--round-deadline", type=float, default=2.0, help="the jobs' round deadline, seconds")
+    attack.add_argument("--flood", default="", help="also: the third device floods junk commits of these sizes, "
+                        "e.g. 100,8M")  # fmt: skip
+    attack.add_argument("--json", help="write the report as JSON here")
+    attack.set_defaults(func=cmd_bench_attack)
+
+    restart = bench.add_parser("restart", help="a job whose server, then one of whose devices, restarts N times")
+    restart.add_argument("--trials", type=int, default=10, help="restarts in each job")
+    restart.add_argument("--signal", default="SIGTERM", choices=["SIGTERM", "SIGKILL"], help="how the server stops")
+    restart.add_argument("--round-deadline", type=float, default=10.0, help="the jobs' round deadline, seconds")
+    restart.add_argument("--json", help="write the report as JSON here")
+    restart.set_defaults(func=cmd_bench_restart)
+
+    embedded = bench.add_parser("embedded", help="the C device SDK: Cortex-M4F flash/RAM, QEMU, a job of C devices")
+    embedded.add_argument("--rounds", type=int, default=100, help="bsp versions in each real job")
+    embedded.add_argument("--devices", type=int, default=8, help="device processes in each real job")
+    embedded.add_argument("--json", help="write the report as JSON here")
+    embedded.set_defaults(func=cmd_bench_embedded)
+
+    codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
+    codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
+    codec.add_argument("--sizes", default="1M,4M", help="tensor sizes in float32 values (M = 2**20)")
+    codec.add_argument("--repeats", type=int, default=9, help="timings per measurement; the fastest counts")
+    codec.add_argument("--json", help="write the report as JSON here")
+    codec.set_defaults(func=cmd_bench_codec)

@@ -1,0 +1,83 @@
+"""``edgeps broker``: a local Mosquitto with the project's config, or ``broker init``: a deployable secure setup."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from edgeps.cli.common import stop_on_signals
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from broker.launcher import start_broker
+
+    if args.action == "init":
+        return cmd_broker_init(args)
+    broker = start_broker(
+        port=args.port,
+        host=args.host,
+        embedded=True if args.embedded else None,
+        workdir=Path(args.data_dir),
+        ws_port=args.ws_port,
+    )
+    print(f"{broker.kind} listening on {', '.join(broker.listeners)}; data and log in {broker.workdir}; "
+          "Ctrl-C stops it")  # fmt: skip
+    stop = stop_on_signals()
+    try:
+        while not stop.wait(0.5) and broker.process.poll() is None:
+            pass
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_broker_init(args: argparse.Namespace) -> int:
+    from broker.secure import init_secure_broker
+
+    if not args.directory or not args.devices:
+        raise ValueError("edgeps broker init DIR --devices dev-00,dev-01,... [--job J] [--operators op]")
+    setup = init_secure_broker(
+        Path(args.directory),
+        job=args.job,
+        devices=args.devices.split(","),
+        operators=args.operators.split(","),
+        server=args.server,
+        port=args.port if args.port != 1883 else 8883,
+        host=args.host if args.host != "127.0.0.1" else "0.0.0.0",
+        hostnames=tuple(args.hostnames.split(",")),
+        client_certs=args.client_certs,
+    )
+    d, creds = setup.directory, setup.credentials_dir
+    print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
+          f"offline) and {d}/credentials (each account's password, ca.crt) for job {args.job}")  # fmt: skip
+    owned = setup.broker_dir.owner() == "mosquitto"
+    owner = "owned by the mosquitto account" if owned else "chown -R it to the broker's account if it runs as one"
+    print(f"start the broker:  mosquitto -c {setup.config}   ({d}/broker: {owner})")
+    password = creds / f"{setup.server}.password"
+    print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file {password} "
+          f"--tls-ca {setup.ca_cert} --devices {','.join(setup.devices)} ...")  # fmt: skip
+    print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
+          f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The role's subcommand, its options and its function."""
+    broker = sub.add_parser("broker", help="start Mosquitto with the project's config (or the embedded broker)")
+    broker.add_argument("--host", default="127.0.0.1")
+    broker.add_argument("--port", type=int, default=1883)
+    broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
+    broker.add_argument("--ws-port", type=int, default=9001, help="MQTT over WebSockets (the dashboard), on --host")
+    broker.add_argument(
+        "--data-dir", default="edgeps-broker", help="persistence (sessions, queued and retained messages) and log"
+    )
+    broker.add_argument("action", nargs="?", default="run", choices=["run", "init"], help="init DIR: write a "
+                        "deployable setup (accounts, ACLs, TLS) instead of starting the local broker")  # fmt: skip
+    broker.add_argument("directory", nargs="?", help="init: where to write it")
+    broker.add_argument("--job", default="demo", help="init: the job the accounts are for")
+    broker.add_argument("--devices", help="init: comma-separated device ids (one account each)")
+    broker.add_argument("--operators", default="operator", help="init: comma-separated operator accounts")
+    broker.add_argument("--server", default="ps", help="init: the parameter server's account")
+    broker.add_argument("--hostnames", default="localhost,127.0.0.1", help="init: names in the broker's certificate")
+    broker.add_argument("--client-certs", action="store_true", help="init: issue and require client certificates")
+    broker.set_defaults(func=cmd_broker)

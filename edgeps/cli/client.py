@@ -1,0 +1,45 @@
+"""``edgeps client``: one edge device (the numpy or TFLite trainer), against a broker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from edgeps.cli.common import address, broker_args, stop_on_signals
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from edge_client.config import DeviceConfig
+    from edge_client.core import DeviceCore
+    from edge_client.mqtt import connect_device, run_device
+    from edge_client.profile import DeviceProfile
+    from edge_client.trainer import make_trainer
+    from edgeps.options import model_values
+    from learning.data import Dataset
+
+    config = DeviceConfig(**model_values(DeviceConfig, args))
+    if not config.device or not config.data:
+        raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA)")
+    trainer, artifact_trainer = make_trainer(config.backend)
+    data = Dataset.load(config.data)
+    core = DeviceCore(config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer)
+    transport = connect_device(core, address(args))
+    log = logging.getLogger("edgeps")
+    log.info("device %s joined job %s with %d samples", config.device, config.job, len(core.data))
+    profile = DeviceProfile(slowdown=config.slowdown, step_s=config.step_time)
+    cache = Path(config.cache) if config.cache else None
+    run_device(core, transport, profile, stop=stop_on_signals(), cache=cache)
+    log.info("device %s done: %d commits", config.device, core.seq)
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The role's subcommand, its options (DeviceConfig's) and its function."""
+    from edge_client.config import DeviceConfig
+    from edgeps.options import add_model_options
+
+    client = sub.add_parser("client", help="run one edge device against a broker")
+    broker_args(client)
+    add_model_options(client, DeviceConfig)
+    client.set_defaults(func=cmd_client)

@@ -1,0 +1,58 @@
+"""``edgeps ctl``: an operator's command to a job and its reply, or the job's metrics as they come."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from edgeps.cli.common import address, broker_args, stop_on_signals
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    """Operator commands on the job's command topic, and a live view of its metrics (edgeps.operator)."""
+    from edgeps.operator import request, watch
+
+    if args.action == "watch":
+        for m in watch(address(args), args.job, stop_on_signals()):
+            push = sorted(set(m.push_every.values()))
+            print(f"v{m.version:>6}  acc {m.accuracy:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
+                  f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
+                  f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
+        return 0
+    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
+    if args.action in ("set-codec", "set-pace", "evict"):
+        if not args.value:
+            raise ValueError(f"{args.action} needs a value: edgeps ctl {args.action} VALUE")
+        fields[{"set-codec": "codec", "set-pace": "pace", "evict": "device"}[args.action]] = args.value
+    if args.action == "set-frequency":
+        fields |= {"policy": args.policy, "low": args.low, "high": args.high}
+    try:
+        reply = request(address(args), args.job, fields, args.timeout)
+    except TimeoutError as exc:
+        raise ConnectionError(str(exc)) from None
+    if reply.status is not None:
+        print(json.dumps(reply.status, indent=2))
+    else:
+        print(f"{'ok' if reply.ok else 'refused'}: {reply.cmd}: {reply.detail}")
+    return 0 if reply.ok else 1
+
+
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The role's subcommand, its options and its function."""
+    ctl = sub.add_parser("ctl", help="operator: send a command to a job, or watch its metrics")
+    broker_args(ctl)
+    ctl.add_argument(
+        "action",
+        choices=["status", "pause", "resume", "stop", "set-pace", "set-codec", "set-frequency", "freeze-frequency",
+                 "unfreeze-frequency", "evict", "watch"],
+    )  # fmt: skip
+    ctl.add_argument(
+        "value", nargs="?", help="set-codec: the codec (sign); set-pace: the pace (acbsp); evict: the device"
+    )
+    ctl.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server's reply")
+    ctl.add_argument("--job", default="demo")
+    ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
+    ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")
+    ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")
+    ctl.add_argument("--reason", default="", help="recorded in the server's log")
+    ctl.set_defaults(func=cmd_ctl)

@@ -1,0 +1,95 @@
+"""``edgeps ps``: the parameter server of one job, against a broker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from edgeps.cli.common import address, broker_args, job_args, stop_on_signals
+from ps_service.config import PROCESS_DEFAULTS
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from edgeps.options import model_values
+    from learning.data import Dataset, load_digits, stratified_split
+    from learning.spec import ModelSpec
+    from ps_service.config import ServerConfig
+    from ps_service.core import ServerCore
+    from ps_service.evaluator import Evaluator
+    from ps_service.mqtt import connect_server, serve
+    from schemas.artifact import decode_artifact
+
+    if args.eval_data:
+        holdout = Dataset.load(args.eval_data)
+    else:
+        _, holdout = stratified_split(load_digits(), 0.2, args.seed)
+    config = ServerConfig(**model_values(ServerConfig, args))  # refused before anything starts
+    model = ModelSpec(**model_values(ModelSpec, args))
+    params = model.init(holdout.x.shape[1], holdout.classes, args.seed)
+    artifact = None
+    if args.artifact:
+        artifact = Path(args.artifact).read_bytes()
+        decode_artifact(artifact)  # refuse a broken file before any device sees it
+    elif args.export_tflite:
+        from ps_service.export import build_artifact
+
+        artifact = build_artifact(params, args.batch_size)
+    core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    key = None
+    if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects
+        from ps_service.checkpoint import decode, load_key
+        from ps_service.mqtt import default_key_path
+
+        key_path = Path(args.checkpoint_key) if args.checkpoint_key else default_key_path(checkpoint)
+        key = load_key(key_path, create=not checkpoint.exists())
+        if checkpoint.exists():
+            decode(checkpoint.read_bytes(), key)
+    stop = stop_on_signals()
+    endpoint = None
+    if args.metrics_port is not None:
+        from ps_service.prometheus import MetricsEndpoint
+
+        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, args.metrics_tls_cert, args.metrics_tls_key)
+        where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
+        page = f"the dashboard on {where}/" if endpoint.dashboard else "no dashboard (off loopback it needs HTTPS)"
+        logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
+    transport = connect_server(core, address(args))
+    logging.getLogger("edgeps").info(
+        "parameter server for job %s on %s, model %s %s, pace %s",
+        args.job,
+        args.broker,
+        model.arch,
+        [holdout.x.shape[1], *model.layers, holdout.classes],
+        config.pace,
+    )
+    try:
+        serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
+    finally:
+        transport.close()
+    if args.report:
+        Path(args.report).write_text(json.dumps([m.model_dump() for m in core.history]))
+    return 0
+
+
+def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """The role's subcommand, its options and its function."""
+    ps = sub.add_parser("ps", help="run the parameter server against a broker")
+    broker_args(ps)
+    job_args(ps, **PROCESS_DEFAULTS)
+    ps.add_argument("--seed", type=int, default=0, help="seed of the model's initial parameters (default: 0)")
+    ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
+    ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
+    ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
+    ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
+    ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
+    ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
+    ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")
+    ps.add_argument("--metrics-tls-key", help="the certificate's key (PEM)")
+    ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
+    ps.add_argument(
+        "--checkpoint-key", help="the key that signs the checkpoint (hex); default CHECKPOINT.key, made on first use"
+    )
+    ps.set_defaults(func=cmd_ps)
