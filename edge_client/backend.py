@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from edge_client.trainer import ArtifactTrainer, Trainer, TrainerError
 from learning.model import Params
 from schemas.artifact import ArtifactError, decode_artifact
-
-log = logging.getLogger("edgeps.device")
+from schemas.events import Events
 
 
 class Backend:
@@ -18,9 +15,10 @@ class Backend:
     ``artifact_trainer`` the device takes the server's model artifact: a verified one replaces the
     trainer; one that fails later (inputs it was not built for) falls back to the device's own."""
 
-    def __init__(self, trainer: Trainer | None, artifact_trainer: ArtifactTrainer | None) -> None:
+    def __init__(self, trainer: Trainer | None, artifact_trainer: ArtifactTrainer | None, events: Events) -> None:
         if trainer is None and artifact_trainer is None:
             raise ValueError("a device needs a trainer, or the server's model artifact")
+        self.events = events
         self.trainer = trainer
         self.fallback = trainer  # what to train with if the artifact's trainer fails
         self.artifact_trainer = artifact_trainer
@@ -46,11 +44,11 @@ class Backend:
             trainer = self.artifact_trainer(meta, flatbuffer)
         except (ArtifactError, TrainerError) as exc:
             self.artifact_error = str(exc)
-            log.error("refused the model artifact: %s", exc)
+            self.events.error("refused the model artifact: %s", exc)
             return False
         self.trainer, self.artifact, self.artifact_error = trainer, payload, None
-        log.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version, meta.built_with,
-                 meta.sha256[:12])  # fmt: skip
+        self.events.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version,
+                         meta.built_with, meta.sha256[:12])  # fmt: skip
         return True
 
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
@@ -61,6 +59,6 @@ class Backend:
         except TrainerError as exc:  # e.g. the job's batch size or model is not the artifact's
             if self.fallback is None or self.trainer is self.fallback:
                 raise
-            log.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
+            self.events.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
             self.trainer, self.artifact_error = self.fallback, str(exc)
             return self.trainer.loss_and_grads(params, x, y)

@@ -8,7 +8,6 @@ retained snapshot is its newest version) and clears it.
 
 from __future__ import annotations
 
-import logging
 import secrets
 from dataclasses import dataclass
 
@@ -19,7 +18,8 @@ from edge_client.speed import SpeedMeter
 from edge_client.trainer import ArtifactTrainer, Trainer
 from learning.data import Dataset
 from learning.model import Params
-from schemas.codecs import ErrorFeedback, make_codec
+from schemas.codecs import CodecError, ErrorFeedback, make_codec
+from schemas.events import Events
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 from schemas.messages import (
     CARRIED,
@@ -31,9 +31,7 @@ from schemas.messages import (
     Notice,
     RejectReason,
 )
-from schemas.topics import Publish, Topics
-
-log = logging.getLogger("edgeps.device")
+from schemas.topics import Publish, TopicError, Topics
 
 
 def new_incarnation() -> int:
@@ -83,7 +81,8 @@ class DeviceCore:
         self.topics = Topics(job)
         self.device = device
         self.data = data
-        self.backend = Backend(trainer, artifact_trainer)  # the trainer, maybe the server's artifact's
+        self.events = Events()  # what happened, for the driver to log
+        self.backend = Backend(trainer, artifact_trainer, self.events)  # the trainer, maybe the server's artifact's
         self.rng = np.random.default_rng(seed)
         self.incarnation = incarnation if incarnation is not None else new_incarnation()
         self.control: Control | None = None
@@ -185,8 +184,8 @@ class DeviceCore:
                 self.load_artifact(payload)
             elif kind == "notice":
                 self.on_notice(Notice.from_bytes(payload, tolerant=True))
-        except (FrameError, MessageError, ValueError) as exc:
-            log.warning("ignored bad message on %s: %s", topic, exc)
+        except (TopicError, FrameError, MessageError, CodecError) as exc:  # a bad message; anything else: a bug
+            self.events.warning("ignored bad message on %s: %s", topic, exc)
 
     def on_control(self, control: Control) -> None:
         """Follow ``control`` if it answers this incarnation. A new run starts afresh: the replica
@@ -194,7 +193,7 @@ class DeviceCore:
         if control.device != self.device or control.incarnation != self.incarnation:
             return  # a control left for another device or an earlier boot of this one
         if self.run is not None and control.run != self.run:
-            log.warning("job run %d replaces run %d: starting again from its parameters", control.run, self.run)
+            self.events.warning("job run %d replaces run %d: starting again from its parameters", control.run, self.run)
             self._forget_replica()
         if self._replica is not None and self._replica_run != control.run:
             self._forget_replica()  # read before the control: parameters of another run
@@ -217,7 +216,7 @@ class DeviceCore:
         for parameters after a commit), and, for a reason in ``CARRIED``, its progress goes into
         the next commit. ``evicted`` and ``finished`` end the device's part in the job."""
         self.notices.append(notice)
-        log.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
+        self.events.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
         if notice.reason in (RejectReason.EVICTED, RejectReason.FINISHED):
             self.finished = True
             return
@@ -257,8 +256,8 @@ class DeviceCore:
                 return
             if frame.seq != self.server_version or self._replica is None or self._replica_run != self.run:
                 self.gap = True
-                log.warning("delta %d->%d does not follow our version %d: resync", frame.seq, frame.base_version,
-                            self.server_version)  # fmt: skip
+                self.events.warning("delta %d->%d does not follow our version %d: resync", frame.seq,
+                                    frame.base_version, self.server_version)  # fmt: skip
                 return
             if set(frame.tensors) != set(self._replica):
                 raise FrameError("a delta whose tensors are not the model's")

@@ -79,4 +79,6 @@ def run_device(
         else:
             core.idle_s += now - mark
         mark = now
+        for event in core.events.take():  # what the core had to say
+            log.log(event.level, event.message)
     transport.close(last=core.status("offline"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,8 @@ from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
 from schemas.messages import Metrics
 from schemas.topics import Publish
+
+SERVER_LOG, DEVICE_LOG = logging.getLogger("edgeps.ps"), logging.getLogger("edgeps.device")
 
 #: The job of every scenario unless it says otherwise: versions without end (a run lasts
 #: ``duration_s``), a 5 s round deadline.
@@ -170,7 +174,9 @@ class Simulation:
         sizes = [holdout.x.shape[1], *scenario.hidden, holdout.classes]
         changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s}
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
-        self.server = ServerCore(config, init_mlp(sizes, scenario.seed), Evaluator(holdout), run=scenario.seed + 1)
+        self.server = ServerCore(
+            config, init_mlp(sizes, scenario.seed), Evaluator(holdout, clock=time.perf_counter), run=scenario.seed + 1
+        )
         self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
@@ -197,6 +203,8 @@ class Simulation:
         heapq.heappush(self._events, (when, next(self._order), action))
 
     def _server_publishes(self, messages: list[Publish]) -> None:
+        for event in self.server.events.take():  # logged as a server process would
+            SERVER_LOG.log(event.level, event.message)
         for message in messages:
             if message.retain:
                 self._retained[message.topic] = message
@@ -237,6 +245,8 @@ class Simulation:
     def _kick(self, i: int) -> None:
         """Start device ``i``'s next local step if it can train; keep its idle clock."""
         device = self.devices[i]
+        for event in device.events.take():  # logged as a device process would
+            DEVICE_LOG.log(event.level, event.message)
         if device.ready and not self._stepping[i]:
             self._stepping[i] = True
             self._at(self.now + self.profiles[i].step_time(), lambda: self._step_done(i))

@@ -6,7 +6,6 @@ notice or handed on: a device online to the registry and the round, a commit to 
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from ps_service.validation import Rejection, validate_commit
@@ -17,7 +16,6 @@ from schemas.topics import Publish
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
 
-log = logging.getLogger("edgeps.ps")
 
 #: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
 #: report a second at most): a flood of statuses is refused as ``rate_limited``.
@@ -50,15 +48,15 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
             return []
         return core.reassign() + core.release_slow(now)
     if rebooted and not first:
-        log.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
+        core.events.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
                  status.incarnation, core.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip
-    log.info("device %s online (%d samples)", device, status.samples)
+    core.events.info("device %s online (%d samples)", device, status.samples)
     if core.broadcaster.deltas:  # a joining device first reads the retained snapshot
         core.traffic.bytes_down += len(core.broadcaster.snapshot)
     out = [core.control(device)]
     if not core.round.quorum and len(core.registry.active()) >= core.config.min_devices:
         core.round.reach_quorum(now)  # the job's clock starts with its quorum
-        log.info("start quorum of %d devices reached", core.config.min_devices)
+        core.events.info("start quorum of %d devices reached", core.config.min_devices)
         out += core.advance(now)
     return [*out, core.barrier()]
 
@@ -102,7 +100,7 @@ def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retaine
     core.frequency.balancer.on_commit(device, update.steps, now)
     core.pace.add(update)
     if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
-        log.info("device %s rejoins the barrier", device)
+        core.events.info("device %s rejoins the barrier", device)
     return core.advance(now) or [core.barrier()]
 
 
@@ -113,7 +111,7 @@ def flooding(core: ServerCore, device: str, over: str, seq: int | None, now: flo
     if core.registry.muted(device):  # already in flight when it was muted
         return core.reject(device, Rejection(RejectReason.RATE_LIMITED, over, seq), now)
     duration = core.registry.mute(device, now)
-    log.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
+    core.events.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
     detail = f"{over}: its commits are not received for {duration:g} s"
     record = core.registry.limits(device)
     record.noticed_at = None  # this notice goes out whatever the one-a-second rule says

@@ -4,7 +4,6 @@ reply out. A command is carried out whole or not at all."""
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING
 
 from ps_service.frequency import make_policy
@@ -16,8 +15,6 @@ from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
-
-log = logging.getLogger("edgeps.ps")
 
 
 class CommandError(ValueError):
@@ -158,11 +155,11 @@ def on_command(
 
     try:
         command = Command.from_bytes(payload)
-        log.info("operator command: %s %s", command.cmd, command.reason)
+        core.events.info("operator command: %s %s", command.cmd, command.reason)
         out, detail = execute(core, command, now)
     except (MessageError, CommandError) as exc:
         core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
-        log.warning("rejected command: %s", exc)
+        core.events.warning("rejected command: %s", exc)
         return answer(Reply(cmd=command_name(payload), correlation=correlation, ok=False, detail=str(exc)[:1024]))
     state = status(core, now) if command.cmd == "status" else None
     return [*out, *answer(Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=state))]

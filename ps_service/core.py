@@ -10,8 +10,8 @@ round (ps_service.round), the pace, aggregation and broadcast, the operator's co
 
 from __future__ import annotations
 
-import logging
 import secrets
+import traceback
 from typing import Any
 
 from learning.model import Params
@@ -28,6 +28,7 @@ from ps_service.robust import NormBound
 from ps_service.round import JobState, Round
 from ps_service.store import ParameterStore
 from ps_service.validation import Rejection
+from schemas.events import Events
 from schemas.frame import peek_seq
 from schemas.messages import (
     MAX_SAFE_INT,
@@ -37,8 +38,6 @@ from schemas.messages import (
     RejectReason,
 )
 from schemas.topics import Publish, Topics
-
-log = logging.getLogger("edgeps.ps")
 
 
 def new_run() -> int:
@@ -87,7 +86,8 @@ class ServerCore:
             config.balance,
         )
         self.round = Round(started=now, opened=now)
-        self.report = Report(self.topics, now)
+        self.events = Events()  # what happened, for the driver to log
+        self.report = Report(self.topics, now, self.events)
         self.unbroadcast = 0  # versions applied since the last parameter broadcast
         self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
         self.last_broadcast: list[Publish] = []  # the newest version's parameter messages
@@ -166,7 +166,7 @@ class ServerCore:
         try:
             kind, device = self.topics.parse(topic)
         except ValueError as exc:
-            log.warning("ignored message on %s: %s", topic, exc)
+            self.events.warning("ignored message on %s: %s", topic, exc)
             return []
         try:
             if kind == "grad" and device is not None:
@@ -176,7 +176,7 @@ class ServerCore:
             if kind == "cmd":
                 return commands.on_command(self, payload, now, response_topic, correlation)
         except Exception as exc:  # a bug: never let one message stop the job
-            log.exception("failed on a message on %s", topic)
+            self.events.error("failed on a message on %s: %s", topic, traceback.format_exc())
             rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
             return self.reject(device, rejection) if device is not None and kind != "reply" else self.count(rejection)
         return []
@@ -193,10 +193,10 @@ class ServerCore:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
         none went out for ``metrics_interval_s`` (so that traffic shows between versions)."""
         for device in self.registry.unmute_due(now):
-            log.info("listening to device %s again", device)
+            self.events.info("listening to device %s again", device)
         duration = self.config.duration_s
         if duration is not None and self.round.quorum and not self.finished and now - self.round.started >= duration:
-            log.info("job %s reached its duration of %.1f s", self.config.job, duration)
+            self.events.info("job %s reached its duration of %.1f s", self.config.job, duration)
             return self.finish(now)
         interval = self.config.metrics_interval_s
         if interval is not None and not self.finished and now - self.report.metrics_at >= interval:
@@ -229,7 +229,7 @@ class ServerCore:
         if not late:
             return []
         self.membership.missed(late)
-        log.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
+        self.events.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
         return self.advance(now) or [self.barrier()]
 
     # ------------------------------------------------------ operations (commands)
@@ -250,7 +250,7 @@ class ServerCore:
         released = self.frequency.released(sorted(self.registry.active())) - self.membership.left
         if not released:
             return []
-        log.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
+        self.events.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
         self.membership.release(released)
         return self.advance(now)
 
@@ -267,7 +267,7 @@ class ServerCore:
             return []
         self.membership.forget(device)
         self.frequency.forget(device)
-        log.info("device %s offline: it leaves the barrier", device)
+        self.events.info("device %s offline: it leaves the barrier", device)
         return self.advance(now) or [self.barrier()]
 
     def advance(self, now: float) -> list[Publish]:

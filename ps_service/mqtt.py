@@ -80,6 +80,8 @@ def serve(
         transport.subscribe_only(core.subscriptions())
 
     def publish(messages: list[Publish]) -> None:
+        for event in core.events.take():  # what the core had to say about the batch
+            log.log(event.level, event.message)
         for message in messages:
             transport.publish(message)
             if endpoint is not None and message.topic == core.topics.metrics:

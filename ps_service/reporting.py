@@ -5,20 +5,18 @@
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ps_service.registry import DeviceRecord
 from ps_service.validation import Rejection
+from schemas.events import Events
 from schemas.messages import Metrics, Notice, RejectReason
 from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
-
-log = logging.getLogger("edgeps.ps")
 
 
 @dataclass
@@ -33,8 +31,8 @@ class Traffic:
 class Report:
     """A job's counts, its latest evaluation and its metrics history (one record per version)."""
 
-    def __init__(self, topics: Topics, now: float) -> None:
-        self.topics = topics
+    def __init__(self, topics: Topics, now: float, events: Events) -> None:
+        self.topics, self.events = topics, events
         self.traffic = Traffic()
         self.history: list[Metrics] = []
         self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
@@ -58,7 +56,7 @@ class Report:
                 return []
             record.noticed_at = now
         if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
-            log.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
+            self.events.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
         notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
         return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
 

@@ -3,7 +3,6 @@ pace's aggregate applied to the store, and the broadcast of the new parameters."
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from ps_service import reporting
@@ -18,8 +17,6 @@ from schemas.topics import Publish
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
-
-log = logging.getLogger("edgeps.ps")
 
 
 def steady(core: ServerCore) -> bool:
@@ -47,7 +44,7 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
             core.store.apply(result.delta)
             core.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
-            log.error("aggregate of %d updates refused: %s", len(updates), exc)
+            core.events.error("aggregate of %d updates refused: %s", len(updates), exc)
             core.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
             continue
         core.traffic.applied += len(updates)
@@ -99,5 +96,5 @@ def broadcast(core: ServerCore, now: float) -> list[Publish]:
         core.membership.release(core.frequency.released(sorted(core.registry.active())))
     out = [*messages, *changed, core.barrier(), metrics]
     if core.finished:
-        log.info("job %s finished at version %d", core.config.job, core.store.version)
+        core.events.info("job %s finished at version %d", core.config.job, core.store.version)
     return out

@@ -16,13 +16,18 @@ ROOT = "edgeps"
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 _NAME = re.compile(rf"^{NAME_PATTERN}$")
 
+
+class TopicError(ValueError):
+    """A topic, job name or device id that is not one of this protocol's."""
+
+
 Kind = Literal["status", "grad", "ctrl", "notice"]
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """Return ``name`` if it is a valid job or device id, else raise ValueError."""
+    """Return ``name`` if it is a valid job or device id, else raise TopicError."""
     if not _NAME.match(name):
-        raise ValueError(f"invalid {what} {name!r}: use 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
+        raise TopicError(f"invalid {what} {name!r}: use 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
     return name
 
 
@@ -100,16 +105,16 @@ class Topics:
         return f"{self.prefix}/grad/+"
 
     def parse(self, topic: str) -> tuple[str, str | None]:
-        """Split a topic of this job into (kind, device or None); raise ValueError otherwise."""
+        """Split a topic of this job into (kind, device or None); raise TopicError otherwise."""
         head = self.prefix + "/"
         if not topic.startswith(head):
-            raise ValueError(f"topic {topic!r} is not under {head!r}")
+            raise TopicError(f"topic {topic!r} is not under {head!r}")
         parts = topic[len(head) :].split("/")
         if len(parts) == 1 and parts[0] in ("params", "delta", "barrier", "metrics", "cmd", "model"):
             return parts[0], None
         if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply"):
             return parts[0], check_name(parts[1], "device id")
-        raise ValueError(f"topic {topic!r} is not part of the edgeps topic tree")
+        raise TopicError(f"topic {topic!r} is not part of the edgeps topic tree")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def small_server(pace: str = "bsp", rounds: int = 5, run: int | None = None, **o
     data = blobs()
     settings: dict = {"push_every": 2, "lr": 0.1, "batch_size": 16, **overrides}
     config = ServerConfig(job="t", pace=pace, rounds=rounds, **settings)
-    return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data), run=run)
+    return ServerCore(config, init_mlp([8, 16, 3], seed=0), Evaluator(data, clock=time.perf_counter), run=run)
 
 
 #: The run of the job that device tests pretend a server started, and every test device's incarnation.

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import venv
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -
     config = ServerConfig(job=job, pace="bsp", rounds=rounds, min_devices=1)
     with start_broker(workdir=workdir / "broker") as broker:
         address = BrokerAddress(broker.host, broker.port)
-        core = ServerCore(config, params, Evaluator(holdout), artifact=artifact)
+        core = ServerCore(config, params, Evaluator(holdout, clock=time.perf_counter), artifact=artifact)
         transport = connect_server(core, address)
         server = threading.Thread(target=serve, args=(core, transport), daemon=True)
         server.start()

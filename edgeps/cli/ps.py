@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 from pathlib import Path
 
 from edgeps.cli.common import address, broker_args, job_args, stop_on_signals
@@ -36,7 +37,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
         from ps_service.export import build_artifact
 
         artifact = build_artifact(params, args.batch_size)
-    core = ServerCore(config, params, Evaluator(holdout, args.eval_sample, args.seed), artifact=artifact)
+    core = ServerCore(
+        config, params, Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter), artifact=artifact
+    )
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
     if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
     core = ServerCore(
         ServerConfig(job="dash", pace="bsp", rounds=10**6, min_devices=2, metrics_interval_s=0.5),
         init_mlp([64, 32, 10], seed=0),
-        Evaluator(holdout),
+        Evaluator(holdout, clock=time.perf_counter),
     )
     endpoint = MetricsEndpoint(0)
     transport = connect_server(core, address)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from threading import Event
 
 import numpy as np
@@ -31,7 +32,9 @@ def start_server(
     address: BrokerAddress, holdout: Dataset, artifact: bytes | None = None, **config
 ) -> tuple[ServerCore, threading.Thread, threading.Event]:
     sizes = [holdout.x.shape[1], 32, holdout.classes]
-    core = ServerCore(ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout), artifact=artifact)
+    core = ServerCore(
+        ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout, clock=time.perf_counter), artifact=artifact
+    )
     transport = connect_server(core, address)
     stop = Event()
 
