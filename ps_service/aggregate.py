@@ -24,9 +24,7 @@ def staleness_weight(staleness: int) -> float:
 
 #: How far from plain averaging (0) towards FedExP's step (1) the server goes. FedExP's step is
 #: the largest its analysis (convex, every client the same work) allows; here devices do unequal
-#: work on non-IID data. Measured over five seeds of the pace scenario: the full step lifted
-#: acbsp's mean best accuracy to 0.9794 but its mean curve sank to 0.75 for seconds after the
-#: warm-up; halfway, 0.9783 and 0.86 (docs/PACES.md).
+#: work on non-IID data, and the full step overshoots after the warm-up (docs/PACES.md).
 DAMPING = 0.5
 
 
@@ -95,8 +93,8 @@ def extrapolation(contributions: dict[str, Params], share: dict[str, float], mea
     When the devices agree, D_i ~ D and the step is 1 (plain averaging). Near an optimum their
     updates are mostly noise, and non-IID data pulls them in different directions: averaging
     cancels most of each and D shrinks far faster than the progress each device made, so the
-    server steps further along D. Measured on the pace scenario (docs/PACES.md), halfway to this
-    step (``DAMPING``): acbsp's best accuracy rises from 0.9705 to 0.9783 on average over five seeds."""
+    server steps further along D; the server goes halfway to this step (``DAMPING``; measured in
+    docs/PACES.md)."""
     spread = sum(share[d] * _squared_norm(c) for d, c in contributions.items())
     length = _squared_norm(mean)
     if not length > 0:
@@ -108,9 +106,8 @@ def extrapolation(contributions: dict[str, Params], share: dict[str, float], mea
 def norms_hold(codec: str) -> bool:
     """Whether FedExP's step can be trusted with updates that travel in ``codec``. A biased codec
     here (sign, top-k) only shrinks a tensor's norm, which errs towards a smaller step. An unbiased
-    one adds its error's square to every squared norm: beyond an error of 1 (ternary: 1.23)
-    the spread is mostly codec noise and the step stays at the cap. Measured: acbsp with ternary
-    commits plateaued at 0.54 with extrapolation, 0.958 without (docs/PACES.md)."""
+    one adds its error's square to every squared norm: beyond a typical relative error of 1 the
+    spread is mostly codec noise and the step would sit at its cap (docs/PACES.md)."""
     return make_codec(codec).biased or typical_error(codec) <= 1.0
 
 

@@ -24,12 +24,10 @@ from schemas.topics import Publish, Topics
 def pull_shrink(spec: str) -> float:
     """The share of the pending change a noisy unbiased pull codec is asked to send. The server's
     error feedback keeps ``r' = v - Q(g v)`` of the change v; with g = 1 its size is about e |v|
-    for the codec's typical relative error e, which grows without bound where e > 1 (qsgd:4,
-    e = 1.9: the model diverged to accuracy 0.10). With g = 1 / (1 + e^2) it is
-    e / sqrt(1 + e^2) |v| < |v|: what is held back goes out with the next delta. Devices decode
-    as ever. Codecs with e <= 1, and the biased ones (whose error is below |v| by construction),
-    send everything: 1. Measured on the pace scenario (docs/CODECS.md): every qsgd:S now reaches
-    0.9 (qsgd:1 best 0.92, qsgd:4 0.96)."""
+    for the codec's typical relative error e, which grows without bound where e > 1. With
+    g = 1 / (1 + e^2) it is e / sqrt(1 + e^2) |v| < |v|: what is held back goes out with the next
+    delta. Devices decode as ever. Codecs with e <= 1, and the biased ones (whose error is below
+    |v| by construction), send everything: 1 (measured in docs/CODECS.md)."""
     codec = make_codec(spec)
     error = 0.0 if codec.biased or codec.name == "fp32" else typical_error(spec)
     return 1.0 if error <= 1.0 else 1.0 / (1.0 + error**2)

@@ -13,13 +13,9 @@ applied to every aggregate before the FedNova average (ps_service.aggregate):
   (refused as ``outlier``; ``NormBound.outliers`` says how two norms are told apart). With no
   other device to compare with yet, more than ``model_fraction`` of the model's own norm per step
   is. A commit of 1e30 (or fp16's largest value everywhere, or a commit of zeros) then changes
-  nothing, where clipping it to the bound still let a device that did so every round drag the
-  model to chance (measured: 0.10 accuracy with clipping at 8x, 0.81 at 2x, 0.90 at 1x; 0.925
-  refusing; two honest devices alone: 0.933; docs/OPERATIONS.md).
-
-Measured on the default pace scenario: honest per-step norms stay between 0.12x and 6.6x the
-median of the others' (acbsp 0.21-6.6, bsp 0.52-1.5, asp 0.12-4.3) and within 1.4% of the
-model's norm (the bound for the first update is 50%), so no honest update of it is refused.
+  nothing: refusing, not clipping to the bound, is what keeps a device that does so every round
+  from dragging the model (docs/OPERATIONS.md gives the measurements, and the range of honest
+  per-step norms the bounds leave room for).
 
 Pure logic: updates and numbers in, sets out.
 """
