@@ -57,8 +57,8 @@ class DemoSettings(BaseModel):
     @classmethod
     def _flat_fields(cls, data: Any) -> Any:
         """Flat job and model fields (``rounds=15``, ``hidden="32"``) become ``server``'s and ``model``'s."""
-        data = nest_fields(data, "server", ServerConfig, ServerConfig(**PROCESS_DEFAULTS))
-        return nest_fields(data, "model", ModelSpec, ModelSpec())
+        data = nest_fields(data, cls, "server", ServerConfig, ServerConfig(**PROCESS_DEFAULTS))
+        return nest_fields(data, cls, "model", ModelSpec, ModelSpec())
 
 
 @dataclass

@@ -108,13 +108,13 @@ def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str,
     return out
 
 
-def nest_fields(data: Any, field: str, model: type[BaseModel], default: BaseModel) -> Any:
-    """For a ``mode="before"`` validator of a model that holds a ``model`` in ``field``: the flat
-    fields of ``model`` in ``data`` (``rounds=15``) go into ``field`` (over ``default``'s values
-    where ``data`` gives none)."""
+def nest_fields(data: Any, holder: type[BaseModel], field: str, model: type[BaseModel], default: BaseModel) -> Any:
+    """For a ``mode="before"`` validator of ``holder``, a model that holds a ``model`` in ``field``:
+    the fields of ``model`` given flat in ``data`` (``rounds=15``) go into ``field`` (over
+    ``default``'s values where ``data`` gives none), but for names ``holder`` has itself."""
     if not isinstance(data, dict):
         return data
-    flat = {k: v for k, v in data.items() if k in model.model_fields}
+    flat = {k: v for k, v in data.items() if k in model.model_fields and k not in holder.model_fields}
     if not flat:
         return data
     held = data.get(field, default)

@@ -68,7 +68,7 @@ class Scenario(BaseModel):
     @classmethod
     def _job_fields_into_server(cls, data: Any) -> Any:
         """Flat job fields (``push_every=20``) become ``server``'s."""
-        return nest_fields(data, "server", ServerConfig, SCENARIO_SERVER)
+        return nest_fields(data, cls, "server", ServerConfig, SCENARIO_SERVER)
 
     def slow_devices(self) -> set[int]:
         """Indices of the slow devices: a seeded choice of round(slow_fraction * devices)."""

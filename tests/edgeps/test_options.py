@@ -52,3 +52,12 @@ def test_demo_settings_hold_the_job_and_the_model() -> None:
     assert settings.seed == 4 and DemoSettings(rounds=12, hidden="32").model.layers == [32]
     with pytest.raises(ValueError, match="positive integers"):
         DemoSettings(hidden="64,x")
+
+
+def test_flat_fields_go_to_the_job_unless_the_holder_has_them_itself() -> None:
+    from edgeps.simulator import Scenario
+
+    scenario = Scenario(duration_s=2.0, push_every=20, devices=4)
+    assert scenario.duration_s == 2.0 and scenario.server.duration_s is None  # the run's length, not the job's
+    assert scenario.server.push_every == 20 and scenario.server.round_deadline_s == 5.0 and scenario.devices == 4
+    assert Scenario.model_validate({**scenario.model_dump(), "lr": 0.1}).server.push_every == 20
