@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ps_service.round import release_slow
 from ps_service.validation import Rejection, validate_commit
 from schemas.frame import peek_seq
 from schemas.messages import DeviceStatus, MessageError, RejectReason
@@ -46,7 +47,7 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
     if not first and not rebooted:  # already online: a speed report
         if status.step_s is None:
             return []
-        return core.reassign() + core.release_slow(now)
+        return core.reassign() + release_slow(core, now)
     if rebooted and not first:
         core.events.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
                  status.incarnation, core.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip

@@ -25,7 +25,7 @@ from ps_service.paces import make_pace
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report, Traffic
 from ps_service.robust import NormBound
-from ps_service.round import JobState, Round
+from ps_service.round import JobState, Round, drop_late, round_due
 from ps_service.store import ParameterStore
 from ps_service.validation import Rejection
 from schemas.events import Events
@@ -200,37 +200,19 @@ class ServerCore:
             return self.finish(now)
         interval = self.config.metrics_interval_s
         if interval is not None and not self.finished and now - self.report.metrics_at >= interval:
-            return [reporting.metrics(self, now), *self._deadline(now)]
-        return self._deadline(now)
+            return [reporting.metrics(self, now), *drop_late(self, now)]
+        return drop_late(self, now)
 
     def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do, on the core's clock (None: nothing timed in
         force): the open round's deadline, a mute that ends, metrics due on their interval, the
         job's duration. A driver sleeps until then unless a message comes first."""
-        times = [self.registry.next_unmute()]
-        deadline = self._round_deadline()
-        if deadline is not None:
-            times.append(self.round.due(self.waiting_for(), self.membership, deadline))
+        times = [self.registry.next_unmute(), round_due(self)]
         if not self.finished:
             interval, duration = self.config.metrics_interval_s, self.config.duration_s
             times.append(None if interval is None else self.report.metrics_at + interval)
             times.append(None if duration is None or not self.round.quorum else self.round.started + duration)
         return min((t for t in times if t is not None), default=None)
-
-    def _round_deadline(self) -> float | None:
-        """The round deadline in force now (None: rounds do not wait, or none is open)."""
-        if not self.pace.rounds or not self.round.aggregating:
-            return None
-        return self.config.round_deadline_s
-
-    def _deadline(self, now: float) -> list[Publish]:
-        deadline = self._round_deadline()
-        late = [] if deadline is None else self.round.late(self.waiting_for(), self.membership, deadline, now)
-        if not late:
-            return []
-        self.membership.missed(late)
-        self.events.warning("round %d deadline passed: %s leave the barrier", self.store.version, ", ".join(late))
-        return self.advance(now) or [self.barrier()]
 
     # ------------------------------------------------------ operations (commands)
     def finish(self, now: float) -> list[Publish]:
@@ -243,17 +225,6 @@ class ServerCore:
         return [self.barrier(), reporting.metrics(self, now)]
 
     # -------------------------------------------------------------- internals
-    def release_slow(self, now: float) -> list[Publish]:
-        """Release balancing: stop waiting for devices much slower than the rest."""
-        if not self.pace.rounds or not self.round.quorum or self.finished:
-            return []
-        released = self.frequency.released(sorted(self.registry.active())) - self.membership.left
-        if not released:
-            return []
-        self.events.info("round %d does not wait for %s (slow)", self.store.version, ", ".join(sorted(released)))
-        self.membership.release(released)
-        return self.advance(now)
-
     def reassign(self) -> list[Publish]:
         """Control messages for the devices whose push_every changed."""
         devices = sorted(self.registry.active())
