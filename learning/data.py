@@ -89,18 +89,24 @@ def load_idx(images: str | Path, labels: str | Path) -> Dataset:
     return Dataset((x.reshape(len(x), -1).astype(np.float32) / 255.0), y.astype(np.int64))
 
 
-def stratified_split(data: Dataset, holdout: float, seed: int) -> tuple[Dataset, Dataset]:
-    """(train, held-out) with ``holdout`` of every class in the held-out part."""
+def stratified_indices(y: np.ndarray, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train rows, held-out rows), sorted, with ``holdout`` of every class held out."""
     if not 0 < holdout < 1:
         raise ValueError("holdout must be in (0, 1)")
     rng = np.random.default_rng(seed)
     train_idx, test_idx = [], []
-    for label in np.unique(data.y):
-        idx = rng.permutation(np.flatnonzero(data.y == label))
+    for label in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == label))
         cut = max(1, round(holdout * len(idx)))
         test_idx.append(idx[:cut])
         train_idx.append(idx[cut:])
-    return data.subset(np.sort(np.concatenate(train_idx))), data.subset(np.sort(np.concatenate(test_idx)))
+    return np.sort(np.concatenate(train_idx)), np.sort(np.concatenate(test_idx))
+
+
+def stratified_split(data: Dataset, holdout: float, seed: int) -> tuple[Dataset, Dataset]:
+    """(train, held-out) with ``holdout`` of every class in the held-out part."""
+    train_idx, test_idx = stratified_indices(data.y, holdout, seed)
+    return data.subset(train_idx), data.subset(test_idx)
 
 
 def dirichlet_partition(y: np.ndarray, devices: int, alpha: float, seed: int, min_size: int = 10) -> list[np.ndarray]:

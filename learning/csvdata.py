@@ -1,0 +1,139 @@
+"""Sensor readings from a CSV file: a label column, feature columns, and optionally a column
+naming the device (gateway) each row was recorded on.
+
+Every fault is a ``DataError`` whose one line names the file, the line and the column. Features
+are scaled to [0, 1] by each column's minimum and maximum over the file (``Scaling``, which is
+saved beside the shards so that a gateway scales new readings the same way).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from learning.data import Dataset
+
+
+class DataError(ValueError):
+    """A file that does not hold the data asked for; the message names file, line and column."""
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """x_scaled = (x - low) / span, per feature (span 1 for a constant column)."""
+
+    features: list[str]
+    low: list[float]
+    span: list[float]
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """Raw readings (n, features) scaled as the training data was."""
+        scaled: np.ndarray = ((x - np.asarray(self.low)) / np.asarray(self.span)).astype(np.float32)
+        return scaled
+
+
+@dataclass(frozen=True)
+class CsvData:
+    """The rows as a Dataset (features scaled), and what they came with."""
+
+    data: Dataset
+    classes: list[str]  # the label of each class index, as the file wrote it
+    scaling: Scaling
+    devices: list[str] | None  # each row's device, with a device column
+
+    def save_meta(self, path: Path, label: str) -> None:
+        """What a gateway needs to read new rows as the shards were made: the columns, the scaling
+        and the class names, as JSON."""
+        meta = {"label": label, "classes": self.classes, "features": self.scaling.features,
+                "low": self.scaling.low, "span": self.scaling.span}  # fmt: skip
+        path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(f"{where}: {text.strip()!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DataError(f"{where}: {text.strip()!r} is not a finite number")
+    return value
+
+
+def load_csv(
+    path: str | Path,
+    label: str,
+    features: list[str] | None = None,
+    device_column: str | None = None,
+    classes: int | None = None,
+) -> CsvData:
+    """Read ``path``: ``label`` holds each row's class (non-negative integers, or names, numbered in
+    sorted order), ``features`` the inputs (default: every other column but ``device_column``).
+    With ``classes``, a label outside 0..classes-1 is an error."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as file:
+            reader = csv.reader(file)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path}: empty file (expected a header line)")
+            header = [h.strip() for h in header]
+            rows = [(number, row) for number, row in enumerate(reader, start=2) if any(c.strip() for c in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path}: {exc}") from None
+    named = [label, *(features or []), *([device_column] if device_column else [])]
+    for column in named:
+        if column not in header:
+            raise DataError(f"{path}: no column {column!r} (columns: {', '.join(header)})")
+    if features is None:
+        features = [h for h in header if h not in (label, device_column)]
+    if not features:
+        raise DataError(f"{path}: no feature columns besides {label!r}")
+    if not rows:
+        raise DataError(f"{path}: no data rows")
+    at = {h: i for i, h in enumerate(header)}
+    x = np.empty((len(rows), len(features)), np.float64)
+    labels, devices = [], []
+    for r, (number, row) in enumerate(rows):
+        if len(row) != len(header):
+            raise DataError(f"{path} line {number}: {len(row)} fields, the header has {len(header)}")
+        for c, column in enumerate(features):
+            x[r, c] = _number(row[at[column]], f"{path} line {number}, column {column!r}")
+        text = row[at[label]].strip()
+        if not text:
+            raise DataError(f"{path} line {number}, column {label!r}: missing label")
+        labels.append((number, text))
+        if device_column:
+            device = row[at[device_column]].strip()
+            if not device:
+                raise DataError(f"{path} line {number}, column {device_column!r}: missing device")
+            devices.append(device)
+    y, names = _classes(path, label, labels, classes)
+    low, high = x.min(axis=0), x.max(axis=0)
+    span = np.where(high > low, high - low, 1.0)
+    scaling = Scaling(features, low.tolist(), span.tolist())
+    return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None)
+
+
+def _classes(
+    path: Path, column: str, labels: list[tuple[int, str]], classes: int | None
+) -> tuple[np.ndarray, list[str]]:
+    """Class indices for the labels: integers as written, or names in sorted order."""
+    if all(text.isdigit() for _, text in labels):
+        y = np.array([int(text) for _, text in labels], np.int64)
+        count = classes if classes is not None else int(y.max()) + 1
+        for number, text in labels:
+            if int(text) >= count:
+                raise DataError(f"{path} line {number}, column {column!r}: {text} is outside the {count} classes "
+                                f"(0..{count - 1})")  # fmt: skip
+        return y, [str(i) for i in range(count)]
+    names = sorted({text for _, text in labels})
+    if classes is not None and len(names) > classes:
+        raise DataError(f"{path}, column {column!r}: {len(names)} class names ({', '.join(names[:8])}...) "
+                        f"for {classes} classes")  # fmt: skip
+    index = {name: i for i, name in enumerate(names)}
+    return np.array([index[text] for _, text in labels], np.int64), names
