@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
 from edgeps.options import nest_fields, to_flags
-from edgeps.report import build_report, format_report, plot_accuracy, write_json
+from edgeps.report import build_report, format_report, plot_accuracy, read_metrics, write_json
 from learning.data import load_digits
 from learning.prepare import ShardPaths, prepare_shards
 from learning.spec import ModelSpec
@@ -193,7 +192,7 @@ def run_local_job(
         settle = time.monotonic() + 30
         while time.monotonic() < settle and sum(s.state == "offline" for s in statuses.values()) < settings.devices:
             drain(0.1)
-        history = [Metrics.model_validate(m) for m in json.loads(server_report.read_text())]
+        history = read_metrics(server_report)
     finally:
         watcher.close()
         for proc in processes:

@@ -1,4 +1,8 @@
-"""The report of a training run: JSON, a text table, and a PNG accuracy curve."""
+"""The report of a training run: JSON, a text table, and a PNG accuracy curve.
+
+``edgeps ps --report FILE`` and ``edgeps demo`` write the same report (the demo adds what it
+saw of its devices); ``edgeps report FILE`` prints its table and draws its plot later. The
+report keeps every metrics record (``metrics``), so nothing the server measured is lost."""
 
 from __future__ import annotations
 
@@ -28,7 +32,29 @@ def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]
         "rejected": sum(last.rejected.values()),
         "rejected_by_reason": dict(last.rejected),
         "history": [m.model_dump(include={"version", "accuracy", "loss", "commits", "elapsed_s"}) for m in history],
+        "metrics": [m.model_dump() for m in history],
     }
+
+
+def read_report(path: str | Path) -> dict[str, Any]:
+    """A report written by ``build_report`` (or, from an earlier version of ``edgeps ps --report``,
+    a bare list of metrics records); ValueError naming the file if it is neither."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, list):
+            history = [Metrics.model_validate(m) for m in data]
+            return build_report(history, history[-1].elapsed_s if history else 0.0, {})
+        if isinstance(data, dict) and "metrics" in data and "history" in data:
+            return data
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError and JSON errors are ValueErrors
+        raise ValueError(f"{path}: not an edgeps report ({str(exc).splitlines()[0]})") from None
+    raise ValueError(f"{path}: not an edgeps report (no metrics)")
+
+
+def read_metrics(path: str | Path) -> list[Metrics]:
+    """Every metrics record of the report at ``path``."""
+    return [Metrics.model_validate(m) for m in read_report(path)["metrics"]]
 
 
 def _mb(n: int) -> str:

@@ -11,7 +11,6 @@ or fp16's largest value in turn.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgeps.report import read_report
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 JOB = "attack"
@@ -165,7 +166,7 @@ def run_job(
                 process.terminate()
                 process.wait(timeout=10)
         broker.stop()
-    final = json.loads(report.read_text())[-1]
+    final = read_report(report)["metrics"][-1]
     return {
         "run": "hostile" if hostile else "two alone" if absent else f"flood {flood} B" if flood else "clean",
         "final_accuracy": final["accuracy"],

@@ -17,7 +17,6 @@ how it trains in a real job.
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from edgeps.embedded import (
     make,
     scripted_exchange,
 )
+from edgeps.report import read_report
 
 # ---------------------------------------------------------------- a real job
 
@@ -83,7 +83,7 @@ def real_job(
         for process in [server, *devices]:
             if process.poll() is None:
                 process.kill()
-    history = json.loads(report.read_text())
+    history = read_report(report)["metrics"]
     final = history[-1]
     return {
         "devices": kind,

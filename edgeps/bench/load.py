@@ -6,7 +6,6 @@ over time (VmRSS sampled twice a second), bounded in count and time, loopback on
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import signal
 import struct
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgeps.report import read_report
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 MAX_DEVICES = 1000
@@ -170,7 +171,7 @@ def bench_load(
         for worker in workers:
             worker.join(timeout=30)
         watcher.close()
-        final = json.loads(report_path.read_text())[-1] if report_path.exists() else latest
+        final = read_report(report_path)["metrics"][-1] if report_path.exists() else latest
     rejected = final.get("rejected", {})
     quarter = [r for t, r in rss if load_s / 4 <= t <= load_s]
     first = [r for t, r in rss if t < load_s / 4]

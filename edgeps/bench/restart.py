@@ -16,7 +16,6 @@ published = applied + refused.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -25,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from edgeps.report import read_report
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DEVICES = 3
@@ -155,7 +156,7 @@ def _job(
                 process.terminate()
                 process.wait(timeout=10)
         watcher.close()
-    final = json.loads(report.read_text())[-1]
+    final = read_report(report)["metrics"][-1]
     rejected = dict(final["rejected"])
     resumes = [r["resume_s"] for r in restarts]
     return {

@@ -1,4 +1,4 @@
-"""The ``edgeps`` command: one module per role (ps, client, broker, ctl, data, demo, bench), each
+"""The ``edgeps`` command: one module per role (ps, client, broker, ctl, data, demo, bench, report), each
 adding its subcommand; ``main`` layers a role's TOML file and environment under its flags."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from edgeps.cli import bench, broker, client, ctl, data, demo, ps
+from edgeps.cli import bench, broker, client, ctl, data, demo, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=cmd_config)
     bench.add(sub)
     data.add(sub)
+    report.add(sub)
     return parser
 
 

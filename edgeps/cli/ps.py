@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -68,12 +67,16 @@ def cmd_ps(args: argparse.Namespace) -> int:
         [holdout.x.shape[1], *model.layers, holdout.classes],
         config.pace,
     )
+    started = time.monotonic()
     try:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
         transport.close()
-    if args.report:
-        Path(args.report).write_text(json.dumps([m.model_dump() for m in core.history]))
+    if args.report:  # the same report as the demo's: edgeps report FILE shows it again
+        from edgeps.report import build_report, write_json
+
+        settings = {"server": config.model_dump(mode="json"), "model": model.model_dump(), "seed": args.seed}
+        write_json(build_report(core.history, time.monotonic() - started, settings), args.report)
     return 0
 
 
@@ -84,7 +87,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     job_args(ps, **PROCESS_DEFAULTS)
     ps.add_argument("--seed", type=int, default=0, help="seed of the model's initial parameters (default: 0)")
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
-    ps.add_argument("--report", help="write the per-version metrics here as JSON when the job ends")
+    ps.add_argument("--report", help="write the job's report here as JSON when it ends (edgeps report shows it)")
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")

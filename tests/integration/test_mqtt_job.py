@@ -15,6 +15,7 @@ from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer, make_trainer
 from edgeps.demo import DemoSettings, run_demo
+from edgeps.report import read_metrics
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards
@@ -162,7 +163,7 @@ def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
     again = DemoSettings(devices=3, rounds=15, out=tmp_path / "demo", seed=1, pace="acbsp", timeout_s=30)
     second = run_demo(again, json_path=str(tmp_path / "r2.json"), quiet=True)
     assert second["rounds"] == 15 and second["rejected"] == 0 and second["best_accuracy"] > 0.7
-    steps = [m["server_step"] for m in json.loads((tmp_path / "demo" / "logs" / "demo-metrics.json").read_text())]
+    steps = [m.server_step for m in read_metrics(tmp_path / "demo" / "logs" / "demo-metrics.json")]
     assert steps[0] == 1.0 and all(step >= 1.0 for step in steps)
 
 
@@ -407,7 +408,7 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
             server.kill()
         stop_devices(cores, runners)
         watcher.close()
-    history = [Metrics.model_validate(m) for m in json.loads(report.read_text())]
+    history = read_metrics(report)
     final = history[-1]
     assert final.finished and final.version == rounds
     assert final.applied == rounds * 3
