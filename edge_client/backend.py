@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge_client.trainer import ArtifactTrainer, Trainer, TrainerError
+from learning.data import Dataset
 from learning.model import Params
 from schemas.artifact import ArtifactError, decode_artifact
 from schemas.events import Events
@@ -50,6 +51,10 @@ class Backend:
         self.events.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version,
                          meta.built_with, meta.sha256[:12])  # fmt: skip
         return True
+
+    def mismatch(self, params: Params, data: Dataset) -> str | None:
+        """Why the trainer cannot train ``params`` on ``data``, in one line (None: it can, or no trainer yet)."""
+        return None if self.trainer is None else self.trainer.mismatch(params, data.x, data.y)
 
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
         """The trainer's loss and gradients; if the artifact's trainer fails, the device's own."""

@@ -21,16 +21,7 @@ from learning.model import Params
 from schemas.codecs import CodecError, ErrorFeedback, make_codec
 from schemas.events import Events
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
-from schemas.messages import (
-    CARRIED,
-    MAX_SAFE_INT,
-    Barrier,
-    Control,
-    DeviceStatus,
-    MessageError,
-    Notice,
-    RejectReason,
-)
+from schemas.messages import CARRIED, MAX_SAFE_INT, Barrier, Control, DeviceStatus, MessageError, Notice, RejectReason
 from schemas.topics import Publish, TopicError, Topics
 
 
@@ -107,6 +98,7 @@ class DeviceCore:
         self.trained = False  # whether the last step() made an SGD step (only those are timed)
         self.last_loss = float("nan")
         self.notices: list[Notice] = []
+        self.fatal: str | None = None  # why this device cannot take part in the job
         self.busy_s = 0.0
         self.idle_s = 0.0
         self.speed = SpeedMeter()  # step times, and the one last reported to the server
@@ -274,7 +266,13 @@ class DeviceCore:
         return self.server_version
 
     def _adopt(self, version: int, replica: Params) -> None:
-        """Train on ``replica`` from now on, carrying uncommitted progress over."""
+        """Train on ``replica`` from now on, carrying uncommitted progress over. A model this device's
+        data does not fit ends the device's part (``fatal``) rather than failing on its first step."""
+        problem = self.backend.mismatch(replica, self.data)
+        if problem is not None:
+            self.fatal, self.finished = problem, True
+            self.events.error("%s", problem)
+            return
         self.server_version = version
         self._replica = replica
         shapes = {name: values.shape for name, values in replica.items()}

@@ -29,6 +29,10 @@ class Trainer(ABC):
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
         """Mean loss on (x, y) and its gradient for every parameter."""
 
+    def mismatch(self, params: Params, x: np.ndarray, y: np.ndarray) -> str | None:
+        """Why the model ``params`` cannot train on data like (x, y), in one line; None if it can."""
+        return None
+
 
 class NumpyTrainer(Trainer):
     """The numpy reference MLP (learning.model)."""
@@ -37,6 +41,17 @@ class NumpyTrainer(Trainer):
 
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
         return model.loss_and_grads(params, x, y)
+
+    def mismatch(self, params: Params, x: np.ndarray, y: np.ndarray) -> str | None:
+        try:
+            features, outputs = model.model_features(params), model.classes(params)
+        except (KeyError, ValueError, IndexError):
+            return "the job's parameters are not a model this trainer knows (an MLP or CNN)"
+        top = int(y.max()) if len(y) else -1
+        if x.shape[1] != features or top >= outputs:
+            return (f"the job's model takes {features} features and {outputs} classes; this device's data has "
+                    f"{x.shape[1]} features and labels up to {top}")  # fmt: skip
+        return None
 
 
 #: Builds the trainer of a verified model artifact (its metadata and flatbuffer); TrainerError

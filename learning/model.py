@@ -96,6 +96,17 @@ def mlp_sizes(params: Params) -> list[int]:
     return sizes
 
 
+def model_features(params: Params) -> int:
+    """Input features of a parameter set (the CNN's image is square)."""
+    if architecture(params) == "mlp":
+        return int(params["dense0.w"].shape[0])
+    kernel, channels = math.isqrt(params["conv0.w"].shape[0]), params["conv0.w"].shape[1]
+    out = math.isqrt(params["dense0.w"].shape[0] // channels)
+    features = (out + kernel - 1) ** 2
+    conv_geometry(params, features)  # ValueError if the shapes do not fit together
+    return features
+
+
 def dense_layers(params: Params) -> int:
     """How many dense layers the parameters hold (the MLP, or the CNN's head)."""
     return sum(1 for name in params if name.startswith("dense") and name.endswith(".w"))

@@ -19,23 +19,11 @@ Needs the ``tf`` extra (tensorflow-cpu); imported only when an artifact is built
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from typing import Any
 
-from learning.model import Params, architecture, classes, conv_geometry, dense_layers, patch_index
+from learning.model import Params, architecture, classes, conv_geometry, dense_layers, model_features, patch_index
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
-
-
-def model_features(params: Params) -> int:
-    """Input features of a parameter set (the CNN's image is square)."""
-    if architecture(params) == "mlp":
-        return int(params["dense0.w"].shape[0])
-    kernel, channels = math.isqrt(params["conv0.w"].shape[0]), params["conv0.w"].shape[1]
-    out = math.isqrt(params["dense0.w"].shape[0] // channels)
-    features = (out + kernel - 1) ** 2
-    conv_geometry(params, features)  # ValueError if the shapes do not fit together
-    return features
 
 
 def build_tflite(params: Params, batch_size: int) -> bytes:

@@ -30,6 +30,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     profile = DeviceProfile(slowdown=config.slowdown, step_s=config.step_time)
     cache = Path(config.cache) if config.cache else None
     run_device(core, transport, profile, stop=stop_on_signals(), cache=cache)
+    if core.fatal is not None:
+        raise ValueError(f"{config.data}: {core.fatal}")
     log.info("device %s done: %d commits", config.device, core.seq)
     return 0
 

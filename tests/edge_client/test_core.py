@@ -174,3 +174,21 @@ def test_a_device_reports_its_speed_after_a_few_steps_and_again_only_when_it_dri
     assert 1 <= sum(len(r) for r in slower) <= 4  # a few reports as the smoothed time moves, not one per step
     assert device.speed.reported == pytest.approx(0.05, rel=0.25)
     assert device.timed_step(0.0) == [] and device.timed_step(float("nan")) == []
+
+
+def test_a_model_the_data_does_not_fit_ends_the_device_with_one_line_instead_of_a_numpy_error() -> None:
+    device = small_device("d1")  # blobs: 8 features, 3 classes
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=2))
+    device.on_message(f"{T}/params", params_bytes(0, init_mlp([6, 16, 3], seed=0)))
+    assert device.finished and not device.ready and device.replica is None
+    assert (
+        device.fatal
+        == "the job's model takes 6 features and 3 classes; this device's data has 8 features and labels up to 2"
+    )
+    assert [e.message for e in device.events.take()][-1] == device.fatal
+    fewer = small_device("d2")
+    fewer.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 2], seed=0)))  # labels 0..2, two outputs
+    assert fewer.fatal is not None and "2 classes" in fewer.fatal
+    fits = small_device("d3")
+    fits.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 3], seed=0)))
+    assert fits.fatal is None and fits.replica is not None
