@@ -16,11 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from learning.data import Dataset
+from learning.data import DataError, Dataset
 
-
-class DataError(ValueError):
-    """A file that does not hold the data asked for; the message names file, line and column."""
+__all__ = ["CsvData", "DataError", "Scaling", "load_csv"]
 
 
 @dataclass(frozen=True)

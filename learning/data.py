@@ -14,6 +14,11 @@ from pathlib import Path
 import numpy as np
 
 
+class DataError(ValueError):
+    """A file that does not hold the data asked for; the message names the file (and line, column
+    or array)."""
+
+
 @dataclass(frozen=True)
 class Dataset:
     x: np.ndarray
@@ -40,6 +45,33 @@ class Dataset:
     def load(path: str | Path) -> Dataset:
         with np.load(path, allow_pickle=False) as data:
             return Dataset(data["x"].astype(np.float32), data["y"].astype(np.int64))
+
+
+def load_npz(path: str | Path) -> Dataset:
+    """A user's ``.npz`` with ``x`` (n, features) numbers and ``y`` (n,) class numbers from 0, checked
+    (DataError naming the file and the array): the arrays are present, shaped, finite and integral."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in ("x", "y") if name in data.files}
+            names = data.files
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npz ({exc})") from None
+    for name in ("x", "y"):
+        if name not in arrays:
+            raise DataError(f"{path}: no array {name!r} (arrays: {', '.join(names) or 'none'})")
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or not len(y):
+        raise DataError(f"{path}: x must be (n, features) and y (n,) with n > 0, got {x.shape} and {y.shape}")
+    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
+        raise DataError(f"{path}: x and y must hold numbers, got {x.dtype} and {y.dtype}")
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad):
+        raise DataError(f"{path}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
+    wrong = np.flatnonzero((y < 0) | (y != np.round(y)) | ~np.isfinite(y))
+    if len(wrong):
+        raise DataError(f"{path}: y[{wrong[0]}] = {y[wrong[0]]} is not a class number (0, 1, ...)")
+    return Dataset(x.astype(np.float32), y.astype(np.int64))
 
 
 def load_digits() -> Dataset:

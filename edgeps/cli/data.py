@@ -27,7 +27,12 @@ def cmd_data(args: argparse.Namespace) -> int:
         else:
             paths = prepare_shards(data, out, args.devices, args.alpha, args.seed)
     else:
-        data = load_idx(args.idx_images, args.idx_labels) if args.idx_images else load_digits()
+        if args.npz:
+            from learning.data import load_npz
+
+            data = load_npz(args.npz)
+        else:
+            data = load_idx(args.idx_images, args.idx_labels) if args.idx_images else load_digits()
         paths = prepare_shards(data, out, args.devices, args.alpha, args.seed)
     print(f"wrote {paths.holdout} and {len(paths.devices)} device shards under {args.out}")
     if args.format == "frame":  # what the C device (edgeps-device) reads, beside each .npz
@@ -51,6 +56,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     data.add_argument("--seed", type=int, default=0, help="seed of the split (default: %(default)s)")
     data.add_argument("--idx-images", help="MNIST-format images file (default dataset: digits)")
     data.add_argument("--idx-labels", help="MNIST-format labels file")
+    data.add_argument("--npz", help="an .npz with x (n, features) and y (n,) class numbers from 0")
     data.add_argument("--csv", help="a CSV file with a header line: one row per sample")
     data.add_argument("--label", help="--csv: the column of each row's class (integers from 0, or names)")
     data.add_argument("--features", help="--csv: comma-separated feature columns (default: all others)")

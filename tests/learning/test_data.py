@@ -80,3 +80,31 @@ def test_prepare_shards_writes_loadable_files(tmp_path) -> None:
     shards = [Dataset.load(p) for p in paths.devices]
     holdout = Dataset.load(paths.holdout)
     assert sum(len(s) for s in shards) + len(holdout) == 1797
+
+
+def test_a_users_npz_is_checked_array_by_array(tmp_path) -> None:
+    import pytest
+
+    from learning.data import DataError, load_npz
+
+    good = tmp_path / "good.npz"
+    np.savez(good, x=np.arange(12, dtype=np.float64).reshape(6, 2), y=np.array([0, 1, 2, 0, 1, 2]))
+    data = load_npz(good)
+    assert data.x.dtype == np.float32 and data.y.dtype == np.int64 and data.classes == 3
+    cases = {
+        "no-y": ({"x": np.zeros((3, 2))}, "no array 'y' (arrays: x)"),
+        "shape": ({"x": np.zeros(3), "y": np.zeros(3)}, "x must be (n, features) and y (n,)"),
+        "nan": ({"x": np.array([[1.0, 2.0], [np.nan, 0.0]]), "y": np.array([0, 1])}, "x row 1 holds NaN or Inf"),
+        "negative": ({"x": np.zeros((2, 2)), "y": np.array([0, -1])}, "y[1] = -1 is not a class number"),
+        "fraction": ({"x": np.zeros((2, 2)), "y": np.array([0.0, 1.5])}, "y[1] = 1.5 is not a class number"),
+        "text": ({"x": np.array([["a", "b"]]), "y": np.array([0])}, "must hold numbers"),
+    }
+    for name, (arrays, message) in cases.items():
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **arrays)
+        with pytest.raises(DataError) as caught:
+            load_npz(path)
+        assert message in str(caught.value) and str(path) in str(caught.value), name
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match=r"not a readable \.npz"):
+        load_npz(tmp_path / "junk.npz")
