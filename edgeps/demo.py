@@ -139,6 +139,7 @@ def run_local_job(
             "ps", *common, *to_flags(settings.server, ("job", "min_devices"), PROCESS_DEFAULTS),
             *to_flags(settings.model),
             "--seed", str(settings.seed), "--eval-data", str(shards.holdout), "--report", str(server_report),
+            "--save-model", str(logs.parent / "model.npz"),
             "--min-devices", str(settings.devices),
         ]  # fmt: skip
         if settings.backend != "numpy":
@@ -259,5 +260,5 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     say("")
     say(format_report(report))
     also = f" and {json_path}" if json_path else ""
-    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'accuracy.png'}")
+    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'accuracy.png'}; final model: {out / 'model.npz'}")
     return report

@@ -7,6 +7,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from edgeps.cli.common import address, broker_args, job_args, stop_on_signals
 from ps_service.config import PROCESS_DEFAULTS
 
@@ -72,6 +74,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
         transport.close()
+    if args.save_model:  # the final model, by tensor name (learning.model reads it)
+        np.savez(args.save_model, **core.store.params())
+        logging.getLogger("edgeps").info("final model (version %d) saved to %s", core.store.version, args.save_model)
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
 
@@ -88,6 +93,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ps.add_argument("--seed", type=int, default=0, help="seed of the model's initial parameters (default: 0)")
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
     ps.add_argument("--report", help="write the job's report here as JSON when it ends (edgeps report shows it)")
+    ps.add_argument("--save-model", help="write the final model here when the job ends (.npz, by tensor name)")
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")

@@ -157,6 +157,8 @@ def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
     assert saved["rounds"] == 15 and saved["commits"] == 3 * 15 and saved["rejected"] == 0
     assert report["best_accuracy"] > 0.7
     assert (tmp_path / "demo" / "accuracy.png").stat().st_size > 10_000
+    with np.load(tmp_path / "demo" / "model.npz") as model:  # the final model, to deploy
+        assert sorted(model.files) == ["dense0.b", "dense0.w", "dense1.b", "dense1.w"]
     # Again in the same folder: the broker's store still holds the first job's retained
     # ``finished`` barrier, which must not stop the new job's devices. acbsp this time, so that
     # its extrapolated server step (from version 10) runs over Mosquitto too.
@@ -367,6 +369,7 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
         sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{address.host}:{address.port}", "--job", "ck",
         "--rounds", str(rounds), "--min-devices", "3", "--eval-data", str(shards.holdout),
         "--checkpoint", str(checkpoint), "--report", str(report), "--round-deadline", "20",
+        "--save-model", str(tmp_path / "model.npz"),
     ]  # fmt: skip
     watcher = MqttTransport(address, "watcher", ["edgeps/ck/metrics"], persistent=False)
     watcher.wait_connected(10)
@@ -414,6 +417,9 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     assert final.applied == rounds * 3
     # commits redelivered after a kill, already applied; and the last ones, after the job's end
     assert set(final.rejected) <= {"replayed", "finished"}
+    with np.load(tmp_path / "model.npz") as saved:  # the final model, as the last metrics measured it
+        model = {name: saved[name] for name in saved.files}
+    assert Evaluator(Dataset.load(shards.holdout))(model)[0] == pytest.approx(final.accuracy)
 
 
 def test_churn_late_joiners_leavers_and_flapping_devices_neither_stall_nor_double_count(mosquitto, tmp_path) -> None:
