@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.topics import NAME_PATTERN
+from schemas.messages import DeviceId, Name
 
 
 class DeviceConfig(BaseModel):
@@ -15,10 +15,8 @@ class DeviceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job: str = Field("demo", pattern=rf"^{NAME_PATTERN}$", description="job name (topic prefix edgeps/JOB/)")
-    device: str | None = Field(
-        None, pattern=rf"^{NAME_PATTERN}$", description="device id (also its MQTT topic segment); required"
-    )
+    job: Name = Field("demo", description="job name (topic prefix edgeps/JOB/)")
+    device: DeviceId | None = Field(None, description="device id (also its MQTT topic segment); required")
     data: str | None = Field(None, description="the device's training shard, .npz with x and y; required")
     backend: Literal["numpy", "tflite", "auto"] = Field(
         "numpy",

@@ -38,7 +38,7 @@ def _base(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def _parser(name: str, annotation: Any, optional: bool, default: Any) -> Any:
+def _parser(annotation: Any, optional: bool, default: Any) -> Any:
     """The argparse ``type`` of a field: text to the field's value."""
     base, _ = _base(annotation)
     if typing.get_origin(base) is frozenset:
@@ -79,7 +79,7 @@ def add_model_options(
             choices = typing.get_args(base)
             parser.add_argument(flag(name, info), dest=name, default=default, choices=choices, help=help_text)
             continue
-        kind = _parser(name, info.annotation, optional, default)
+        kind = _parser(info.annotation, optional, default)
         parser.add_argument(flag(name, info), dest=name, default=default, type=kind, metavar=metavar, help=help_text)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from schemas.codecs import make_codec
-from schemas.topics import NAME_PATTERN
+from schemas.messages import Name
 
 #: Where ``edgeps ps`` (a server process) departs from ServerConfig's defaults, which suit the
 #: simulator and tests: it publishes metrics at least every second, so that traffic shows
@@ -22,7 +22,7 @@ class ServerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job: str = Field("demo", pattern=rf"^{NAME_PATTERN}$", description="job name (topic prefix edgeps/JOB/)")
+    job: Name = Field("demo", description="job name (topic prefix edgeps/JOB/)")
     pace: str = Field("bsp", description="bsp, acbsp, asp or ssp:S")
     rounds: int = Field(100, ge=1, description="global versions to produce before the job finishes")
     push_every: int = Field(10, ge=1, description="local steps per commit")

@@ -67,6 +67,11 @@ class Report:
             self.history_json.append(metrics.to_bytes())
 
 
+def _push_every(core: ServerCore) -> dict[str, int]:
+    """Each online device's push_every, by device id."""
+    return {d: core.frequency.push_every(d) for d in sorted(core.registry.active())}
+
+
 def evaluate(core: ServerCore, now: float) -> tuple[int, float, float]:
     """The latest evaluation, made afresh every ``eval_every`` versions and at the end; the
     frequency policy observes each one."""
@@ -107,7 +112,7 @@ def metrics(core: ServerCore, now: float) -> Publish:
         frequency=frequency.policy.name if frequency.frozen is None else "frozen",
         trend=frequency.policy.trend,
         server_step=round(core.server_step, 4),
-        push_every={d: frequency.push_every(d) for d in sorted(core.registry.active())},
+        push_every=_push_every(core),
     )
     report.record(record)
     return Publish(core.topics.metrics, record.to_bytes(), qos=1)
@@ -137,7 +142,7 @@ def status(core: ServerCore, now: float) -> dict[str, Any]:
             "base": frequency.base,
             "low": frequency.bounds.low,
             "high": frequency.bounds.high,
-            "push_every": {d: frequency.push_every(d) for d in sorted(core.registry.active())},
+            "push_every": _push_every(core),
         },
         "commits": traffic.commits,
         "applied": traffic.applied,

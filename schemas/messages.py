@@ -25,7 +25,9 @@ from pydantic import (
 from schemas.codecs import make_codec
 from schemas.topics import NAME_PATTERN
 
-DeviceId = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
+#: A job name or a device id: one segment of the topic tree (``schemas.topics.NAME_PATTERN``).
+Name = Annotated[str, StringConstraints(pattern=rf"^{NAME_PATTERN}$")]
+DeviceId = Name
 
 MAX_JSON_BYTES = 64 * 1024
 FREQUENCY_POLICIES = ("fixed", "adacomm", "trend")
