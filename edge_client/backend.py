@@ -52,6 +52,12 @@ class Backend:
                          meta.built_with, meta.sha256[:12])  # fmt: skip
         return True
 
+    def use_loss(self, loss: str) -> str | None:
+        """Train with the job's ``loss``; why not, in one line (the fallback follows, if it can)."""
+        if self.fallback is not None and self.fallback is not self.trainer:
+            self.fallback.use_loss(loss)
+        return None if self.trainer is None else self.trainer.use_loss(loss)
+
     def mismatch(self, params: Params, data: Dataset) -> str | None:
         """Why the trainer cannot train ``params`` on ``data``, in one line (None: it can, or no trainer yet)."""
         return None if self.trainer is None else self.trainer.mismatch(params, data.x, data.y)

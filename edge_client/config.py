@@ -17,7 +17,10 @@ class DeviceConfig(BaseModel):
 
     job: Name = Field("demo", description="job name (topic prefix edgeps/JOB/)")
     device: DeviceId | None = Field(None, description="device id (also its MQTT topic segment); required")
-    data: str | None = Field(None, description="the device's training shard, .npz with x and y; required")
+    data: str | None = Field(
+        None, description="the device's training shard, .npz with x and y; required without a task's device_data"
+    )
+    task: str | None = Field(None, description="a task file: its trainer and data (docs/TASKS.md)")
     backend: Literal["numpy", "tflite", "auto"] = Field(
         "numpy",
         description="numpy; tflite: the server's TFLite trainer (needs ai-edge-litert or tflite-runtime); "

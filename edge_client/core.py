@@ -194,6 +194,19 @@ class DeviceCore:
         if control.codec != self.feedback.codec.spec:  # the residual carries over (ErrorFeedback)
             self.feedback.codec = make_codec(control.codec)
         self.control = control
+        self._unfit(self._replica)
+
+    def _unfit(self, replica: Params | None) -> bool:
+        """Whether this device cannot train the job's loss, or its model on this data; if so its part
+        ends (``fatal``) rather than failing on its first step. Judged once the Control is held."""
+        if self.control is None or self.fatal is not None:
+            return self.fatal is not None
+        problem = self.backend.use_loss(self.control.loss)
+        problem = problem or (None if replica is None else self.backend.mismatch(replica, self.data))
+        if problem is not None:
+            self.fatal, self.finished = problem, True
+            self.events.error("%s", problem)
+        return problem is not None
 
     def _forget_replica(self) -> None:
         self.server_version, self._replica, self._replica_run = -1, None, None
@@ -268,10 +281,7 @@ class DeviceCore:
     def _adopt(self, version: int, replica: Params) -> None:
         """Train on ``replica`` from now on, carrying uncommitted progress over. A model this device's
         data does not fit ends the device's part (``fatal``) rather than failing on its first step."""
-        problem = self.backend.mismatch(replica, self.data)
-        if problem is not None:
-            self.fatal, self.finished = problem, True
-            self.events.error("%s", problem)
+        if self._unfit(replica):
             return
         self.server_version = version
         self._replica = replica

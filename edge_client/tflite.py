@@ -47,6 +47,7 @@ class TFLiteTrainer(Trainer):
 
     def __init__(self, meta: ArtifactMeta, tflite: bytes, threads: int = 1) -> None:
         self.meta = meta
+        self.loss = meta.loss
         interpreter = interpreter_class()(model_content=tflite, num_threads=threads)
         self._train = interpreter.get_signature_runner("loss_and_grads")
         self._predict = interpreter.get_signature_runner("predict")
@@ -61,10 +62,11 @@ class TFLiteTrainer(Trainer):
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
         if len(x) != self.meta.batch_size:
             raise TrainerError(f"the artifact trains batches of {self.meta.batch_size} rows, got {len(x)}")
-        out = self._train(**self._inputs(params), x=np.asarray(x, np.float32), y=np.asarray(y, np.int32))
+        labels = np.asarray(y, np.int32 if self.meta.loss == "cross_entropy" else np.float32)
+        out = self._train(**self._inputs(params), x=np.asarray(x, np.float32), y=labels)
         grads = {name: np.array(out[self.meta.input_name(name)], np.float32) for name in params}
         return float(out["loss"]), grads
 
     def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
-        """Logits for any number of rows."""
+        """The model's raw outputs (logits, or the predicted value) for any number of rows."""
         return np.array(self._predict(**self._inputs(params), x=np.asarray(x, np.float32))["logits"])

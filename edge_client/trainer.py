@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from learning import model
+from learning.losses import LOSSES, get_loss
 from learning.model import Params
 from schemas.artifact import ArtifactMeta
 
@@ -17,17 +18,36 @@ class TrainerError(RuntimeError):
 
 
 class Trainer(ABC):
-    """Computes loss and gradients for a batch; stateless, parameters passed in.
+    """Computes loss and gradients for a batch, and the model's outputs; stateless, parameters
+    passed in (a flat dict of named float32 arrays, the tensors the job aggregates by name).
 
-    Statelessness keeps the device core in charge of its parameters, so any backend
-    (numpy, a TFLite interpreter) can be swapped in without changing the training loop.
+    Statelessness keeps the device core in charge of its parameters, so any backend (numpy, a
+    TFLite interpreter, a task's own trainer) can be swapped in without changing the training
+    loop. A task's own trainer (docs/TASKS.md) subclasses this: ``loss_and_grads`` and ``predict``,
+    and ``loss``, the name of the loss it computes (the job's Control names it).
     """
 
-    name: str
+    name: str = "custom"
+    loss: str = "cross_entropy"  # the loss ``loss_and_grads`` computes
 
     @abstractmethod
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
         """Mean loss on (x, y) and its gradient for every parameter."""
+
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """The model's raw outputs (n, outputs) for inputs (n, features): what the task's metrics read."""
+        raise TrainerError(f"the {self.name} trainer does not predict")
+
+    def init(self, features: int, outputs: int, seed: int) -> Params:
+        """The job's version 0 for ``features`` inputs and ``outputs`` outputs (a task's own trainer
+        defines it; the server calls it)."""
+        raise TrainerError(f"the {self.name} trainer does not make initial parameters")
+
+    def use_loss(self, loss: str) -> str | None:
+        """Train with ``loss`` (the job's, from its Control) from now on; why not, in one line, if it cannot."""
+        if loss == self.loss:
+            return None
+        return f"the job trains with loss {loss!r}; this device's {self.name} trainer computes {self.loss!r}"
 
     def mismatch(self, params: Params, x: np.ndarray, y: np.ndarray) -> str | None:
         """Why the model ``params`` cannot train on data like (x, y), in one line; None if it can."""
@@ -35,23 +55,35 @@ class Trainer(ABC):
 
 
 class NumpyTrainer(Trainer):
-    """The numpy reference MLP (learning.model)."""
+    """The numpy reference MLP or CNN (learning.model), with any loss of learning.losses."""
 
     name = "numpy"
 
+    def __init__(self, loss: str = "cross_entropy") -> None:
+        self.loss = get_loss(loss).name
+
     def loss_and_grads(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
-        return model.loss_and_grads(params, x, y)
+        return model.loss_and_grads(params, x, y, self.loss)
+
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        return model.forward(params, x)
+
+    def use_loss(self, loss: str) -> str | None:
+        if loss not in LOSSES:
+            return f"the job trains with loss {loss!r}, which the numpy trainer does not know ({', '.join(LOSSES)})"
+        self.loss = loss
+        return None
 
     def mismatch(self, params: Params, x: np.ndarray, y: np.ndarray) -> str | None:
         try:
             features, outputs = model.model_features(params), model.classes(params)
         except (KeyError, ValueError, IndexError):
             return "the job's parameters are not a model this trainer knows (an MLP or CNN)"
-        top = int(y.max()) if len(y) else -1
-        if x.shape[1] != features or top >= outputs:
-            return (f"the job's model takes {features} features and {outputs} classes; this device's data has "
-                    f"{x.shape[1]} features and labels up to {top}")  # fmt: skip
-        return None
+        if x.shape[1] != features:
+            return f"the job's model takes {features} features; this device's data has {x.shape[1]}"
+        loss = get_loss(self.loss)
+        problem = loss.head_error(outputs) or loss.label_error(y, outputs)
+        return None if problem is None else f"the job's model ({outputs} outputs, loss {self.loss}): {problem}"
 
 
 #: Builds the trainer of a verified model artifact (its metadata and flatbuffer); TrainerError
@@ -69,15 +101,15 @@ def tflite_trainer(meta: ArtifactMeta, flatbuffer: bytes) -> Trainer:
 BACKENDS = ("numpy", "tflite", "auto")
 
 
-def make_trainer(backend: str) -> tuple[Trainer | None, ArtifactTrainer | None]:
+def make_trainer(backend: str, loss: str = "cross_entropy") -> tuple[Trainer | None, ArtifactTrainer | None]:
     """(the trainer to start with, how to build one from the server's model artifact, if the
     device takes it) for a backend: ``numpy``: the reference, no artifact; ``tflite``: only the
     artifact's trainer (no training until it arrives); ``auto``: numpy until an artifact arrives
     that this device can run."""
     if backend == "numpy":
-        return NumpyTrainer(), None
+        return NumpyTrainer(loss), None
     if backend == "tflite":
         return None, tflite_trainer
     if backend == "auto":
-        return NumpyTrainer(), tflite_trainer
+        return NumpyTrainer(loss), tflite_trainer
     raise ValueError(f"unknown trainer backend {backend!r}; known: {list(BACKENDS)}")

@@ -15,10 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
+from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.report import build_report, format_report, plot_accuracy, read_metrics, write_json
+from edgeps.task import load_task
 from learning.data import load_digits
-from learning.prepare import ShardPaths, prepare_shards
+from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
 from learning.spec import ModelSpec
 from ps_service.config import PROCESS_DEFAULTS, ServerConfig
 from schemas.messages import DeviceStatus, MessageError, Metrics
@@ -41,6 +43,8 @@ class DemoSettings(BaseModel):
     )
     metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics and the dashboard "
                                      "on this port")  # fmt: skip
+    task: Path | None = Field(None, description="a task file: the model, loss, metrics and data (docs/TASKS.md); "
+                              "default: the built-in digits job")  # fmt: skip
     out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, accuracy.png")
     broker: str | None = Field(None, description="use this HOST:PORT instead of starting a broker")
     embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
@@ -87,8 +91,9 @@ def _progress(metrics: Metrics, rounds: int) -> None:
     """A live progress bar on a terminal; every tenth of the job as a line otherwise."""
     done = int(30 * metrics.version / rounds)
     line = (
-        f"[{'#' * done}{'.' * (30 - done)}] round {metrics.version:>3}/{rounds}  accuracy {metrics.accuracy:.4f}  "
-        f"loss {metrics.loss:.4f}  commits {metrics.commits:>5}  {metrics.elapsed_s:6.1f} s"
+        f"[{'#' * done}{'.' * (30 - done)}] round {metrics.version:>3}/{rounds}  "
+        f"{metrics.metric} {metrics.value or 0.0:.4f}  loss {metrics.loss:.4f}  commits {metrics.commits:>5}  "
+        f"{metrics.elapsed_s:6.1f} s"
     )
     if sys.stdout.isatty():
         print("\r" + line, end="\n" if metrics.finished else "", flush=True)
@@ -142,6 +147,8 @@ def run_local_job(
             "--save-model", str(logs.parent / "model.npz"),
             "--min-devices", str(settings.devices),
         ]  # fmt: skip
+        task = ["--task", str(settings.task)] if settings.task is not None else []
+        server_args += task
         if settings.backend != "numpy":
             server_args.append("--export-tflite")
         if settings.metrics_port is not None:
@@ -160,7 +167,7 @@ def run_local_job(
             device = [
                 "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
-                "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name),
+                "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name), *task,
             ]  # fmt: skip
             processes.append(spawn(device, logs / f"{settings.server.job}-{name}.log"))
         if not quiet:
@@ -210,17 +217,33 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     say = (lambda *a, **k: None) if quiet else print
+    task = load_task(settings.task) if settings.task is not None else None  # refused before anything starts
+    if task is not None:
+        settings = settings.model_copy(update={"server": settings.server.model_copy(update=task.server_options())})
     c_device = None
     if settings.embedded_devices:
-        if not 0 < settings.embedded_devices <= settings.devices or settings.model.arch != "mlp":
-            raise ValueError(f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) "
-                             "C devices, with --arch mlp (the C trainer is the MLP)")  # fmt: skip
+        arch = task.model.arch if task is not None and isinstance(task.model, ModelSpec) else settings.model.arch
+        mlp = arch == "mlp" and (task is None or isinstance(task.model, ModelSpec))
+        if not 0 < settings.embedded_devices <= settings.devices or not mlp or settings.server.loss not in C_LOSSES:
+            raise ValueError(
+                f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) C devices, "
+                f"with the built-in MLP and loss {' or '.join(C_LOSSES)} (the C trainer's)"
+            )
         from edgeps.embedded import build_device
 
         say("building edgeps-device, the C SDK's device ...")
         c_device = build_device(out / "sdk")
-    shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
-    say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
+    if task is not None:
+        data, devices = task.dataset()
+        if devices is not None:  # split by the gateway each row came from
+            shards = prepare_device_shards(data, devices, out / "data", settings.seed)
+            settings = settings.model_copy(update={"devices": len(shards.devices)})
+        else:
+            shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
+        say(f"data: {settings.task}, {len(data)} rows, {settings.devices} devices; files under {out}/")
+    else:
+        shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
+        say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
     if c_device is not None:
         from learning.data import Dataset
         from schemas.frame import encode_data_frame

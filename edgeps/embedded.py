@@ -16,6 +16,7 @@ STACK_RESERVE = 8192
 BATCH = 32
 MODELS = ("64-64-10", "64-32-10")
 CODECS = (("fp32", "fp32"), ("sign", "ternary"))  # (commits, pulls) of the real jobs
+C_LOSSES = ("cross_entropy", "bce", "mse", "mae")  # what the C trainer (src/mlp.c) computes
 ARENA_BYTES = 163840  # the scripted image's static arena: more than the demo model needs with any codec
 
 

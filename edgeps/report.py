@@ -1,4 +1,4 @@
-"""The report of a training run: JSON, a text table, and a PNG accuracy curve.
+"""The report of a training run: JSON, a text table, and a PNG of the task's metric and loss.
 
 ``edgeps ps --report FILE`` and ``edgeps demo`` write the same report (the demo adds what it
 saw of its devices); ``edgeps report FILE`` prints its table and draws its plot later. The
@@ -10,18 +10,33 @@ import json
 from pathlib import Path
 from typing import Any
 
+from learning.metrics import METRICS
 from schemas.messages import Metrics
+
+
+def _value(m: Metrics) -> float:
+    """The task's metric in a record (records before protocol 1.2 hold only the accuracy)."""
+    value = m.value if m.value is not None else m.accuracy
+    return float("nan") if value is None else value
 
 
 def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]) -> dict[str, Any]:
     """Summarise the server's per-version metrics; ``history`` must hold at least version 0."""
     if not history:
         raise ValueError("no metrics were recorded")
-    last = history[-1]
+    last, metric = history[-1], history[-1].metric
+    higher = METRICS[metric].higher_is_better if metric in METRICS else True
+    values = [_value(m) for m in history]
+    accuracy = {}
+    if all(m.accuracy is not None for m in history):
+        accuracy = {"best_accuracy": max(m.accuracy or 0.0 for m in history), "final_accuracy": last.accuracy}
     return {
         "settings": settings,
-        "best_accuracy": max(m.accuracy for m in history),
-        "final_accuracy": last.accuracy,
+        "metric": metric,
+        "higher_is_better": higher,
+        "best": max(values) if higher else min(values),
+        "final": values[-1],
+        **accuracy,
         "rounds": last.version,
         "wall_s": round(wall_s, 3),
         "train_s": round(last.elapsed_s, 3),
@@ -31,7 +46,10 @@ def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]
         "bytes_down": last.bytes_down,
         "rejected": sum(last.rejected.values()),
         "rejected_by_reason": dict(last.rejected),
-        "history": [m.model_dump(include={"version", "accuracy", "loss", "commits", "elapsed_s"}) for m in history],
+        "history": [
+            {**m.model_dump(include={"version", "accuracy", "loss", "commits", "elapsed_s"}), "value": v}
+            for m, v in zip(history, values, strict=True)
+        ],
         "metrics": [m.model_dump() for m in history],
     }
 
@@ -46,6 +64,9 @@ def read_report(path: str | Path) -> dict[str, Any]:
             history = [Metrics.model_validate(m) for m in data]
             return build_report(history, history[-1].elapsed_s if history else 0.0, {})
         if isinstance(data, dict) and "metrics" in data and "history" in data:
+            if "metric" not in data:  # written before protocol 1.2: the records say the rest
+                history = [Metrics.model_validate(m) for m in data["metrics"]]
+                return {**data, **build_report(history, data.get("wall_s", 0.0), data.get("settings", {}))}
             return data
     except (OSError, ValueError) as exc:  # pydantic's ValidationError and JSON errors are ValueErrors
         raise ValueError(f"{path}: not an edgeps report ({str(exc).splitlines()[0]})") from None
@@ -62,20 +83,19 @@ def _mb(n: int) -> str:
 
 
 def format_report(report: dict[str, Any], max_rows: int = 25) -> str:
-    """A readable table: per round accuracy and loss, then the totals."""
-    rows = report["history"]
+    """A readable table: per round the task's metric and the loss, then the totals."""
+    rows, metric = report["history"], report["metric"]
     if len(rows) > max_rows:  # keep the first, the last and evenly spaced rounds between
         step = (len(rows) - 1) / (max_rows - 1)
         rows = [rows[round(i * step)] for i in range(max_rows)]
-    lines = [f"{'round':>6} {'accuracy':>9} {'loss':>8} {'commits':>8} {'time s':>8}"]
+    lines = [f"{'round':>6} {metric:>9} {'loss':>8} {'commits':>8} {'time s':>8}"]
     lines += [
-        f"{r['version']:>6} {r['accuracy']:>9.4f} {r['loss']:>8.4f} {r['commits']:>8} {r['elapsed_s']:>8.2f}"
-        for r in rows
+        f"{r['version']:>6} {r['value']:>9.4f} {r['loss']:>8.4f} {r['commits']:>8} {r['elapsed_s']:>8.2f}" for r in rows
     ]
     lines += [
         "",
-        f"best accuracy   {report['best_accuracy']:.4f}",
-        f"final accuracy  {report['final_accuracy']:.4f}",
+        f"best {metric:<10} {report['best']:.4f}" + ("" if report["higher_is_better"] else " (lower is better)"),
+        f"final {metric:<9} {report['final']:.4f}",
         f"rounds          {report['rounds']}",
         f"wall time       {report['wall_s']:.1f} s (training {report['train_s']:.1f} s)",
         f"commits         {report['commits']} ({report['applied']} applied, {report['rejected']} rejected)",
@@ -92,20 +112,23 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2))
 
 
-def plot_accuracy(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out accuracy") -> None:
-    """PNG of accuracy against round and against time."""
+def plot_accuracy(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out metric and loss") -> None:
+    """PNG of the task's metric and the loss on the held-out set against time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["history"]
-    fig, (by_round, by_time) = plt.subplots(1, 2, figsize=(10, 4))
-    by_round.plot([r["version"] for r in rows], [r["accuracy"] for r in rows], marker=".")
-    by_round.set(xlabel="round (global version)", ylabel="held-out accuracy", ylim=(0, 1))
-    by_time.plot([r["elapsed_s"] for r in rows], [r["accuracy"] for r in rows], marker=".")
-    by_time.set(xlabel="seconds since server start", ylim=(0, 1))
-    for ax in (by_round, by_time):
+    rows, metric = report["history"], report["metric"]
+    seconds = [r["elapsed_s"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(seconds, [r["value"] for r in rows], marker=".")
+    left.set(xlabel="seconds since the job started", ylabel=f"held-out {metric}")
+    if metric in ("accuracy", "macro_f1"):
+        left.set_ylim(0, 1)
+    right.plot(seconds, [r["loss"] for r in rows], marker=".", color="tab:red")
+    right.set(xlabel="seconds since the job started", ylabel="held-out loss")
+    for ax in (left, right):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

@@ -271,7 +271,7 @@ class Simulation:
 
         (Judging by the server's own per-version metrics would favour paces that make
         more versions: the best of more noisy evaluations is higher.)"""
-        accuracy, _ = self.judge(self.server.store.view())
+        accuracy = self.judge(self.server.store.view()).values["accuracy"]
         self._curve.append((round(self.now, 6), accuracy))
         traffic, assigned = self.server.traffic, self.server.frequency.assigned
         push_every = sum(assigned.values()) / len(assigned) if assigned else float(self.server.frequency.base)

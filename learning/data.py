@@ -1,7 +1,7 @@
 """Datasets, held-out splits and non-IID partitions across devices.
 
-A dataset is a pair of arrays: ``x`` float32 of shape (n, features) scaled to [0, 1]
-and ``y`` int64 class labels of shape (n,).
+A dataset is a pair of arrays: ``x`` float32 of shape (n, features) and ``y`` of shape (n,):
+int64 class labels for classification, float32 targets for a regression.
 """
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ class Dataset:
     @staticmethod
     def load(path: str | Path) -> Dataset:
         with np.load(path, allow_pickle=False) as data:
-            return Dataset(data["x"].astype(np.float32), data["y"].astype(np.int64))
+            y = data["y"]
+            return Dataset(data["x"].astype(np.float32), y.astype(np.int64 if y.dtype.kind in "iub" else np.float32))
 
 
-def load_npz(path: str | Path) -> Dataset:
-    """A user's ``.npz`` with ``x`` (n, features) numbers and ``y`` (n,) class numbers from 0, checked
-    (DataError naming the file and the array): the arrays are present, shaped, finite and integral."""
+def load_npz(path: str | Path, classification: bool | None = True) -> Dataset:
+    """A user's ``.npz`` with ``x`` (n, features) numbers and ``y`` (n,) class numbers from 0 (or, not
+    ``classification``, real targets; None: as ``y``'s type says), checked (DataError naming the file
+    and the array): the arrays are present, shaped and finite, and class numbers integral."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -68,6 +70,13 @@ def load_npz(path: str | Path) -> Dataset:
     bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
     if len(bad):
         raise DataError(f"{path}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
+    if classification is None:
+        classification = y.dtype.kind in "iub"
+    if not classification:
+        bad = np.flatnonzero(~np.isfinite(y))
+        if len(bad):
+            raise DataError(f"{path}: y[{bad[0]}] is NaN or Inf ({len(bad)} targets are)")
+        return Dataset(x.astype(np.float32), y.astype(np.float32))
     wrong = np.flatnonzero((y < 0) | (y != np.round(y)) | ~np.isfinite(y))
     if len(wrong):
         raise DataError(f"{path}: y[{wrong[0]}] = {y[wrong[0]]} is not a class number (0, 1, ...)")
@@ -121,10 +130,19 @@ def load_idx(images: str | Path, labels: str | Path) -> Dataset:
     return Dataset((x.reshape(len(x), -1).astype(np.float32) / 255.0), y.astype(np.int64))
 
 
+def strata(y: np.ndarray) -> np.ndarray:
+    """What splits and partitions balance: each row's class, or for real-valued targets (a regression)
+    its quintile of the targets."""
+    if y.dtype.kind in "iub":
+        return y
+    return np.searchsorted(np.quantile(y, [0.2, 0.4, 0.6, 0.8]), y, side="right")
+
+
 def stratified_indices(y: np.ndarray, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train rows, held-out rows), sorted, with ``holdout`` of every class held out."""
+    """(train rows, held-out rows), sorted, with ``holdout`` of every class (or target quintile) held out."""
     if not 0 < holdout < 1:
         raise ValueError("holdout must be in (0, 1)")
+    y = strata(y)
     rng = np.random.default_rng(seed)
     train_idx, test_idx = [], []
     for label in np.unique(y):
@@ -142,7 +160,8 @@ def stratified_split(data: Dataset, holdout: float, seed: int) -> tuple[Dataset,
 
 
 def dirichlet_partition(y: np.ndarray, devices: int, alpha: float, seed: int, min_size: int = 10) -> list[np.ndarray]:
-    """Indices of ``y`` split across ``devices`` with class shares drawn from Dirichlet(alpha).
+    """Indices of ``y`` split across ``devices`` with class (or target quintile) shares drawn from
+    Dirichlet(alpha).
 
     Small alpha gives each device few classes (non-IID); large alpha approaches IID.
     Every index goes to exactly one device; draws repeat (seeded) until every device
@@ -152,7 +171,7 @@ def dirichlet_partition(y: np.ndarray, devices: int, alpha: float, seed: int, mi
         raise ValueError("need devices >= 1 and alpha > 0")
     if devices * min_size > len(y):
         raise ValueError(f"{len(y)} samples cannot give {devices} devices {min_size} each")
-    rng = np.random.default_rng(seed)
+    rng, y = np.random.default_rng(seed), strata(y)
     for _ in range(1000):
         shards: list[list[int]] = [[] for _ in range(devices)]
         for label in np.unique(y):

@@ -1,5 +1,5 @@
-"""The numpy reference models: a ReLU MLP, and a small CNN in front of one, with softmax
-cross-entropy.
+"""The numpy reference models: a ReLU MLP, and a small CNN in front of one, trained with any
+loss of learning.losses (softmax cross-entropy, binary cross-entropy, MSE, MAE) on their raw outputs.
 
 Parameters are a flat, ordered dict of float32 arrays named ``dense{i}.w`` (in, out)
 and ``dense{i}.b`` (out,); the CNN adds ``conv0.w`` (k*k, channels) and ``conv0.b``
@@ -16,6 +16,9 @@ import itertools
 import math
 
 import numpy as np
+
+from learning.losses import get_loss
+from learning.metrics import METRICS
 
 Params = dict[str, np.ndarray]
 
@@ -128,14 +131,8 @@ def forward(params: Params, x: np.ndarray) -> np.ndarray:
     return h
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    return out
-
-
-def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, Params]:
-    """Mean softmax cross-entropy over the batch and its gradient for every parameter."""
+def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cross_entropy") -> tuple[float, Params]:
+    """Mean ``loss`` (learning.losses) over the batch and its gradient for every parameter."""
     cnn = architecture(params) == "cnn"
     if cnn:
         patches, conv_out, h = _conv_forward(params, x)
@@ -148,12 +145,7 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float,
         if i < last:
             h = np.maximum(h, 0.0)
             activations.append(h)
-    logp = _log_softmax(h)
-    n = len(y)
-    loss = float(-logp[np.arange(n), y].mean())
-    delta = np.exp(logp)
-    delta[np.arange(n), y] -= 1.0
-    delta /= n
+    value, delta = get_loss(loss).value_and_delta(h, y)
     grads: Params = {}
     for i in range(last, -1, -1):
         grads[f"dense{i}.w"] = (activations[i].T @ delta).astype(np.float32)
@@ -164,13 +156,13 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float,
         delta = (delta @ params["dense0.w"].T).reshape(conv_out.shape) * (conv_out > 0)
         grads["conv0.w"] = np.einsum("npk,npc->kc", patches, delta).astype(np.float32)
         grads["conv0.b"] = delta.sum(axis=(0, 1)).astype(np.float32)
-    return loss, {name: grads[name] for name in params}
+    return value, {name: grads[name] for name in params}
 
 
-def evaluate(params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy loss) of the model on a labelled set."""
-    logits = forward(params, x)
-    logp = _log_softmax(logits)
-    accuracy = float((logits.argmax(axis=1) == y).mean())
-    loss = float(-logp[np.arange(len(y)), y].mean())
-    return accuracy, loss
+def evaluate(
+    params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cross_entropy", metrics: tuple[str, ...] = ("accuracy",)
+) -> tuple[dict[str, float], float]:
+    """({metric: value}, mean ``loss``) of the model on a labelled set."""
+    z = forward(params, x)
+    value, _ = get_loss(loss).value_and_delta(z, y)
+    return {name: METRICS[name].compute(z, y) for name in metrics}, value

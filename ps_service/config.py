@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from schemas.codecs import make_codec
 from schemas.messages import Name
@@ -28,6 +28,16 @@ class ServerConfig(BaseModel):
     push_every: int = Field(10, ge=1, description="local steps per commit")
     lr: float = Field(0.2, gt=0, description="the devices' SGD learning rate")
     batch_size: int = Field(32, ge=1, description="the devices' batch size")
+    loss: Name = Field(
+        "cross_entropy",
+        description="the loss devices train with and the server reports: cross_entropy, bce, mse, mae "
+        "(docs/TASKS.md), or a task trainer's own",
+    )
+    metrics: str = Field(
+        "",
+        description="held-out metrics, comma-separated, the first the one reports and policies follow: accuracy, "
+        "macro_f1 (classification), mse, mae, rmse (regression); default accuracy, or mse,mae for a regression",
+    )
     codec: str = Field("fp32", description="codec devices use for their commits: fp32, fp16, int8, sign, ternary, "
                        "qsgd:S or topk:P")  # fmt: skip
     pull_codec: str = Field("fp32", description="fp32: broadcast snapshots; else compressed deltas in this codec")
@@ -99,6 +109,25 @@ class ServerConfig(BaseModel):
     )
     eval_every: int = Field(1, ge=1, description="evaluate the global model every this many broadcast versions")
     eval_sample: int | None = Field(None, ge=1, description="evaluate on a fixed sample of this many held-out rows")
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics to measure: those named, or the loss's default."""
+        from learning.losses import LOSSES
+        from learning.metrics import default_metrics
+
+        named = tuple(m.strip() for m in self.metrics.split(",") if m.strip())
+        loss = LOSSES.get(self.loss)
+        return named or tuple(default_metrics(loss is None or loss.classification))
+
+    @model_validator(mode="after")
+    def _metrics_fit_loss(self) -> ServerConfig:
+        from learning.losses import LOSSES
+        from learning.metrics import get_metrics
+
+        loss = LOSSES.get(self.loss)
+        get_metrics(self.metric_names, None if loss is None else loss.classification)
+        return self
 
     @field_validator("frequency")
     @classmethod

@@ -268,6 +268,7 @@ class ServerCore:
             push_every=push_every,
             lr=self.config.lr,
             batch_size=self.config.batch_size,
+            loss=self.config.loss,
             codec=self.codec,
             pull_codec=self.config.pull_codec,
             wait_for_params=rules.wait_for_params,

@@ -1,25 +1,48 @@
-"""Accuracy and loss of the global model on held-out data, and what evaluating costs."""
+"""The task's metrics and loss of the global model on held-out data, and what evaluating costs."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from learning.data import Dataset
-from learning.model import Params, evaluate
+from learning.losses import get_loss
+from learning.metrics import Metric, get_metrics
+from learning.model import Params, forward
 
-MAX_LOSS = 1e30  # the loss reported for a model whose loss is not even finite in double precision
+MAX_LOSS = 1e30  # the loss (or error) reported for a model whose value is not even finite in double precision
+
+#: The model's raw outputs (n, outputs) for inputs (n, features).
+Predict = Callable[[Params, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    values: dict[str, float]  # metric name -> value, in the task's order (the first is its metric)
+    loss: float
 
 
 class Evaluator:
     """Evaluates parameters on a fixed held-out set, or on a fixed seeded sample of it
-    (``sample`` rows) to bound the server's cost. With a ``clock`` (the driver's, e.g.
-    ``time.perf_counter``), ``seconds`` adds up the time spent; without one it stays 0."""
+    (``sample`` rows) to bound the server's cost: the task's ``metrics`` (the first is the one
+    reports and the frequency policies follow) and its ``loss``, on the outputs of ``predict``
+    (the numpy reference by default); for a task trainer's own loss, ``loss_value`` measures it.
+    With a ``clock`` (the driver's, e.g. ``time.perf_counter``),
+    ``seconds`` adds up the time spent; without one it stays 0."""
 
     def __init__(
-        self, holdout: Dataset, sample: int | None = None, seed: int = 0, clock: Callable[[], float] | None = None
+        self,
+        holdout: Dataset,
+        sample: int | None = None,
+        seed: int = 0,
+        clock: Callable[[], float] | None = None,
+        loss: str = "cross_entropy",
+        metrics: tuple[str, ...] = ("accuracy",),
+        predict: Predict = forward,
+        loss_value: Callable[[Params, np.ndarray, np.ndarray], float] | None = None,
     ) -> None:
         if len(holdout) == 0:
             raise ValueError("the held-out set is empty")
@@ -27,22 +50,44 @@ class Evaluator:
             rows = np.sort(np.random.default_rng(seed).choice(len(holdout), size=sample, replace=False))
             holdout = holdout.subset(rows)
         self.holdout = holdout
+        self.loss = None if loss_value is not None else get_loss(loss)
+        self.metrics: list[Metric] = get_metrics(metrics, None if self.loss is None else self.loss.classification)
+        self.predict, self.loss_value = predict, loss_value
         self.clock = clock
         self.seconds = 0.0
         self.calls = 0
 
-    def __call__(self, params: Params) -> tuple[float, float]:
-        """(accuracy, loss), both finite: where float32 overflows, the evaluation is made again in
-        double precision, and a loss beyond even that is reported as ``MAX_LOSS``."""
+    @property
+    def metric(self) -> Metric:
+        """The task's metric: the one reports and the frequency policies follow."""
+        return self.metrics[0]
+
+    def _measure(self, params: Params, x: np.ndarray) -> tuple[list[float], float]:
+        z = self.predict(params, x)
+        if self.loss_value is not None:
+            loss = self.loss_value(params, x, self.holdout.y)
+        else:
+            assert self.loss is not None
+            loss, _ = self.loss.value_and_delta(z, self.holdout.y)
+        return [metric.compute(z, self.holdout.y) for metric in self.metrics], loss
+
+    def __call__(self, params: Params) -> Evaluation:
+        """The metrics and loss, all finite: where float32 overflows, the evaluation is made again in
+        double precision; a value beyond even that is reported as its worst (0 for a metric where
+        higher is better, ``MAX_LOSS`` for a loss or an error)."""
         started = self.clock() if self.clock is not None else 0.0
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # a model gone bad is measured below
-                accuracy, loss = evaluate(params, self.holdout.x, self.holdout.y)
-            if not (math.isfinite(accuracy) and math.isfinite(loss)):
-                wide = {name: values.astype(np.float64) for name, values in params.items()}
+                values, loss = self._measure(params, self.holdout.x)
+            if not all(math.isfinite(v) for v in [*values, loss]):
+                wide = {name: v.astype(np.float64) for name, v in params.items()}
                 with np.errstate(all="ignore"):
-                    accuracy, loss = evaluate(wide, self.holdout.x.astype(np.float64), self.holdout.y)
-            return (accuracy if math.isfinite(accuracy) else 0.0), (loss if math.isfinite(loss) else MAX_LOSS)
+                    values, loss = self._measure(wide, self.holdout.x.astype(np.float64))
+            finite = {
+                metric.name: v if math.isfinite(v) else (0.0 if metric.higher_is_better else MAX_LOSS)
+                for metric, v in zip(self.metrics, values, strict=True)
+            }
+            return Evaluation(finite, loss if math.isfinite(loss) else MAX_LOSS)
         finally:
             if self.clock is not None:
                 self.seconds += self.clock() - started

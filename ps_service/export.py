@@ -26,8 +26,20 @@ from learning.model import Params, architecture, classes, conv_geometry, dense_l
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
 
 
-def build_tflite(params: Params, batch_size: int) -> bytes:
-    """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``."""
+def _loss(tf: Any, name: str, z: Any, y: Any, outputs: int) -> Any:
+    """The mean ``name`` loss (learning.losses) of outputs ``z`` against ``y``, in builtin ops."""
+    if name == "cross_entropy":
+        log_probs = z - tf.reduce_logsumexp(z, axis=1, keepdims=True)
+        return -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, outputs) * log_probs, axis=1))
+    value = z[:, 0]
+    if name == "bce":  # log(1 + e^-|z|) + max(z, 0) - z y
+        return tf.reduce_mean(tf.math.log1p(tf.exp(-tf.abs(value))) + tf.maximum(value, 0.0) - value * y)
+    error = value - y
+    return tf.reduce_mean(error * error) if name == "mse" else tf.reduce_mean(tf.abs(error))
+
+
+def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -> bytes:
+    """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``, training ``loss``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -62,7 +74,7 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
 
     specs = [tf.TensorSpec(params[n].shape, tf.float32, name=n.replace(".", "_")) for n in names]
     train_x = tf.TensorSpec([batch_size, features], tf.float32, name="x")
-    train_y = tf.TensorSpec([batch_size], tf.int32, name="y")
+    train_y = tf.TensorSpec([batch_size], tf.int32 if loss == "cross_entropy" else tf.float32, name="y")
     any_x = tf.TensorSpec([None, features], tf.float32, name="x")
 
     class Trainer(tf.Module):  # type: ignore[misc]  # TensorFlow is untyped
@@ -71,11 +83,9 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
             p, x, y = dict(zip(names, args[:-2], strict=True)), args[-2], args[-1]
             with tf.GradientTape() as tape:
                 tape.watch(list(p.values()))
-                z = logits(p, x)
-                log_probs = z - tf.reduce_logsumexp(z, axis=1, keepdims=True)
-                loss = -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, outputs) * log_probs, axis=1))
-            grads = tape.gradient(loss, [p[n] for n in names])
-            return {"loss": loss, **{n.replace(".", "_"): g for n, g in zip(names, grads, strict=True)}}
+                value = _loss(tf, loss, logits(p, x), y, outputs)
+            grads = tape.gradient(value, [p[n] for n in names])
+            return {"loss": value, **{n.replace(".", "_"): g for n, g in zip(names, grads, strict=True)}}
 
         @tf.function(input_signature=[*specs, any_x])
         def predict(self, *args: Any) -> dict[str, Any]:
@@ -90,17 +100,18 @@ def build_tflite(params: Params, batch_size: int) -> bytes:
     return flatbuffer
 
 
-def build_artifact(params: Params, batch_size: int, version: int = 1) -> bytes:
+def build_artifact(params: Params, batch_size: int, version: int = 1, loss: str = "cross_entropy") -> bytes:
     """The artifact payload for ``edgeps/{job}/model``: metadata and the verified flatbuffer."""
     import tensorflow as tf
 
-    tflite = build_tflite(params, batch_size)
+    tflite = build_tflite(params, batch_size, loss)
     meta = ArtifactMeta(
         arch=architecture(params),
         version=version,
         params=[TensorSpec(name=n, shape=tuple(int(d) for d in v.shape)) for n, v in params.items()],
         features=model_features(params),
         classes=classes(params),
+        loss=loss,
         batch_size=batch_size,
         sha256=hashlib.sha256(tflite).hexdigest(),
         size=len(tflite),

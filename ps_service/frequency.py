@@ -41,9 +41,10 @@ class FrequencyPolicy(ABC):
     name: str
 
     @abstractmethod
-    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
-        """An evaluation of the global model at time ``now`` (seconds); the value may move,
-        within ``bounds``."""
+    def observe(self, now: float, score: float, loss: float, bounds: Bounds) -> None:
+        """An evaluation of the global model at time ``now`` (seconds): the task's metric as a
+        ``score`` (higher is better, 1 ideal: the accuracy itself, or 1 - error for an error metric;
+        learning.metrics) and the loss. The value may move, within ``bounds``."""
 
     @abstractmethod
     def value(self, bounds: Bounds) -> int:
@@ -70,7 +71,7 @@ class Fixed(FrequencyPolicy):
     def __init__(self, push_every: int) -> None:
         self.push_every = push_every
 
-    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
+    def observe(self, now: float, score: float, loss: float, bounds: Bounds) -> None:
         pass
 
     def value(self, bounds: Bounds) -> int:
@@ -93,7 +94,7 @@ class AdaComm(FrequencyPolicy):
         self.initial_loss: float | None = None
         self.loss: float | None = None
 
-    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
+    def observe(self, now: float, score: float, loss: float, bounds: Bounds) -> None:
         if not math.isfinite(loss):
             return
         if self.initial_loss is None:
@@ -113,7 +114,8 @@ class AdaComm(FrequencyPolicy):
 
 
 class Trend(FrequencyPolicy):
-    """The paper's policy: fit a line to held-out accuracy over the last ``window`` evaluations
+    """The paper's policy: fit a line to the held-out score (accuracy, or 1 - error for a task whose
+    metric is an error, where lower is better) over the last ``window`` evaluations
     and read how much of the remaining error it closes over that span (the *gain*). While the
     model improves fast (gain >= ``steep``) local work pays: commit rarely, push_every doubles.
     When it flattens (gain <= ``flat``) drift costs more than messages: push_every halves.
@@ -145,10 +147,10 @@ class Trend(FrequencyPolicy):
     def trend(self) -> float | None:
         return self._gain
 
-    def observe(self, now: float, accuracy: float, loss: float, bounds: Bounds) -> None:
-        if not math.isfinite(accuracy):
+    def observe(self, now: float, score: float, loss: float, bounds: Bounds) -> None:
+        if not math.isfinite(score):
             return
-        self.points = [*self.points, (now, accuracy)][-self.window :]
+        self.points = [*self.points, (now, score)][-self.window :]
         self._gain = self.gain(self.points)
         if self._gain is not None:
             signal = 1 if self._gain >= self.steep else -1 if self._gain <= self.flat else 0
@@ -168,7 +170,7 @@ class Trend(FrequencyPolicy):
 
     @staticmethod
     def gain(points: list[tuple[float, float]]) -> float | None:
-        """Share of the remaining error (1 - accuracy) that the fitted line closes over the
+        """Share of the remaining error (1 - score) that the fitted line closes over the
         span of ``points``; None for fewer than 2 points or no elapsed time."""
         if len(points) < 2:
             return None
@@ -215,9 +217,9 @@ class FrequencyController:
         self.frozen: int | None = None  # the base push_every an operator froze
         self.assigned: dict[str, int] = {}
 
-    def observe(self, now: float, accuracy: float, loss: float) -> None:
+    def observe(self, now: float, score: float, loss: float) -> None:
         """An evaluation of the global model: the policy may move the base value."""
-        self.policy.observe(now, accuracy, loss, self.bounds)
+        self.policy.observe(now, score, loss, self.bounds)
 
     @property
     def base(self) -> int:

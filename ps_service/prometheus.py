@@ -20,7 +20,8 @@ def exposition(metrics: Metrics | None) -> str:
     """The text format (version 0.0.4) for one metrics record; only the help lines without one."""
     families = [
         ("edgeps_version", "gauge", "global model version"),
-        ("edgeps_accuracy", "gauge", "held-out accuracy of the evaluated version"),
+        ("edgeps_accuracy", "gauge", "held-out accuracy of the evaluated version (tasks that measure it)"),
+        ("edgeps_metric", "gauge", "the task's metrics on the held-out set, by metric"),
         ("edgeps_loss", "gauge", "held-out loss of the evaluated version"),
         ("edgeps_commits_total", "counter", "commits received, accepted or not"),
         ("edgeps_applied_total", "counter", "commits folded into the model"),
@@ -42,12 +43,15 @@ def exposition(metrics: Metrics | None) -> str:
         job = f'job="{_label(metrics.job)}"'
         if name == "edgeps_rejected_total":
             lines += [f'{name}{{{job},reason="{_label(r)}"}} {n}' for r, n in sorted(metrics.rejected.items())]
+        elif name == "edgeps_metric":
+            lines += [f'{name}{{{job},metric="{_label(m)}"}} {v}' for m, v in metrics.values.items()]
+        elif name == "edgeps_accuracy":
+            lines += [] if metrics.accuracy is None else [f"{name}{{{job}}} {metrics.accuracy}"]
         elif name == "edgeps_push_every":
             lines += [f'{name}{{{job},device="{_label(d)}"}} {p}' for d, p in sorted(metrics.push_every.items())]
         else:
             value = {
                 "edgeps_version": metrics.version,
-                "edgeps_accuracy": metrics.accuracy,
                 "edgeps_loss": metrics.loss,
                 "edgeps_commits_total": metrics.commits,
                 "edgeps_applied_total": metrics.applied,

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ps_service.evaluator import Evaluation
 from ps_service.registry import DeviceRecord
 from ps_service.validation import Rejection
 from schemas.events import Events
@@ -36,7 +37,7 @@ class Report:
         self.traffic = Traffic()
         self.history: list[Metrics] = []
         self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
-        self.evaluation: tuple[int, float, float] | None = None  # (version, accuracy, loss)
+        self.evaluation: tuple[int, Evaluation] | None = None  # (version, its evaluation)
         self.metrics_at = now  # when metrics last went out
 
     def count(self, rejection: Rejection) -> list[Publish]:
@@ -72,16 +73,17 @@ def _push_every(core: ServerCore) -> dict[str, int]:
     return {d: core.frequency.push_every(d) for d in sorted(core.registry.active())}
 
 
-def evaluate(core: ServerCore, now: float) -> tuple[int, float, float]:
-    """The latest evaluation, made afresh every ``eval_every`` versions and at the end; the
-    frequency policy observes each one."""
+def evaluate(core: ServerCore, now: float) -> tuple[int, Evaluation]:
+    """(version, evaluation) of the latest evaluation, made afresh every ``eval_every`` versions and
+    at the end; the frequency policy observes each one, on its scale (learning.metrics)."""
     report, version = core.report, core.store.version
     latest = report.evaluation
     due = latest is None or version - latest[0] >= core.config.eval_every or core.finished
     if due and (latest is None or latest[0] != version):
-        accuracy, loss = core.evaluator(core.store.view())
-        report.evaluation = latest = (version, accuracy, loss)
-        core.frequency.observe(now - core.round.started, accuracy, loss)
+        evaluation = core.evaluator(core.store.view())
+        report.evaluation = latest = (version, evaluation)
+        metric = core.evaluator.metric
+        core.frequency.observe(now - core.round.started, metric.score(evaluation.values[metric.name]), evaluation.loss)
     assert latest is not None
     return latest
 
@@ -90,15 +92,19 @@ def metrics(core: ServerCore, now: float) -> Publish:
     """The job's metrics message (evaluating when due), recorded in its history."""
     report, traffic, frequency = core.report, core.report.traffic, core.frequency
     report.metrics_at = now
-    evaluated, accuracy, loss = evaluate(core, now)
+    evaluated, evaluation = evaluate(core, now)
+    metric = core.evaluator.metric.name
     record = Metrics(
         job=core.config.job,
         run=core.run,
         version=core.store.version,
         round=core.store.version,
         pace=core.pace.name,
-        accuracy=accuracy,
-        loss=loss,
+        metric=metric,
+        value=evaluation.values[metric],
+        values=evaluation.values,
+        accuracy=evaluation.values.get("accuracy"),
+        loss=evaluation.loss,
         commits=traffic.commits,
         applied=traffic.applied,
         rejected=dict(traffic.rejected),
@@ -120,16 +126,20 @@ def metrics(core: ServerCore, now: float) -> Publish:
 
 def status(core: ServerCore, now: float) -> dict[str, Any]:
     """The job's state, for operators (a ``status`` command's reply)."""
-    evaluation = core.report.evaluation or (0, float("nan"), float("nan"))
+    evaluated, evaluation = core.report.evaluation or (0, Evaluation({}, float("nan")))
+    metric = core.evaluator.metric.name
     frequency, traffic = core.frequency, core.report.traffic
     return {
         "job": core.config.job,
         "state": core.round.state.value,
         "pace": core.pace.name,
         "version": core.store.version,
-        "accuracy": evaluation[1],
-        "loss": evaluation[2],
-        "evaluated_version": evaluation[0],
+        "metric": metric,
+        "value": evaluation.values.get(metric, float("nan")),
+        "values": evaluation.values,
+        "accuracy": evaluation.values.get("accuracy"),
+        "loss": evaluation.loss,
+        "evaluated_version": evaluated,
         "devices_online": sorted(core.registry.active()),
         "waiting_for": core.waiting_for(),
         "left": sorted(core.membership.left),

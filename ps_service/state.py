@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ps_service.broadcast import Broadcaster
+from ps_service.evaluator import Evaluation
 from ps_service.paces import make_pace
 from ps_service.reporting import Traffic
 from ps_service.round import JobState
@@ -38,7 +39,7 @@ def to_state(core: ServerCore, now: float) -> dict[str, Any]:
         "membership": core.membership.to_state(),
         "bound": core.bound.to_state(),
         "frequency": core.frequency.to_state(now),
-        "evaluation": None if evaluation is None else list(evaluation),
+        "evaluation": None if evaluation is None else [evaluation[0], evaluation[1].values, evaluation[1].loss],
         "traffic": {
             "commits": traffic.commits,
             "applied": traffic.applied,
@@ -75,7 +76,10 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
     core.bound.load_state(state["bound"])
     core.frequency.load_state(state["frequency"], now, core.config.push_every)
     report, evaluation, t = core.report, state["evaluation"], state["traffic"]
-    report.evaluation = None if evaluation is None else (int(evaluation[0]), float(evaluation[1]), float(evaluation[2]))
+    if evaluation is not None:  # [version, {metric: value}, loss]; checkpoints before v1.2 hold the accuracy
+        values = evaluation[1] if isinstance(evaluation[1], dict) else {"accuracy": evaluation[1]}
+        values = {str(k): float(v) for k, v in values.items()}
+        report.evaluation = (int(evaluation[0]), Evaluation(values, float(evaluation[2])))
     report.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
                              Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
     report.metrics_at = now - float(state["metrics_age_s"])

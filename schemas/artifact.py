@@ -42,7 +42,10 @@ class ArtifactMeta(BaseModel):
     version: int = Field(ge=1, description="the artifact's own version, counted by the server")
     params: list[TensorSpec]
     features: int = Field(ge=1, description="x: float32 (batch, features)")
-    classes: int = Field(ge=2, description="y: int32 (batch,) labels in [0, classes)")
+    classes: int = Field(ge=1, description="the model's outputs: classes for cross_entropy, else 1")
+    loss: Literal["cross_entropy", "bce", "mse", "mae"] = Field(
+        "cross_entropy", description="the loss of loss_and_grads; y is int32 labels for cross_entropy, else float32"
+    )
     batch_size: int = Field(ge=1, description="loss_and_grads takes exactly this many rows; predict any number")
     signatures: tuple[str, ...] = ("loss_and_grads", "predict")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")

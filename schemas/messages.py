@@ -114,6 +114,10 @@ class Control(Message):
     push_every: int = Field(ge=1, le=100_000, description="local steps per commit")
     lr: float = Field(gt=0, le=100)
     batch_size: int = Field(ge=1, le=65_536)
+    loss: Name = Field(
+        "cross_entropy",
+        description="the loss the device trains with (v1.2): cross_entropy, bce, mse, mae, or a task trainer's own",
+    )
     codec: str = Field("fp32", description="codec spec for commit tensors, e.g. fp32, sign, topk:0.01")
     wait_for_params: bool = Field(
         description="after a commit, idle until parameters newer than the commit's base arrive (bsp)"
@@ -198,7 +202,10 @@ class Metrics(Message):
     version: int
     round: int
     pace: str
-    accuracy: float
+    metric: str = Field("accuracy", description="the task's metric: the one `value` holds")
+    value: float | None = Field(None, description="the task's metric on the held-out set (v1.2; always sent)")
+    values: dict[str, float] = Field(default_factory=dict, description="every metric of the task, by name (v1.2)")
+    accuracy: float | None = Field(description="held-out accuracy where the task measures it, else null")
     loss: float
     commits: int = Field(description="commits received, accepted or not")
     applied: int = Field(description="commits folded into the model")

@@ -16,13 +16,22 @@ def cmd_client(args: argparse.Namespace) -> int:
     from edge_client.profile import DeviceProfile
     from edge_client.trainer import make_trainer
     from edgeps.options import model_values
-    from learning.data import Dataset
+    from edgeps.task import load_task
+    from learning.data import load_npz
 
     config = DeviceConfig(**model_values(DeviceConfig, args))
-    if not config.device or not config.data:
-        raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA)")
-    trainer, artifact_trainer = make_trainer(config.backend)
-    data = Dataset.load(config.data)
+    task = load_task(config.task) if config.task else None
+    if not config.device or not (config.data or (task and task.device_data)):
+        raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA), "
+                         "or a task file with device_data")  # fmt: skip
+    trainer, artifact_trainer = make_trainer(config.backend, task.loss if task and task.loss_spec else "cross_entropy")
+    if task is not None and config.backend != "tflite":
+        trainer = task.trainer()
+    if config.data:
+        data = load_npz(config.data, None if task is None else task.classification)
+    else:
+        assert task is not None
+        data = task.device_dataset(config.device)
     core = DeviceCore(config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer)
     transport = connect_device(core, address(args))
     log = logging.getLogger("edgeps")

@@ -15,7 +15,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     if args.action == "watch":
         for m in watch(address(args), args.job, stop_on_signals()):
             push = sorted(set(m.push_every.values()))
-            print(f"v{m.version:>6}  acc {m.accuracy:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
+            print(f"v{m.version:>6}  {m.metric} {m.value or 0.0:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
                   f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
                   f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
         return 0

@@ -11,7 +11,17 @@ def cmd_data(args: argparse.Namespace) -> int:
     from learning.prepare import prepare_device_shards, prepare_shards
 
     out = Path(args.out)
-    if args.csv:
+    if args.task:
+        from edgeps.task import load_task
+
+        task = load_task(args.task)
+        data, devices = task.dataset()
+        print(f"read {len(data)} rows from {args.task}'s data(): {data.x.shape[1]} features")
+        if devices is not None:  # split by the gateway each row came from
+            paths = prepare_device_shards(data, devices, out, args.seed)
+        else:
+            paths = prepare_shards(data, out, args.devices, args.alpha, args.seed)
+    elif args.csv:
         from learning.csvdata import load_csv
 
         if not args.label:
@@ -54,6 +64,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     data.add_argument("--alpha", type=float, default=0.5,
                       help="Dirichlet non-IID concentration of the shards (default: %(default)s)")  # fmt: skip
     data.add_argument("--seed", type=int, default=0, help="seed of the split (default: %(default)s)")
+    data.add_argument("--task", help="a task file: split its data() (docs/TASKS.md)")
     data.add_argument("--idx-images", help="MNIST-format images file (default dataset: digits)")
     data.add_argument("--idx-labels", help="MNIST-format labels file")
     data.add_argument("--npz", help="an .npz with x (n, features) and y (n,) class numbers from 0")

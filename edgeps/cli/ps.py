@@ -15,7 +15,9 @@ from ps_service.config import PROCESS_DEFAULTS
 
 def cmd_ps(args: argparse.Namespace) -> int:
     from edgeps.options import model_values
-    from learning.data import Dataset, load_digits, stratified_split
+    from edgeps.task import load_task
+    from learning.data import load_digits, load_npz, stratified_split
+    from learning.losses import LOSSES, get_loss
     from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
@@ -23,13 +25,23 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from ps_service.mqtt import connect_server, serve
     from schemas.artifact import decode_artifact
 
+    task = load_task(args.task) if args.task else None
+    values = model_values(ServerConfig, args)
+    config = ServerConfig(**{**values, **(task.server_options() if task else {})})  # refused before anything starts
+    if task is None and config.loss not in LOSSES:
+        raise ValueError(f"--loss {config.loss}: not a built-in loss ({', '.join(LOSSES)}); a task file brings its own")
+    classification = config.loss not in LOSSES or get_loss(config.loss).classification
     if args.eval_data:
-        holdout = Dataset.load(args.eval_data)
+        holdout = load_npz(args.eval_data, classification)
+    elif task is not None:
+        holdout = task.holdout(args.seed)
     else:
         _, holdout = stratified_split(load_digits(), 0.2, args.seed)
-    config = ServerConfig(**model_values(ServerConfig, args))  # refused before anything starts
     model = ModelSpec(**model_values(ModelSpec, args))
-    params = model.init(holdout.x.shape[1], holdout.classes, args.seed)
+    if task is not None:
+        params = task.init(holdout, args.seed)
+    else:
+        params = model.init(holdout.x.shape[1], get_loss(config.loss).outputs(holdout.classes), args.seed)
     artifact = None
     if args.artifact:
         artifact = Path(args.artifact).read_bytes()
@@ -37,10 +49,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     elif args.export_tflite:
         from ps_service.export import build_artifact
 
-        artifact = build_artifact(params, args.batch_size)
-    core = ServerCore(
-        config, params, Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter), artifact=artifact
-    )
+        artifact = build_artifact(params, args.batch_size, loss=config.loss)
+    evaluator = Evaluator(
+        holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss, metrics=config.metric_names,
+        **({"predict": task.predict, "loss_value": task.loss_value()} if task else {}),
+    )  # fmt: skip
+    core = ServerCore(config, params, evaluator, artifact=artifact)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
     if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects
@@ -61,26 +75,28 @@ def cmd_ps(args: argparse.Namespace) -> int:
         page = f"the dashboard on {where}/" if endpoint.dashboard else "no dashboard (off loopback it needs HTTPS)"
         logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
     transport = connect_server(core, address(args))
+    shapes = {name: list(values.shape) for name, values in params.items()}
     logging.getLogger("edgeps").info(
-        "parameter server for job %s on %s, model %s %s, pace %s",
-        args.job,
-        args.broker,
-        model.arch,
-        [holdout.x.shape[1], *model.layers, holdout.classes],
+        "parameter server for job %s on %s, %s, model %s, loss %s, metrics %s, pace %s", args.job, args.broker,
+        f"task {args.task}" if task else "built-in model", shapes, config.loss, ",".join(config.metric_names),
         config.pace,
-    )
+    )  # fmt: skip
     started = time.monotonic()
     try:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
         transport.close()
-    if args.save_model:  # the final model, by tensor name (learning.model reads it)
-        np.savez(args.save_model, **core.store.params())
-        logging.getLogger("edgeps").info("final model (version %d) saved to %s", core.store.version, args.save_model)
+    if args.save_model:  # the final model, by tensor name (learning.model reads it), and a Keras task's own
+        saved = task.save_model(core.store.params(), Path(args.save_model)) if task else [Path(args.save_model)]
+        if task is None:
+            np.savez(args.save_model, **core.store.params())
+        where = ", ".join(str(p) for p in saved)
+        logging.getLogger("edgeps").info("final model (version %d) saved to %s", core.store.version, where)
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
 
-        settings = {"server": config.model_dump(mode="json"), "model": model.model_dump(), "seed": args.seed}
+        settings = {"server": config.model_dump(mode="json"), "model": model.model_dump(), "seed": args.seed,
+                    "task": args.task}  # fmt: skip
         write_json(build_report(core.history, time.monotonic() - started, settings), args.report)
     return 0
 
@@ -91,9 +107,11 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker_args(ps)
     job_args(ps, **PROCESS_DEFAULTS)
     ps.add_argument("--seed", type=int, default=0, help="seed of the model's initial parameters (default: 0)")
-    ps.add_argument("--eval-data", help="held-out .npz (x, y); default: digits' 20%% stratified split")
+    ps.add_argument("--task", help="a task file: the model, loss, metrics and data (docs/TASKS.md)")
+    ps.add_argument("--eval-data", help="held-out .npz (x, y); default: the task's, or digits' 20%% stratified split")
     ps.add_argument("--report", help="write the job's report here as JSON when it ends (edgeps report shows it)")
-    ps.add_argument("--save-model", help="write the final model here when the job ends (.npz, by tensor name)")
+    ps.add_argument("--save-model", help="write the final model here when the job ends (.npz, by tensor name; "
+                    "a Keras task also .keras and .tflite beside it)")  # fmt: skip
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from edge_client.core import DeviceCore
-from edge_client.trainer import make_trainer
+from edge_client.trainer import NumpyTrainer, make_trainer
+from learning.data import Dataset
 from learning.model import init_mlp
 from schemas.frame import FrameKind, decode_frame
 from schemas.messages import Barrier, Notice, RejectReason
-from tests.helpers import RUN, blobs, control_bytes, params_bytes, small_device
+from tests.helpers import INCARNATION, RUN, blobs, control_bytes, params_bytes, small_device
 
 T = "edgeps/t"
 
@@ -181,14 +182,33 @@ def test_a_model_the_data_does_not_fit_ends_the_device_with_one_line_instead_of_
     device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=2))
     device.on_message(f"{T}/params", params_bytes(0, init_mlp([6, 16, 3], seed=0)))
     assert device.finished and not device.ready and device.replica is None
-    assert (
-        device.fatal
-        == "the job's model takes 6 features and 3 classes; this device's data has 8 features and labels up to 2"
-    )
+    assert device.fatal == "the job's model takes 6 features; this device's data has 8"
     assert [e.message for e in device.events.take()][-1] == device.fatal
-    fewer = small_device("d2")
+    fewer = small_device("d1")  # parameters first, the Control after: judged once both are held
     fewer.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 2], seed=0)))  # labels 0..2, two outputs
-    assert fewer.fatal is not None and "2 classes" in fewer.fatal
-    fits = small_device("d3")
+    assert fewer.fatal is None
+    fewer.on_message(f"{T}/ctrl/d1", control(wait=False))
+    assert fewer.fatal == "the job's model (2 outputs, loss cross_entropy): label 2 (row 2) is not a class of 0..1"
+    fits = small_device("d1")
+    fits.on_message(f"{T}/ctrl/d1", control(wait=False))
     fits.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 3], seed=0)))
     assert fits.fatal is None and fits.replica is not None
+
+
+def test_the_device_trains_the_loss_its_control_names_and_stops_on_one_it_does_not_know() -> None:
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32)
+    targets = Dataset(x, (x @ np.linspace(-1, 1, 8)).astype(np.float32))  # a regression: real-valued targets
+    device = DeviceCore("t", "d1", targets, NumpyTrainer(), seed=0, incarnation=INCARNATION)
+    device.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 1], seed=0)))
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=50, loss="mse"))
+    assert device.fatal is None and device.backend.trainer is not None and device.backend.trainer.loss == "mse"
+    losses = []
+    for _ in range(50):
+        device.step()
+        losses.append(device.last_loss)
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])  # mean squared error falls
+    other = small_device("d1")
+    other.on_message(f"{T}/ctrl/d1", control(wait=False, loss="huber"))
+    assert other.fatal == (
+        "the job trains with loss 'huber', which the numpy trainer does not know (cross_entropy, bce, mse, mae)"
+    )

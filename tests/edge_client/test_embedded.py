@@ -126,22 +126,30 @@ def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf, tmp_path) -
     assert 100 < sum(v == "ok" for v in verdicts) < len(verdicts) - 1000  # both kinds well represented
 
 
-@pytest.mark.parametrize("sizes", [[64, 64, 10], [64, 32, 10], [8, 16, 16, 3], [5, 2]])
-def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "loss_name"),
+    [([64, 64, 10], "cross_entropy"), ([64, 32, 10], "cross_entropy"), ([8, 16, 16, 3], "cross_entropy"),
+     ([5, 2], "cross_entropy"), ([6, 16, 1], "mse"), ([6, 16, 1], "mae"), ([6, 16, 8, 1], "bce")],
+)  # fmt: skip
+def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes, loss_name) -> None:
     from learning.model import init_mlp, loss_and_grads
 
     rng = np.random.default_rng(sum(sizes))
     params = init_mlp(sizes, seed=len(sizes))
     params = {name: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32) for name, v in params.items()}
     x = rng.random((32, sizes[0]), dtype=np.float32)
-    y = rng.integers(0, sizes[-1], 32)
+    if loss_name in ("mse", "mae"):
+        y = rng.normal(0, 2, 32).astype(np.float32)  # real-valued targets
+    else:
+        y = rng.integers(0, 2 if loss_name == "bce" else sizes[-1], 32)
     lr = np.float32(0.2)
-    loss, grads = loss_and_grads(params, x, y)
+    loss, grads = loss_and_grads(params, x, y, loss_name)
     expected = {name: params[name] - lr * grads[name] for name in params}
     (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=4, seq=1, tensors=params)))
     batch = {"x": x, "y": y.astype(np.float32)}
     (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
-    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin")]
+    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin"),
+            loss_name]  # fmt: skip
     subprocess.run(args, check=True)
     stepped = decode_frame((tmp_path / "o.bin").read_bytes()).tensors
     assert abs(float(stepped.pop("loss")[0]) - loss) < 1e-5
@@ -150,14 +158,20 @@ def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes) -> None
         np.testing.assert_allclose(stepped[name], values, rtol=0, atol=2e-6, err_msg=name)
 
 
-def test_a_label_out_of_range_changes_nothing(epsf, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("outputs", "labels", "loss_name"),
+    [(3, [1, 3], "cross_entropy"), (3, [1, 1.5], "cross_entropy"), (1, [0, 2], "bce"), (3, [0.5, 1], "mse"),
+     (1, [0.5, float("nan")], "mae"), (1, [0, 1], "cross_entropy")],
+)  # fmt: skip
+def test_a_label_or_model_the_loss_does_not_take_changes_nothing(epsf, tmp_path, outputs, labels, loss_name) -> None:
     from learning.model import init_mlp
 
-    params = init_mlp([4, 3], seed=0)
+    params = init_mlp([4, outputs], seed=0)
     (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=1, tensors=params)))
-    batch = {"x": np.ones((2, 4), np.float32), "y": np.array([1, 3], np.float32)}
+    batch = {"x": np.ones((2, 4), np.float32), "y": np.array(labels, np.float32)}
     (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
-    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin")]
+    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin"),
+            loss_name]  # fmt: skip
     assert subprocess.run(args, capture_output=True).returncode == 1
 
 

@@ -419,7 +419,7 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     assert set(final.rejected) <= {"replayed", "finished"}
     with np.load(tmp_path / "model.npz") as saved:  # the final model, as the last metrics measured it
         model = {name: saved[name] for name in saved.files}
-    assert Evaluator(Dataset.load(shards.holdout))(model)[0] == pytest.approx(final.accuracy)
+    assert Evaluator(Dataset.load(shards.holdout))(model).values["accuracy"] == pytest.approx(final.accuracy)
 
 
 def test_churn_late_joiners_leavers_and_flapping_devices_neither_stall_nor_double_count(mosquitto, tmp_path) -> None:

@@ -26,12 +26,12 @@ def test_gradients_match_finite_differences() -> None:
 def test_sgd_learns_blobs() -> None:
     data = blobs()
     params = init_mlp([8, 16, 3], seed=0)
-    before, _ = evaluate(params, data.x, data.y)
+    before = evaluate(params, data.x, data.y)[0]["accuracy"]
     for _ in range(200):
         _, grads = loss_and_grads(params, data.x, data.y)
         for k in params:
             params[k] -= 0.1 * grads[k]
-    after, _ = evaluate(params, data.x, data.y)
+    after = evaluate(params, data.x, data.y)[0]["accuracy"]
     assert after > 0.95 > before
 
 

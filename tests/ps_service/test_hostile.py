@@ -28,7 +28,7 @@ def honest_job(pace: str = "bsp", rounds: int = 40, **config):
 
 
 def accuracy(server) -> float:
-    return Evaluator(blobs(seed=99))(server.store.view())[0]
+    return Evaluator(blobs(seed=99))(server.store.view()).values["accuracy"]
 
 
 def test_one_huge_commit_does_not_wreck_the_model() -> None:

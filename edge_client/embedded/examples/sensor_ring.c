@@ -15,12 +15,12 @@
 
 typedef struct {
     float x[RING][FEATURES];
-    uint16_t y[RING];
+    float y[RING];
     volatile uint32_t written; /* readings pushed so far; one 32-bit store: atomic on a Cortex-M */
 } sensor_ring;
 
 /* From the sensor's interrupt: one labelled reading (the label from a button, a rule, a second sensor). */
-void sensor_push(sensor_ring *r, const float x[FEATURES], uint16_t label) {
+void sensor_push(sensor_ring *r, const float x[FEATURES], float label) {
     uint32_t slot = r->written % RING;
     memcpy(r->x[slot], x, sizeof r->x[slot]);
     r->y[slot] = label;
@@ -28,7 +28,7 @@ void sensor_push(sensor_ring *r, const float x[FEATURES], uint16_t label) {
 }
 
 /* The port's sample(): reading `index` counted back from the newest of those in the ring. */
-int sensor_sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+int sensor_sample(void *ctx, uint32_t index, float *x, float *y) {
     sensor_ring *r = ctx;
     uint32_t written = r->written, held = written < RING ? written : RING;
     if (held == 0) return 0;
@@ -43,11 +43,11 @@ int sensor_sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
 int main(void) {
     static sensor_ring ring;
     float x[FEATURES], got[FEATURES];
-    uint16_t y = 0;
+    float y = 0.0f;
     if (sensor_sample(&ring, 0, got, &y)) return 1;
     for (uint32_t i = 0; i < 300; i++) {
         for (int k = 0; k < FEATURES; k++) x[k] = (float)i + 0.1f * (float)k;
-        sensor_push(&ring, x, (uint16_t)(i % 3));
+        sensor_push(&ring, x, (float)(i % 3));
     }
     if (!sensor_sample(&ring, 0, got, &y) || got[0] != 299.0f || y != 299 % 3) return 1; /* the newest */
     if (!sensor_sample(&ring, 255, got, &y) || got[0] != 44.0f) return 1;               /* the oldest held */

@@ -141,7 +141,15 @@ void eps_writer_tensor(eps_writer *w, const char *name, uint8_t ndim, const uint
 /* Appends the tensor count's fix-up and the CRC; *len gets the frame's size. */
 eps_status eps_writer_end(eps_writer *w, size_t *len);
 
-/* ---- the reference trainer (docs/PROTOCOL.md §6): a ReLU MLP, softmax cross-entropy, SGD ---- */
+/* ---- the reference trainer (docs/PROTOCOL.md §6): a ReLU MLP, SGD on the job's loss ---- */
+
+/* The losses of learning/losses.py (the Control's "loss"): softmax cross-entropy over >= 2 outputs
+ * (labels 0..classes-1), binary cross-entropy on one logit (labels 0, 1), mean squared and mean
+ * absolute error of one predicted value (real targets). */
+typedef enum { EPS_LOSS_CROSS_ENTROPY, EPS_LOSS_BCE, EPS_LOSS_MSE, EPS_LOSS_MAE } eps_loss;
+
+/* The loss called name ("cross_entropy", "bce", "mse", "mae"; len bytes); 0 if it is none of them. */
+int eps_loss_from_name(const char *name, size_t len, eps_loss *loss);
 
 #define EPS_MAX_LAYERS 8u
 
@@ -165,11 +173,11 @@ size_t eps_mlp_scratch(const eps_mlp *mlp, uint32_t batch);
 size_t eps_mlp_weight_at(const eps_mlp *mlp, uint32_t layer);
 size_t eps_mlp_bias_at(const eps_mlp *mlp, uint32_t layer);
 
-/* One SGD step in place on a batch x (batch x features, row-major) with labels y (0..classes-1):
- * params -= lr * the gradient of the mean softmax cross-entropy. Returns the batch's loss, or a
- * negative value if a label is out of range (nothing is changed then). */
-float eps_mlp_step(const eps_mlp *mlp, float *params, const float *x, const uint16_t *y, uint32_t batch, float lr,
-                   float *scratch);
+/* One SGD step in place on a batch x (batch x features, row-major) with labels or targets y: params
+ * -= lr * the gradient of the batch's mean loss. Returns that loss, or a negative value if the model's
+ * outputs do not fit the loss, or a label is not a class of it (nothing is changed then). */
+float eps_mlp_step(const eps_mlp *mlp, float *params, const float *x, const float *y, uint32_t batch, float lr,
+                   eps_loss loss, float *scratch);
 
 /* ---- the device (docs/PROTOCOL.md §6): a state machine that talks through a port ---- */
 
@@ -187,9 +195,9 @@ typedef struct {
     /* 64 random bits: the incarnation, the batches, the stochastic codecs. */
     uint64_t (*entropy)(void *ctx);
     /* Training sample index (0 .. samples - 1): its features into x (the model's count) and its
-     * label into *y; 0 if it cannot be had (the step is skipped). Data may live in flash, a file,
-     * or a sensor's ring buffer. */
-    int (*sample)(void *ctx, uint32_t index, float *x, uint16_t *y);
+     * label (a class number) or target value into *y; 0 if it cannot be had (the step is skipped).
+     * Data may live in flash, a file, or a sensor's ring buffer. */
+    int (*sample)(void *ctx, uint32_t index, float *x, float *y);
 } eps_port;
 
 /* A Control message (PROTOCOL.md §3). */
@@ -197,6 +205,7 @@ typedef struct {
     uint64_t run, incarnation, seq_base;
     uint32_t max_uncommitted_steps, push_every, batch_size;
     float lr;
+    eps_loss loss; /* cross_entropy when the Control names none (protocol 1.1) */
     eps_codec codec, pull_codec;
     int wait_for_params, one_commit_per_version;
     int64_t staleness_bound; /* -1: none */
@@ -226,7 +235,7 @@ typedef struct {
     int64_t server_version, committed_on;
     eps_mlp mlp;
     float *replica, *local, *anchor, *residual, *work, *batch_x; /* replica, residual: NULL when not needed */
-    uint16_t *batch_y;
+    float *batch_y;
     uint8_t *frame; /* the newest commit, kept until the next one: a refused one is carried from it */
     size_t frame_cap, frame_len;
     uint32_t steps, step_samples, since_commit, sent_steps, sent_samples, max_batch;

@@ -59,7 +59,7 @@ static size_t work_floats(const eps_mlp *m, uint32_t max_batch) {
 static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int replica, int residual, eps_codec codec) {
     size_t p = eps_mlp_params(m);
     size_t floats = (2 + (replica != 0) + (residual != 0)) * p + work_floats(m, max_batch) + (size_t)max_batch * m->sizes[0];
-    return floats * sizeof(float) + (size_t)max_batch * sizeof(uint16_t) + frame_bytes(m, codec);
+    return floats * sizeof(float) + (size_t)max_batch * sizeof(float) + frame_bytes(m, codec);
 }
 
 size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec codec, eps_codec pull_codec) {
@@ -83,7 +83,7 @@ static int lay_out(eps_device *d, const eps_mlp *m) {
     d->replica = replica ? f : NULL, f += replica ? p : 0;
     if (residual && d->residual == NULL) d->residual_held = 0; /* a residual region new to this job */
     d->residual = residual ? f : NULL, f += residual ? p : 0;
-    d->batch_y = (uint16_t *)(void *)f;
+    d->batch_y = f;
     d->frame = (uint8_t *)(d->batch_y + d->max_batch);
     d->frame_cap = frame_bytes(m, codec);
     d->has_sent = 0;
@@ -353,6 +353,14 @@ static int read_codec(const eps_json_value *v, eps_codec *codec) {
     return eps_json_string(v, spec, sizeof spec) && eps_codec_parse(spec, codec) == EPS_OK;
 }
 
+/* The Control's loss; 0 (the control is not followed, d->error says why) if this trainer lacks it. */
+static int read_loss(eps_device *d, const eps_json_value *v, eps_loss *loss) {
+    char name[32];
+    if (eps_json_string(v, name, sizeof name) && eps_loss_from_name(name, strlen(name), loss)) return 1;
+    d->error = EPS_ERR_ARG;
+    return 0;
+}
+
 static void on_control(eps_device *d, const char *text, size_t len) {
     eps_json j;
     eps_json_value v;
@@ -373,6 +381,7 @@ static void on_control(eps_device *d, const char *text, size_t len) {
         else if (eps_json_is(&v, "push_every") && eps_json_uint(&v, &u)) c.push_every = (uint32_t)u, seen |= 8;
         else if (eps_json_is(&v, "batch_size") && eps_json_uint(&v, &u)) c.batch_size = (uint32_t)u, seen |= 16;
         else if (eps_json_is(&v, "lr") && eps_json_number(&v, &x)) c.lr = (float)x, seen |= 32;
+        else if (eps_json_is(&v, "loss") && !read_loss(d, &v, &c.loss)) return;
         else if (eps_json_is(&v, "codec") && !read_codec(&v, &c.codec)) return;
         else if (eps_json_is(&v, "pull_codec") && !read_codec(&v, &c.pull_codec)) return;
         else if (eps_json_is(&v, "wait_for_params") && eps_json_bool(&v, &b)) c.wait_for_params = b;
@@ -498,9 +507,10 @@ static int train(eps_device *d) {
         uint32_t index = (uint32_t)(d->rng % d->samples);
         if (!d->port.sample(d->port.ctx, index, d->batch_x + (size_t)b * features, d->batch_y + b)) return 0;
     }
-    float loss = eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->work);
+    float loss =
+        eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->control.loss, d->work);
     if (loss < 0) {
-        d->error = EPS_ERR_VALUE; /* a label beyond the model's classes */
+        d->error = EPS_ERR_VALUE; /* a label beyond the model's classes, or outputs the loss does not take */
         return 0;
     }
     d->last_loss = loss;

@@ -1,5 +1,5 @@
 /* The reference trainer of docs/PROTOCOL.md §6 (learning/model.py in Python): a ReLU MLP with
- * softmax cross-entropy, one SGD step at a time, in float32, in place. Each layer's weights are
+ * any loss of learning/losses.py, one SGD step at a time, in float32, in place. Each layer's weights are
  * updated right after the error is carried back through them, so no gradient buffer is needed. */
 #include <math.h>
 #include <string.h>
@@ -76,13 +76,61 @@ static size_t widest(const eps_mlp *m) {
 
 size_t eps_mlp_scratch(const eps_mlp *m, uint32_t batch) { return (size_t)batch * (hidden_width(m) + 2 * widest(m)); }
 
-float eps_mlp_step(const eps_mlp *m, float *params, const float *x, const uint16_t *y, uint32_t batch, float lr,
-                   float *scratch) {
+int eps_loss_from_name(const char *name, size_t len, eps_loss *loss) {
+    static const char *const names[] = {"cross_entropy", "bce", "mse", "mae"};
+    for (int i = 0; i < 4; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], name, len) == 0) {
+            *loss = (eps_loss)i;
+            return 1;
+        }
+    return 0;
+}
+
+/* Whether y[0..batch) fits the loss on a model of `outputs` outputs. */
+static int fits(eps_loss loss, const float *y, uint32_t batch, uint32_t outputs) {
+    if (loss == EPS_LOSS_CROSS_ENTROPY ? outputs < 2 : outputs != 1) return 0;
+    const float top = loss == EPS_LOSS_CROSS_ENTROPY ? (float)(outputs - 1) : 1.0f;
+    for (uint32_t n = 0; n < batch; n++) {
+        if (!isfinite(y[n])) return 0;
+        if (loss <= EPS_LOSS_BCE && (y[n] < 0.0f || y[n] > top || y[n] != floorf(y[n]))) return 0;
+    }
+    return 1;
+}
+
+/* The batch's summed loss of outputs z (batch x outputs); z becomes d (mean loss) / d z. */
+static float loss_and_delta(eps_loss loss, float *z, const float *y, uint32_t batch, uint32_t outputs) {
+    float total = 0.0f;
+    for (uint32_t n = 0; n < batch; n++) {
+        float *row = z + (size_t)n * outputs;
+        if (loss == EPS_LOSS_CROSS_ENTROPY) {
+            const uint32_t label = (uint32_t)y[n];
+            float top = row[0], sum = 0.0f;
+            for (uint32_t c = 1; c < outputs; c++) top = row[c] > top ? row[c] : top;
+            for (uint32_t c = 0; c < outputs; c++) sum += expf(row[c] - top);
+            const float lse = logf(sum);
+            total -= row[label] - top - lse;
+            for (uint32_t c = 0; c < outputs; c++) row[c] = expf(row[c] - top - lse);
+            row[label] -= 1.0f;
+        } else if (loss == EPS_LOSS_BCE) { /* log(1 + e^-|z|) + max(z, 0) - z y; d/dz = sigmoid(z) - y */
+            const float v = row[0];
+            total += log1pf(expf(-fabsf(v))) + (v > 0.0f ? v : 0.0f) - v * y[n];
+            row[0] = 0.5f * (1.0f + tanhf(0.5f * v)) - y[n];
+        } else {
+            const float error = row[0] - y[n];
+            total += loss == EPS_LOSS_MSE ? error * error : fabsf(error);
+            row[0] = loss == EPS_LOSS_MSE ? 2.0f * error : (float)((error > 0.0f) - (error < 0.0f));
+        }
+        for (uint32_t c = 0; c < outputs; c++) row[c] /= (float)batch;
+    }
+    return total;
+}
+
+float eps_mlp_step(const eps_mlp *m, float *params, const float *x, const float *y, uint32_t batch, float lr,
+                   eps_loss loss_kind, float *scratch) {
     const uint32_t L = m->layers, classes = m->sizes[L];
     const float *act[EPS_MAX_LAYERS]; /* act[i]: the input of layer i (batch x sizes[i]) */
     float *d0 = scratch + (size_t)batch * hidden_width(m), *d1 = d0 + (size_t)batch * widest(m);
-    for (uint32_t n = 0; n < batch; n++)
-        if (y[n] >= classes) return -1.0f;
+    if (!fits(loss_kind, y, batch, classes)) return -1.0f;
     act[0] = x;
     float *next = scratch;
     for (uint32_t i = 0; i < L; i++) { /* forward: h = act @ w + b, ReLU between layers; logits into d0 */
@@ -108,17 +156,7 @@ float eps_mlp_step(const eps_mlp *m, float *params, const float *x, const uint16
             next = h + (size_t)batch * fan_out;
         }
     }
-    float loss = 0.0f; /* softmax cross-entropy; d0 becomes d loss / d logits */
-    for (uint32_t n = 0; n < batch; n++) {
-        float *row = d0 + (size_t)n * classes, top = row[0], sum = 0.0f;
-        for (uint32_t c = 1; c < classes; c++) top = row[c] > top ? row[c] : top;
-        for (uint32_t c = 0; c < classes; c++) sum += expf(row[c] - top);
-        const float lse = logf(sum);
-        loss -= row[y[n]] - top - lse;
-        for (uint32_t c = 0; c < classes; c++) row[c] = expf(row[c] - top - lse);
-        row[y[n]] -= 1.0f;
-        for (uint32_t c = 0; c < classes; c++) row[c] /= (float)batch;
-    }
+    const float loss = loss_and_delta(loss_kind, d0, y, batch, classes); /* d0 becomes d loss / d outputs */
     float *delta = d0, *spare = d1;
     for (uint32_t i = L; i-- > 0;) { /* backward: carry the error through w_i, then update w_i and b_i */
         const uint32_t fan_in = m->sizes[i], fan_out = m->sizes[i + 1];

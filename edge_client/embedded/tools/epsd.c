@@ -17,7 +17,7 @@
 
 typedef struct {
     float *x;
-    uint16_t *y;
+    float *y;
     uint32_t n, features;
     uint64_t seed;
     double now;
@@ -66,7 +66,7 @@ static uint64_t entropy(void *ctx) {
     return z ^ (z >> 31);
 }
 
-static int sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+static int sample(void *ctx, uint32_t index, float *x, float *y) {
     harness *h = ctx;
     if (index >= h->n) return 0;
     memcpy(x, h->x + (size_t)index * h->features, h->features * sizeof(float));
@@ -95,16 +95,12 @@ static int load(harness *h, const char *path) {
     int ok = data && eps_frame_parse(data, len, 0, &f) == EPS_OK && eps_frame_next(&f, &cursor, &x) &&
              eps_frame_next(&f, &cursor, &y) && x.ndim == 2 && y.ndim == 1 && x.dims[0] == y.dims[0] && y.dims[0];
     if (ok) {
-        float *labels = malloc(y.dims[0] * sizeof(float));
         h->n = y.dims[0];
         h->features = x.dims[1];
         h->x = malloc((size_t)x.elements * sizeof(float));
-        h->y = malloc(h->n * sizeof(uint16_t));
-        ok = labels && h->x && h->y &&
-             eps_codec_decode(f.codec, x.payload, x.length, (uint32_t)x.elements, h->x) == EPS_OK &&
-             eps_codec_decode(f.codec, y.payload, y.length, h->n, labels) == EPS_OK;
-        for (uint32_t i = 0; ok && i < h->n; i++) h->y[i] = (uint16_t)labels[i];
-        free(labels);
+        h->y = malloc(h->n * sizeof(float));
+        ok = h->x && h->y && eps_codec_decode(f.codec, x.payload, x.length, (uint32_t)x.elements, h->x) == EPS_OK &&
+             eps_codec_decode(f.codec, y.payload, y.length, h->n, h->y) == EPS_OK;
     }
     free(data);
     return ok;

@@ -17,7 +17,7 @@
  *                             decoded as a frame, then given to a device core on the topic of
  *                             its kind (after the unmutated FILEs set it up); built with
  *                             sanitizers, no input may crash it or read out of bounds
- *   epsf train PARAMS BATCH LR OUT
+ *   epsf train PARAMS BATCH LR OUT [LOSS]
  *                             one SGD step of the MLP whose parameters the frame PARAMS holds, on
  *                             the batch frame BATCH (tensors x (n, features) and y (n,), labels as
  *                             floats), learning rate LR; OUT: the parameters after it (fp32), and a
@@ -92,13 +92,13 @@ static float *values_of(const eps_frame *frame, size_t *count) {
     return all;
 }
 
-static int train(const char *params_path, const char *batch_path, float lr, const char *out_path) {
+static int train(const char *params_path, const char *batch_path, float lr, eps_loss loss_kind, const char *out_path) {
     size_t plen = 0, blen = 0, np = 0, nb = 0, out_len = 0;
     unsigned char *pdata = slurp(params_path, &plen), *bdata = slurp(batch_path, &blen), *out = NULL;
     eps_frame pf, bf;
     eps_mlp mlp;
     float *params = NULL, *batch = NULL, *scratch = NULL;
-    uint16_t *labels = NULL;
+    float *labels = NULL;
     int ok = pdata && bdata && eps_frame_parse(pdata, plen, 0, &pf) == EPS_OK &&
              eps_frame_parse(bdata, blen, 0, &bf) == EPS_OK && eps_mlp_from_frame(&pf, &mlp) == EPS_OK;
     if (ok) {
@@ -108,12 +108,12 @@ static int train(const char *params_path, const char *batch_path, float lr, cons
     }
     uint32_t n = ok ? (uint32_t)(nb / (mlp.sizes[0] + 1)) : 0;
     if (ok) {
-        labels = malloc(n * sizeof(uint16_t) + 1);
+        labels = malloc(n * sizeof(float) + 1);
         scratch = malloc(eps_mlp_scratch(&mlp, n) * sizeof(float) + 1);
         ok = labels && scratch;
-        for (uint32_t i = 0; ok && i < n; i++) labels[i] = (uint16_t)batch[(size_t)n * mlp.sizes[0] + i];
+        for (uint32_t i = 0; ok && i < n; i++) labels[i] = batch[(size_t)n * mlp.sizes[0] + i];
     }
-    float loss = ok ? eps_mlp_step(&mlp, params, batch, labels, n, lr, scratch) : -1.0f;
+    float loss = ok ? eps_mlp_step(&mlp, params, batch, labels, n, lr, loss_kind, scratch) : -1.0f;
     ok = ok && loss >= 0.0f;
     if (ok) {
         size_t cap = plen + 4 * np + 256;
@@ -167,10 +167,10 @@ static uint64_t fz_entropy(void *ctx) {
     (void)ctx;
     return fuzz_next();
 }
-static int fz_sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+static int fz_sample(void *ctx, uint32_t index, float *x, float *y) {
     (void)ctx;
     for (uint32_t i = 0; i < 64; i++) x[i] = (float)((index + i) % 7) / 7.0f;
-    *y = (uint16_t)(index % 10);
+    *y = (float)(index % 10);
     return 1;
 }
 
@@ -227,7 +227,7 @@ static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
 static int usage(void) {
     fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE... | epsf arena SIZES BATCH [CODEC [PULL]] | "
                     "epsf fuzz SEED COUNT FILE... | "
-                    "epsf train PARAMS BATCH LR OUT\n");
+                    "epsf train PARAMS BATCH LR OUT [LOSS]\n");
     return 2;
 }
 
@@ -250,7 +250,10 @@ int main(int argc, char **argv) {
     }
     if (argc >= 5 && strcmp(argv[1], "fuzz") == 0)
         return fuzz(strtoull(argv[2], NULL, 10), strtoul(argv[3], NULL, 10), argc - 4, argv + 4);
-    if (argc == 6 && strcmp(argv[1], "train") == 0) return train(argv[2], argv[3], strtof(argv[4], NULL), argv[5]);
+    eps_loss loss_kind = EPS_LOSS_CROSS_ENTROPY;
+    if ((argc == 6 || argc == 7) && strcmp(argv[1], "train") == 0 &&
+        (argc == 6 || eps_loss_from_name(argv[6], strlen(argv[6]), &loss_kind)))
+        return train(argv[2], argv[3], strtof(argv[4], NULL), loss_kind, argv[5]);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "recode") == 0) {
         uint64_t seed = argc == 6 ? strtoull(argv[5], NULL, 10) : 1;
         eps_codec codec;

@@ -25,7 +25,7 @@ static uint64_t ticks;
 #ifdef SCRIPT
 #include "script.h"
 static float xs[DATA_SAMPLES * DATA_FEATURES];
-static uint16_t ys[DATA_SAMPLES];
+static float ys[DATA_SAMPLES];
 #endif
 
 static int publish(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain) {
@@ -56,7 +56,7 @@ static uint64_t entropy(void *ctx) {
     return 0x9E3779B97F4A7C15u * ++ticks;
 }
 
-static int sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+static int sample(void *ctx, uint32_t index, float *x, float *y) {
     (void)ctx;
 #ifdef SCRIPT
     if (index >= DATA_SAMPLES) return 0;
@@ -82,16 +82,14 @@ static int load_data(void) {
     eps_frame f;
     eps_tensor x, y;
     size_t cursor = 0;
-    static float labels[DATA_SAMPLES];
     eps_status st = eps_frame_parse(DATA, sizeof DATA, 0, &f);
     if (st != EPS_OK) printf("data frame: %s\n", eps_status_name(st));
     if (st != EPS_OK || !eps_frame_next(&f, &cursor, &x) ||
         !eps_frame_next(&f, &cursor, &y) || x.elements != (uint64_t)DATA_SAMPLES * DATA_FEATURES)
         return 0;
     if (eps_codec_decode(f.codec, x.payload, x.length, (uint32_t)x.elements, xs) != EPS_OK ||
-        eps_codec_decode(f.codec, y.payload, y.length, DATA_SAMPLES, labels) != EPS_OK)
+        eps_codec_decode(f.codec, y.payload, y.length, DATA_SAMPLES, ys) != EPS_OK)
         return 0;
-    for (unsigned i = 0; i < DATA_SAMPLES; i++) ys[i] = (uint16_t)labels[i];
     return 1;
 }
 #endif

@@ -10,6 +10,7 @@
  * y (n,), the labels as floats; `edgeps data --format frame` writes one per device. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <math.h>
 #include <mosquitto.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@
 typedef struct {
     struct mosquitto *mosq;
     float *x;
-    uint16_t *y;
+    float *y; /* class numbers or target values */
     uint32_t n, features;
     uint64_t seed;
     eps_device *device;
@@ -80,7 +81,7 @@ static uint64_t port_entropy(void *ctx) {
     return z ^ (g->seed += 0x9E3779B97F4A7C15u);
 }
 
-static int port_sample(void *ctx, uint32_t index, float *x, uint16_t *y) {
+static int port_sample(void *ctx, uint32_t index, float *x, float *y) {
     gateway *g = ctx;
     if (index >= g->n) return 0;
     memcpy(x, g->x + (size_t)index * g->features, g->features * sizeof(float));
@@ -131,22 +132,16 @@ static int load_data(gateway *g, const char *path) {
     ok = ok && eps_frame_parse(bytes, (size_t)size, 0, &frame) == EPS_OK && eps_frame_next(&frame, &cursor, &x) &&
          eps_frame_next(&frame, &cursor, &y) && strcmp(x.name, "x") == 0 && strcmp(y.name, "y") == 0 &&
          x.ndim == 2 && y.ndim == 1 && x.dims[0] == y.dims[0] && y.dims[0] > 0;
-    float *labels = NULL;
-    if (ok) {
+    if (ok) { /* labels or targets are checked against the job's loss at each step (eps_mlp_step) */
         g->n = y.dims[0];
         g->features = x.dims[1];
         g->x = malloc((size_t)x.elements * sizeof(float));
-        g->y = malloc(g->n * sizeof(uint16_t));
-        labels = malloc(g->n * sizeof(float));
-        ok = g->x && g->y && labels &&
+        g->y = malloc(g->n * sizeof(float));
+        ok = g->x && g->y &&
              eps_codec_decode(frame.codec, x.payload, x.length, (uint32_t)x.elements, g->x) == EPS_OK &&
-             eps_codec_decode(frame.codec, y.payload, y.length, g->n, labels) == EPS_OK;
-        for (uint32_t i = 0; ok && i < g->n; i++) {
-            ok = labels[i] >= 0 && labels[i] < 65536 && labels[i] == (float)(uint16_t)labels[i];
-            g->y[i] = ok ? (uint16_t)labels[i] : 0;
-        }
+             eps_codec_decode(frame.codec, y.payload, y.length, g->n, g->y) == EPS_OK;
+        for (uint32_t i = 0; ok && i < g->n; i++) ok = isfinite(g->y[i]);
     }
-    free(labels);
     free(bytes);
     return ok;
 }

@@ -1,0 +1,265 @@
+"""A task: what a job trains, in one Python file that every role reads (docs/TASKS.md).
+
+A task file is a Python file that defines ``task = Task(...)``: the model, the loss, the metrics,
+and where the data comes from. ``edgeps demo|ps|client|data --task FILE`` load it with
+``load_task``; nothing else of edgeps needs to change for a new model or dataset.
+
+The model is one of:
+
+* a ``ModelSpec`` (the built-in MLP, or a convolution before it): the numpy trainer, the TFLite
+  exporter and the C SDK all run it, so every device tier can join;
+* a function returning a ``tf.keras`` model (called only where it is needed: the server); its layers
+  are converted to the built-in model (learning/keras.py says which convert) and its initial
+  weights are the job's version 0; the final model is saved as ``.keras`` and ``.tflite``;
+* a ``Trainer`` (edge_client/trainer.py) of your own: ``loss_and_grads``, ``predict`` and ``init``,
+  run by the Python devices and by the server's evaluation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_client.trainer import NumpyTrainer, Trainer
+from learning.csvdata import CsvData
+from learning.data import DataError, Dataset, stratified_split
+from learning.losses import LOSSES, Loss, LossError, get_loss
+from learning.metrics import default_metrics, get_metrics
+from learning.model import Params, forward
+from learning.spec import ModelSpec
+
+
+class TaskError(ValueError):
+    """A task file that cannot be used; the one-line message names the file (and the layer, column
+    or function at fault)."""
+
+
+#: What a task's data functions return: a Dataset, a CsvData (learning.csvdata.load_csv), or (x, y).
+DataLike = Dataset | CsvData | tuple[Any, Any]
+
+
+def as_dataset(value: DataLike, classification: bool, where: str) -> tuple[Dataset, list[str] | None]:
+    """(the rows as a checked Dataset, each row's device or None) from what a data function gave."""
+    devices = None
+    if isinstance(value, CsvData):
+        value, devices = value.data, value.devices
+    if isinstance(value, tuple) and len(value) == 2:
+        x, y = np.asarray(value[0]), np.asarray(value[1])
+    elif isinstance(value, Dataset):
+        x, y = value.x, value.y
+    else:
+        raise TaskError(f"{where}: returned {type(value).__name__}, not a Dataset, a CsvData or (x, y)")
+    if x.ndim > 2:  # images (n, h, w[, c]) are flattened row-major, as a Keras Flatten does
+        x = x.reshape(len(x), -1)
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or not len(y):
+        raise TaskError(f"{where}: x must be (n, features) and y (n,) with n > 0, got {x.shape} and {y.shape}")
+    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
+        raise TaskError(f"{where}: x and y must hold numbers, got {x.dtype} and {y.dtype}")
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad):
+        raise TaskError(f"{where}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
+    if not np.isfinite(y).all():
+        raise TaskError(f"{where}: y[{np.flatnonzero(~np.isfinite(y))[0]}] is NaN or Inf")
+    if classification:
+        wrong = np.flatnonzero((y < 0) | (y != np.round(y)))
+        if len(wrong):
+            raise TaskError(f"{where}: label y[{wrong[0]}] = {y[wrong[0]].item()!r} is not a class number (0, 1, ...)")
+        return Dataset(x.astype(np.float32), y.astype(np.int64)), devices
+    return Dataset(x.astype(np.float32), y.astype(np.float32)), devices
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a job trains. Every field is described in docs/TASKS.md.
+
+    ``data()`` gives the whole labelled dataset that ``edgeps data`` and ``edgeps demo`` split into a
+    held-out set and device shards (by its device column, for a ``load_csv(..., device_column=)``,
+    else Dirichlet-non-IID). ``server_data()`` and ``device_data(device_id)``, when given, are what
+    ``edgeps ps`` and ``edgeps client`` read without ``--eval-data``/``--data``.
+    """
+
+    model: ModelSpec | Trainer | Callable[[], Any] = field(default_factory=ModelSpec)
+    loss: str = "cross_entropy"
+    metrics: Sequence[str] = ()
+    data: Callable[[], DataLike] | None = None
+    server_data: Callable[[], DataLike] | None = None
+    device_data: Callable[[str], DataLike] | None = None
+    classes: int | None = None  # classification: the number of classes (default: the largest label + 1)
+    name: str = "task"
+    source: Path | None = None  # the task file (set by load_task)
+
+    def __post_init__(self) -> None:  # load_task puts the file's name before these messages
+        if isinstance(self.model, Trainer):
+            if self.loss != self.model.loss and self.loss != "cross_entropy":
+                raise TaskError(f"loss {self.loss!r} differs from the trainer's own {self.model.loss!r}")
+            object.__setattr__(self, "loss", self.model.loss)
+        elif not isinstance(self.model, ModelSpec) and not callable(self.model):
+            raise TaskError("model must be a ModelSpec, a Trainer or a function returning a Keras model")
+        try:
+            if not isinstance(self.model, Trainer):
+                get_loss(self.loss)
+            get_metrics(self.metric_names, self.classification)
+        except LossError as exc:
+            raise TaskError(str(exc)) from None
+        if self.data is None and self.server_data is None:
+            raise TaskError("a task needs data() (or server_data() for the server)")
+
+    def _where(self, what: str) -> str:
+        name = str(self.source) if self.source is not None else f"task {self.name!r}"
+        return f"{name}: {what}" if what else name
+
+    @property
+    def loss_spec(self) -> Loss | None:
+        """The built-in loss, or None for a trainer's own."""
+        return LOSSES.get(self.loss)
+
+    @property
+    def classification(self) -> bool | None:
+        """Whether labels are classes (None: a trainer's own loss, either)."""
+        spec = self.loss_spec
+        return None if spec is None else spec.classification
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(self.metrics) or tuple(default_metrics(self.classification is not False))
+
+    def server_options(self) -> dict[str, str]:
+        """The job options the task fixes (ServerConfig fields)."""
+        return {"loss": self.loss, "metrics": ",".join(self.metric_names)}
+
+    # -- data -----------------------------------------------------------------------------------
+
+    def _call(self, function: Callable[..., DataLike], name: str, *args: Any) -> tuple[Dataset, list[str] | None]:
+        """Call one of the task's data functions: its fault, in one line naming the task file."""
+        try:
+            value = function(*args)
+        except (DataError, TaskError) as exc:
+            raise TaskError(f"{self._where(name + '()')}: {exc}") from None
+        except Exception as exc:  # the user's code: say where it failed, in one line
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            raise TaskError(
+                f"{self._where(name + '()')} failed at {Path(frame.filename).name} line {frame.lineno}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        return as_dataset(value, self.classification is not False, self._where(name + "()"))
+
+    def dataset(self) -> tuple[Dataset, list[str] | None]:
+        """The whole dataset ``data()`` gives, and each row's device if it names them."""
+        if self.data is None:
+            raise TaskError(self._where("no data() to split into device shards"))
+        return self._call(self.data, "data")
+
+    def holdout(self, seed: int, fraction: float = 0.2) -> Dataset:
+        """The server's held-out set: ``server_data()``, else ``fraction`` of ``data()`` (stratified by
+        class, or target quintile; the rows ``edgeps data`` holds out with the same seed)."""
+        if self.server_data is not None:
+            return self._call(self.server_data, "server_data")[0]
+        return stratified_split(self.dataset()[0], fraction, seed)[1]
+
+    def device_dataset(self, device: str) -> Dataset:
+        """One gateway's own data, from ``device_data(device)``."""
+        if self.device_data is None:
+            raise TaskError(self._where("no device_data(device) to read this device's data from: give --data"))
+        return self._call(self.device_data, "device_data", device)[0]
+
+    def outputs(self, data: Dataset) -> int:
+        """The model's output width for the task's loss and this data."""
+        spec = self.loss_spec
+        if spec is None or not spec.classification:
+            return 1
+        classes = self.classes if self.classes is not None else int(data.y.max()) + 1
+        return spec.outputs(classes)
+
+    # -- model ----------------------------------------------------------------------------------
+
+    def keras_model(self) -> Any | None:
+        """The task's Keras model (built now), or None for a ModelSpec or Trainer task."""
+        if isinstance(self.model, ModelSpec | Trainer):
+            return None
+        try:
+            return self.model()
+        except Exception as exc:
+            raise TaskError(f"{self._where('model()')}: {type(exc).__name__}: {exc}") from None
+
+    def init(self, data: Dataset, seed: int) -> Params:
+        """The job's version 0 for data like ``data`` (features, labels); TaskError if the model does
+        not fit the data, naming both sizes."""
+        features, outputs = data.x.shape[1], self.outputs(data)
+        if isinstance(self.model, ModelSpec):
+            return self.model.init(features, outputs, seed)
+        if isinstance(self.model, Trainer):
+            params = self.model.init(features, outputs, seed)
+        else:
+            from learning.keras import KerasError, from_keras
+
+            try:
+                params = from_keras(self.keras_model(), self.loss)
+            except KerasError as exc:
+                raise TaskError(self._where(str(exc))) from None
+        problem = self.trainer().mismatch(params, data.x, data.y)
+        if problem is not None:
+            raise TaskError(self._where(problem))
+        return params
+
+    def trainer(self) -> Trainer:
+        """What a device trains with: the task's own trainer, or the numpy reference with its loss."""
+        return self.model if isinstance(self.model, Trainer) else NumpyTrainer(self.loss)
+
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """The model's raw outputs, for the server's evaluation."""
+        return self.model.predict(params, x) if isinstance(self.model, Trainer) else forward(params, x)
+
+    def loss_value(self) -> Callable[[Params, np.ndarray, np.ndarray], float] | None:
+        """For a trainer's own loss, how the server measures it (its loss_and_grads); else None."""
+        if self.loss_spec is not None:
+            return None
+        trainer = self.trainer()
+        return lambda params, x, y: trainer.loss_and_grads(params, x, y)[0]
+
+    def save_model(self, params: Params, path: Path) -> list[Path]:
+        """Save the final model in the task's format: ``.npz`` by tensor name, and for a Keras task
+        also the Keras model (``.keras``) and a TFLite inference model (``.tflite``) beside it."""
+        path = Path(path)
+        np.savez(path, **params)
+        written = [path]
+        model = None if isinstance(self.model, ModelSpec | Trainer) else self.keras_model()
+        if model is not None:
+            from learning.keras import save_keras
+
+            written += save_keras(model, params, path.with_suffix(""))
+        return written
+
+
+def load_task(path: str | Path) -> Task:
+    """The ``task`` a task file defines; TaskError in one line naming the file otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(f"{path}: no such task file")
+    name = f"edgeps_task_{abs(hash(path.resolve()))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TaskError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except TaskError as exc:
+        raise TaskError(f"{path}: {exc}") from None
+    except SyntaxError as exc:
+        raise TaskError(f"{path} line {exc.lineno}: SyntaxError: {exc.msg}") from None
+    except Exception as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path.resolve()]
+        line = f" line {frames[-1].lineno}" if frames else ""
+        raise TaskError(f"{path}{line}: {type(exc).__name__}: {exc}") from None
+    task = getattr(module, "task", None)
+    if not isinstance(task, Task):
+        raise TaskError(f"{path}: defines no `task = Task(...)` (docs/TASKS.md)")
+    object.__setattr__(task, "source", path)
+    return task
