@@ -219,13 +219,16 @@ class DeviceCore:
     def on_notice(self, notice: Notice) -> None:
         """One of our messages was refused. A refused commit no longer holds the device (bsp waits
         for parameters after a commit), and, for a reason in ``CARRIED``, its progress goes into
-        the next commit. ``evicted`` and ``finished`` end the device's part in the job."""
+        the next commit. ``evicted``, and ``finished`` about our newest commit, end the device's part in
+        the job (a ``finished`` one about another commit was queued for an earlier run or boot)."""
         self.notices.append(notice)
         self.events.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
-        if notice.reason in (RejectReason.EVICTED, RejectReason.FINISHED):
+        sent = self.sent
+        if notice.reason is RejectReason.EVICTED or (
+            notice.reason is RejectReason.FINISHED and sent is not None and notice.seq == sent.seq
+        ):
             self.finished = True
             return
-        sent = self.sent
         if sent is None or notice.seq != sent.seq:
             return
         self.sent = None

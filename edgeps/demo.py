@@ -17,7 +17,7 @@ from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
 from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
-from edgeps.report import build_report, format_report, plot_accuracy, read_metrics, write_json
+from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
 from edgeps.task import load_task
 from learning.data import load_digits
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
@@ -45,7 +45,7 @@ class DemoSettings(BaseModel):
                                      "on this port")  # fmt: skip
     task: Path | None = Field(None, description="a task file: the model, loss, metrics and data (docs/TASKS.md); "
                               "default: the built-in digits job")  # fmt: skip
-    out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, accuracy.png")
+    out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, curves.png")
     broker: str | None = Field(None, description="use this HOST:PORT instead of starting a broker")
     embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
     embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
@@ -211,7 +211,7 @@ def run_local_job(
 
 
 def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Run the whole job; return the report (also written to OUT/report.json and OUT/accuracy.png)."""
+    """Run the whole job; return the report (also written to OUT/report.json and OUT/curves.png)."""
     started = time.monotonic()
     out = settings.out
     logs = out / "logs"
@@ -279,9 +279,9 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     if json_path:
         write_json(report, json_path)
     title = f"edgeps demo: {settings.devices} devices, {settings.server.pace}"
-    plot_accuracy(report, out / "accuracy.png", title=title)
+    plot_curves(report, out / "curves.png", title=title)
     say("")
     say(format_report(report))
     also = f" and {json_path}" if json_path else ""
-    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'accuracy.png'}; final model: {out / 'model.npz'}")
+    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'curves.png'}; final model: {out / 'model.npz'}")
     return report

@@ -112,7 +112,7 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2))
 
 
-def plot_accuracy(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out metric and loss") -> None:
+def plot_curves(report: dict[str, Any], path: str | Path, title: str = "edgeps: held-out metric and loss") -> None:
     """PNG of the task's metric and the loss on the held-out set against time."""
     import matplotlib
 

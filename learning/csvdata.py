@@ -40,7 +40,7 @@ class CsvData:
     """The rows as a Dataset (features scaled), and what they came with."""
 
     data: Dataset
-    classes: list[str]  # the label of each class index, as the file wrote it
+    classes: list[str]  # the label of each class index, as the file wrote it (none for a regression)
     scaling: Scaling
     devices: list[str] | None  # each row's device, with a device column
 
@@ -68,10 +68,12 @@ def load_csv(
     features: list[str] | None = None,
     device_column: str | None = None,
     classes: int | None = None,
+    regression: bool = False,
 ) -> CsvData:
     """Read ``path``: ``label`` holds each row's class (non-negative integers, or names, numbered in
-    sorted order), ``features`` the inputs (default: every other column but ``device_column``).
-    With ``classes``, a label outside 0..classes-1 is an error."""
+    sorted order), or with ``regression`` its target value (a real number), ``features`` the inputs
+    (default: every other column but ``device_column``). With ``classes``, a label outside
+    0..classes-1 is an error."""
     path = Path(path)
     try:
         with path.open(newline="") as file:
@@ -110,7 +112,11 @@ def load_csv(
             if not device:
                 raise DataError(f"{path} line {number}, column {device_column!r}: missing device")
             devices.append(device)
-    y, names = _classes(path, label, labels, classes)
+    if regression:
+        y = np.array([_number(text, f"{path} line {number}, column {label!r}") for number, text in labels], np.float32)
+        names: list[str] = []
+    else:
+        y, names = _classes(path, label, labels, classes)
     low, high = x.min(axis=0), x.max(axis=0)
     span = np.where(high > low, high - low, 1.0)
     scaling = Scaling(features, low.tolist(), span.tolist())

@@ -7,12 +7,12 @@ from pathlib import Path
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from edgeps.report import format_report, plot_accuracy, read_report
+    from edgeps.report import format_report, plot_curves, read_report
 
     report = read_report(args.file)
     print(format_report(report, max_rows=args.rows))
     plot = Path(args.plot) if args.plot else Path(args.file).with_suffix(".png")
-    plot_accuracy(report, plot, title=f"edgeps: {Path(args.file).name}")
+    plot_curves(report, plot, title=f"edgeps: {Path(args.file).name}")
     print(f"\nplot: {plot}")
     return 0
 
@@ -21,6 +21,6 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     report = sub.add_parser("report", help="print a job's report (edgeps ps --report, the demo's) and plot it")
     report.add_argument("file", help="the report's JSON file")
-    report.add_argument("--plot", help="where to draw the accuracy curves (default: FILE with .png)")
+    report.add_argument("--plot", help="where to draw the metric and loss curves (default: FILE with .png)")
     report.add_argument("--rows", type=int, default=25, help="versions in the table at most (default: %(default)s)")
     report.set_defaults(func=cmd_report)

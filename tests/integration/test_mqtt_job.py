@@ -156,7 +156,7 @@ def test_demo_runs_processes_and_writes_the_report(tmp_path) -> None:
         assert key in saved
     assert saved["rounds"] == 15 and saved["commits"] == 3 * 15 and saved["rejected"] == 0
     assert report["best_accuracy"] > 0.7
-    assert (tmp_path / "demo" / "accuracy.png").stat().st_size > 10_000
+    assert (tmp_path / "demo" / "curves.png").stat().st_size > 10_000
     with np.load(tmp_path / "demo" / "model.npz") as model:  # the final model, to deploy
         assert sorted(model.files) == ["dense0.b", "dense0.w", "dense1.b", "dense1.w"]
     # Again in the same folder: the broker's store still holds the first job's retained

@@ -446,11 +446,15 @@ static void on_notice(eps_device *d, const char *text, size_t len) {
         if (eps_json_is(&v, "seq")) has_seq = eps_json_uint(&v, &seq);
         else if (eps_json_is(&v, "reason")) eps_json_string(&v, reason, sizeof reason);
     }
-    if (strcmp(reason, "evicted") == 0 || strcmp(reason, "finished") == 0) {
+    if (strcmp(reason, "evicted") == 0) {
         d->finished = 1;
         return;
     }
     if (!d->has_sent || !has_seq || seq != d->sent_seq) return; /* not about our newest commit */
+    if (strcmp(reason, "finished") == 0) { /* one about another commit was queued for an earlier run */
+        d->finished = 1;
+        return;
+    }
     d->has_sent = 0;
     d->waiting = 0; /* a refused commit releases the device */
     if (d->committed_on == d->sent_base) d->committed_on = -1;
