@@ -32,8 +32,8 @@ def write_readings(path: Path, seed: int = 7) -> None:
     power = (0.8 + 0.09 * np.abs(temperature - 20) + 0.004 * humidity + 0.07 * people
              + rng.normal(0, 0.1, ROWS))  # fmt: skip
     lines = ["gateway,hour,temperature_c,humidity_pct,people,power_kw"]
-    lines += [f"gw-{g:02d},{h},{t:.2f},{u:.1f},{p},{w:.3f}"
-              for g, h, t, u, p, w in zip(gateway, hour, temperature, humidity, people, power, strict=True)]  # fmt: skip
+    rows = zip(gateway, hour, temperature, humidity, people, power, strict=True)
+    lines += [f"gw-{g:02d},{h},{t:.2f},{u:.1f},{p},{w:.3f}" for g, h, t, u, p, w in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")
     partial.write_text("\n".join(lines) + "\n")
