@@ -19,7 +19,7 @@ from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
 from edgeps.task import load_task
-from learning.data import load_digits
+from learning.data import Dataset, load_digits
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
 from learning.spec import ModelSpec
 from ps_service.config import PROCESS_DEFAULTS, ServerConfig
@@ -240,12 +240,12 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
             settings = settings.model_copy(update={"devices": len(shards.devices)})
         else:
             shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
+        task.init(Dataset.load(shards.holdout), settings.seed)  # a model that does not fit: refused now
         say(f"data: {settings.task}, {len(data)} rows, {settings.devices} devices; files under {out}/")
     else:
         shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
         say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
     if c_device is not None:
-        from learning.data import Dataset
         from schemas.frame import encode_data_frame
 
         for shard in shards.devices[settings.devices - settings.embedded_devices :]:

@@ -18,6 +18,7 @@ The model is one of:
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -242,6 +243,7 @@ def load_task(path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{path}: no such task file")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # a Keras task: TensorFlow's start-up chatter off
     name = f"edgeps_task_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -31,9 +31,9 @@ def _loss(tf: Any, name: str, z: Any, y: Any, outputs: int) -> Any:
     if name == "cross_entropy":
         log_probs = z - tf.reduce_logsumexp(z, axis=1, keepdims=True)
         return -tf.reduce_mean(tf.reduce_sum(tf.one_hot(y, outputs) * log_probs, axis=1))
-    value = z[:, 0]
+    value = tf.reshape(z, [-1])  # one output (a slice's gradient, StridedSliceGrad, is not a builtin)
     if name == "bce":  # log(1 + e^-|z|) + max(z, 0) - z y
-        return tf.reduce_mean(tf.math.log1p(tf.exp(-tf.abs(value))) + tf.maximum(value, 0.0) - value * y)
+        return tf.reduce_mean(tf.math.log(1.0 + tf.exp(-tf.abs(value))) + tf.maximum(value, 0.0) - value * y)
     error = value - y
     return tf.reduce_mean(error * error) if name == "mse" else tf.reduce_mean(tf.abs(error))
 

@@ -25,9 +25,10 @@ function drawCurve() {
   ctx.clearRect(0, 0, canvas.width, canvas.height);
   if (curve.length < 2) return;
   const t0 = curve[0][0], t1 = curve[curve.length - 1][0] || 1;
+  const top = Math.max(1, ...curve.map(([, a]) => a));  // accuracy-like metrics in [0, 1]; errors may exceed 1
   ctx.strokeStyle = "#3b6fd8"; ctx.lineWidth = 2; ctx.beginPath();
   curve.forEach(([t, a], i) => {
-    const x = ((t - t0) / (t1 - t0 || 1)) * (canvas.width - 4) + 2, y = canvas.height - 2 - a * (canvas.height - 4);
+    const x = ((t - t0) / (t1 - t0 || 1)) * (canvas.width - 4) + 2, y = canvas.height - 2 - (a / top) * (canvas.height - 4);
     i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
   });
   ctx.stroke();
@@ -47,7 +48,9 @@ function renderDevices() {
 }
 
 function onMetrics(m) {
-  $("accuracy").textContent = m.accuracy.toFixed(4);
+  const value = m.value ?? m.accuracy;  // the task's metric (protocol 1.2), or a 1.1 server's accuracy
+  $("metric").textContent = m.metric ?? "accuracy";
+  $("accuracy").textContent = value.toFixed(4);
   $("version").textContent = m.version;
   $("loss").textContent = m.loss.toFixed(4);
   $("elapsed").textContent = m.elapsed_s.toFixed(1);
@@ -64,7 +67,7 @@ function onMetrics(m) {
   for (const [id, push] of Object.entries(m.push_every || {})) {
     devices.set(id, { ...(devices.get(id) || { state: "online" }), push_every: push });
   }
-  if (!curve.length || curve[curve.length - 1][0] !== m.elapsed_s) curve.push([m.elapsed_s, m.accuracy]);
+  if (!curve.length || curve[curve.length - 1][0] !== m.elapsed_s) curve.push([m.elapsed_s, value]);
   drawCurve();
   renderDevices();
 }

@@ -73,3 +73,19 @@ def test_a_tampered_artifact_is_refused(built) -> None:
         decode_artifact(b"XXXX" + payload[4:])
     with pytest.raises(ArtifactError, match="metadata"):
         decode_artifact(payload[:8] + b"[" + payload[9:])
+
+
+@pytest.mark.parametrize("loss_name", ["bce", "mse", "mae"])
+def test_the_trainer_of_every_other_loss_matches_numpy(loss_name: str) -> None:
+    params = init_mlp([6, 16, 1], seed=4)
+    meta, tflite = decode_artifact(build_artifact(params, batch_size=8, loss=loss_name))
+    trainer = TFLiteTrainer(meta, tflite)
+    assert (meta.loss, meta.classes, trainer.loss) == (loss_name, 1, loss_name)
+    rng = np.random.default_rng(5)
+    x = rng.random((8, 6), dtype=np.float32)
+    y = rng.integers(0, 2, 8) if loss_name == "bce" else rng.normal(0, 2, 8).astype(np.float32)
+    loss, grads = trainer.loss_and_grads(params, x, y)
+    ref_loss, ref_grads = loss_and_grads(params, x, y, loss_name)
+    assert loss == pytest.approx(ref_loss, abs=1e-5)
+    for name in params:
+        np.testing.assert_allclose(grads[name], ref_grads[name], atol=1e-5, rtol=0)
