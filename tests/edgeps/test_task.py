@@ -118,7 +118,7 @@ def test_a_keras_layer_that_does_not_convert_is_named_before_anything_starts(tmp
 def test_a_broken_task_file_is_one_line_naming_it(tmp_path, body, message) -> None:
     with pytest.raises(TaskError, match=message):
         load_task(write(tmp_path, body))
-    with pytest.raises(TaskError, match="missing.py: no such task file"):
+    with pytest.raises(TaskError, match=r"missing\.py: no such task file"):
         load_task(tmp_path / "missing.py")
 
 
