@@ -137,10 +137,10 @@ class Task:
 
     # -- data -----------------------------------------------------------------------------------
 
-    def _call(self, function: Callable[..., DataLike], name: str, *args: Any) -> tuple[Dataset, list[str] | None]:
-        """Call one of the task's data functions: its fault, in one line naming the task file."""
+    def _run(self, function: Callable[..., Any], name: str, *args: Any) -> Any:
+        """Call the user's ``function``: its fault, in one line naming the task file and where it failed."""
         try:
-            value = function(*args)
+            return function(*args)
         except (DataError, TaskError) as exc:
             raise TaskError(f"{self._where(name + '()')}: {exc}") from None
         except Exception as exc:  # the user's code: say where it failed, in one line
@@ -149,6 +149,10 @@ class Task:
                 f"{self._where(name + '()')} failed at {Path(frame.filename).name} line {frame.lineno}: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
+
+    def _call(self, function: Callable[..., DataLike], name: str, *args: Any) -> tuple[Dataset, list[str] | None]:
+        """Call one of the task's data functions and check what it gave."""
+        value = self._run(function, name, *args)
         return as_dataset(value, self.classification is not False, self._where(name + "()"))
 
     def dataset(self) -> tuple[Dataset, list[str] | None]:
@@ -173,10 +177,10 @@ class Task:
     def outputs(self, data: Dataset) -> int:
         """The model's output width for the task's loss and this data."""
         spec = self.loss_spec
-        if spec is None or not spec.classification:
-            return 1
         classes = self.classes if self.classes is not None else int(data.y.max()) + 1
-        return spec.outputs(classes)
+        if spec is None:  # a trainer's own loss: one output per class for class labels, else one
+            return classes if data.y.dtype.kind in "iu" else 1
+        return spec.outputs(classes) if spec.classification else 1
 
     # -- model ----------------------------------------------------------------------------------
 
@@ -196,7 +200,7 @@ class Task:
         if isinstance(self.model, ModelSpec):
             return self.model.init(features, outputs, seed)
         if isinstance(self.model, Trainer):
-            params = self.model.init(features, outputs, seed)
+            params = self._run(self.model.init, "init", features, outputs, seed)
         else:
             from learning.keras import KerasError, from_keras
 
@@ -214,15 +218,17 @@ class Task:
         return self.model if isinstance(self.model, Trainer) else NumpyTrainer(self.loss)
 
     def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
-        """The model's raw outputs, for the server's evaluation."""
-        return self.model.predict(params, x) if isinstance(self.model, Trainer) else forward(params, x)
+        """The model's raw outputs, for the server's evaluation (a fault of one's own trainer: TaskError)."""
+        if isinstance(self.model, Trainer):
+            return np.asarray(self._run(self.model.predict, "predict", params, x))
+        return forward(params, x)
 
     def loss_value(self) -> Callable[[Params, np.ndarray, np.ndarray], float] | None:
         """For a trainer's own loss, how the server measures it (its loss_and_grads); else None."""
         if self.loss_spec is not None:
             return None
         trainer = self.trainer()
-        return lambda params, x, y: trainer.loss_and_grads(params, x, y)[0]
+        return lambda params, x, y: float(self._run(trainer.loss_and_grads, "loss_and_grads", params, x, y)[0])
 
     def save_model(self, params: Params, path: Path) -> list[Path]:
         """Save the final model in the task's format: ``.npz`` by tensor name, and for a Keras task

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,76 @@ def test_the_sensor_regression_trains_python_and_c_devices_together(tmp_path) ->
     assert report["best"] < 0.3 < first  # kW of mean absolute error: from about 2.6 at version 0
     assert report["device_backends"] == {"c": 2, "numpy": 4}  # one shard per gateway of the CSV
     assert report["rejected"] == 0
+
+
+def test_a_trainer_of_ones_own_runs_as_separate_roles_from_the_task_alone(tmp_path, mosquitto) -> None:
+    """edgeps ps --task (held-out from the task, its own loss measured by its trainer) and two
+    edgeps client --task (each gateway's data from device_data): a softmax regression of the
+    user's, in numpy, under a loss name edgeps does not know."""
+    task = tmp_path / "own.py"
+    task.write_text(
+        textwrap.dedent('''
+        import numpy as np
+        from edgeps import Task, Trainer
+
+        class Softmax(Trainer):
+            name, loss = "softmax", "smoothed_ce"
+
+            def init(self, features, outputs, seed):
+                return {"w": np.zeros((features, outputs), np.float32), "b": np.zeros(outputs, np.float32)}
+
+            def predict(self, params, x):
+                return x @ params["w"] + params["b"]
+
+            def loss_and_grads(self, params, x, y):
+                z = self.predict(params, x)
+                p = np.exp(z - z.max(axis=1, keepdims=True))
+                p /= p.sum(axis=1, keepdims=True)
+                target = np.full_like(p, 0.05 / p.shape[1])
+                target[np.arange(len(y)), y] += 0.95
+                loss = float(-(target * np.log(p + 1e-12)).sum(axis=1).mean())
+                g = (p - target) / len(y)
+                return loss, {"w": (x.T @ g).astype(np.float32), "b": g.sum(axis=0).astype(np.float32)}
+
+        def blobs(seed):
+            rng = np.random.default_rng(seed)
+            y = rng.integers(0, 3, 400)
+            centers = np.random.default_rng(99).normal(0, 2, (3, 5))
+            return (centers[y] + rng.normal(0, 1, (400, 5))).astype(np.float32), y
+
+        task = Task(model=Softmax(), metrics=("accuracy", "macro_f1"), data=lambda: blobs(0),
+                    device_data=lambda device: blobs(int(device[-1]) + 1))
+        ''')
+    )  # fmt: skip
+    broker = ["--broker", f"{mosquitto.host}:{mosquitto.port}", "--job", "own"]
+    cli = [sys.executable, "-m", "edgeps.cli"]
+    report = tmp_path / "report.json"
+    server = subprocess.Popen([*cli, "ps", *broker, "--task", str(task), "--rounds", "20", "--min-devices", "2",
+                               "--report", str(report), "--save-model", str(tmp_path / "own.npz")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    clients = [
+        subprocess.Popen(
+            [*cli, "client", *broker, "--task", str(task), "--device", f"gw-{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        output, _ = server.communicate(timeout=120)
+        assert server.returncode == 0, output
+        for client in clients:
+            assert client.wait(timeout=30) == 0, client.communicate()[0]
+    finally:
+        for proc in [server, *clients]:
+            if proc.poll() is None:
+                proc.kill()
+    saved = json.loads(report.read_text())
+    assert saved["metric"] == "accuracy" and saved["best"] > 0.9 and saved["rounds"] == 20
+    assert saved["metrics"][-1]["values"].keys() == {"accuracy", "macro_f1"}
+    assert saved["settings"]["server"]["loss"] == "smoothed_ce"
+    losses = [m["loss"] for m in saved["metrics"]]
+    assert losses[-1] < losses[0]  # the server measured the trainer's own loss, and it fell
+    with np.load(tmp_path / "own.npz") as model:
+        assert sorted(model.files) == ["b", "w"]
