@@ -24,6 +24,7 @@ from edge_client.profile import DeviceProfile
 from edge_client.trainer import NumpyTrainer
 from edgeps.options import nest_fields
 from learning.data import Dataset, dirichlet_partition, load_digits, stratified_split
+from learning.losses import get_loss
 from learning.model import init_mlp
 from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
@@ -171,17 +172,25 @@ class Simulation:
     def __init__(self, scenario: Scenario, pace: str, data: tuple[Dataset, list[Dataset]] | None = None) -> None:
         holdout, shards = data or scenario_data(scenario)
         self.scenario = scenario
-        sizes = [holdout.x.shape[1], *scenario.hidden, holdout.classes]
         changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s}
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
+        loss = get_loss(config.loss)
+        sizes = [holdout.x.shape[1], *scenario.hidden, loss.outputs(holdout.classes if loss.classification else 1)]
+        task = {"loss": config.loss, "metrics": config.metric_names}
         self.server = ServerCore(
-            config, init_mlp(sizes, scenario.seed), Evaluator(holdout, clock=time.perf_counter), run=scenario.seed + 1
-        )
-        self.judge = Evaluator(holdout)  # the bench's own measurement, apart from the server's
+            config, init_mlp(sizes, scenario.seed), Evaluator(holdout, clock=time.perf_counter, **task),
+            run=scenario.seed + 1,
+        )  # fmt: skip
+        self.judge = Evaluator(holdout, **task)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
             DeviceCore(
-                self.JOB, f"dev-{i:02d}", shard, NumpyTrainer(), seed=scenario.seed * 1000 + i, incarnation=i + 1
+                self.JOB,
+                f"dev-{i:02d}",
+                shard,
+                NumpyTrainer(config.loss),
+                seed=scenario.seed * 1000 + i,
+                incarnation=i + 1,
             )
             for i, shard in enumerate(shards)
         ]
@@ -271,8 +280,8 @@ class Simulation:
 
         (Judging by the server's own per-version metrics would favour paces that make
         more versions: the best of more noisy evaluations is higher.)"""
-        accuracy = self.judge(self.server.store.view()).values["accuracy"]
-        self._curve.append((round(self.now, 6), accuracy))
+        value = self.judge(self.server.store.view()).values[self.judge.metric.name]  # accuracy, unless a task says
+        self._curve.append((round(self.now, 6), value))
         traffic, assigned = self.server.traffic, self.server.frequency.assigned
         push_every = sum(assigned.values()) / len(assigned) if assigned else float(self.server.frequency.base)
         self._traffic.append((traffic.commits, traffic.bytes_up + traffic.bytes_down, push_every))

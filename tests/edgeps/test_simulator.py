@@ -70,3 +70,29 @@ def test_slow_devices_are_a_seeded_quarter() -> None:
     assert scenario.slow_devices() == Scenario().slow_devices()
     profiles = scenario.profiles()
     assert sorted(p.slowdown for p in profiles) == [1.0] * 12 + [4.0] * 4
+
+
+@pytest.mark.parametrize(
+    ("pace", "codec", "frequency"),
+    [("acbsp", "sign", "trend"), ("ssp:2", "topk:0.1", "adacomm"), ("bsp", "ternary", "fixed")],
+)
+def test_paces_codecs_and_policies_train_a_regression_unchanged(pace, codec, frequency) -> None:
+    """The same machinery on a task whose loss is mse and whose metric (mae) is lower-is-better."""
+    import numpy as np
+
+    from learning.data import Dataset
+
+    rng = np.random.default_rng(3)
+    x = rng.random((1200, 5)).astype(np.float32)
+    y = x @ np.array([2.0, -1.0, 0.5, 3.0, 0.0]) + np.abs(x[:, 0] - 0.5) + rng.normal(0, 0.05, 1200)
+    y = y.astype(np.float32)
+    holdout = Dataset(x[:200], y[:200])
+    shards = [Dataset(x[200 + i * 200 : 400 + i * 200], y[200 + i * 200 : 400 + i * 200]) for i in range(5)]
+    scenario = Scenario(devices=5, duration_s=10.0, hidden=(16,), sample_s=1.0, loss="mse", metrics="mae", codec=codec,
+                        frequency=frequency, lr=0.05, push_every=10, push_every_max=20)  # fmt: skip
+    result = Simulation(scenario, pace, (holdout, shards)).run()
+    maes = [value for _, value in result.curve]
+    assert result.history[-1].metric == "mae" and result.history[-1].accuracy is None
+    assert maes[-1] < maes[0] / 4, maes  # the error falls: lower is better
+    assert result.history[-1].rejected == {}
+    assert result.history[-1].frequency == frequency and result.history[-1].values.keys() == {"mae"}
