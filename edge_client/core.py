@@ -308,12 +308,22 @@ class DeviceCore:
         self.trained = self.since_commit < self.control.max_uncommitted_steps
         if self.trained:
             self._train(self.control)
-        return [self._commit()] if self._commit_due else []
+        return [self._commit()] if self._commit_due and self.fatal is None else []
 
     def _train(self, control: Control) -> None:
         assert self._local is not None
         batch = self.rng.integers(0, len(self.data), size=min(control.batch_size, len(self.data)))
         self.last_loss, grads = self.backend.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
+        if not np.isfinite(self.last_loss):  # diverged: every commit from here on would be refused as non_finite
+            self.finished, self.fatal = (
+                True,
+                (
+                    f"local training diverged (loss {self.last_loss} at step {self.steps + 1}): "
+                    f"the job's learning rate {control.lr} is too high for this model and data"
+                ),
+            )
+            self.events.error("%s", self.fatal)
+            return
         lr = np.float32(control.lr)
         for name, g in grads.items():
             self._local[name] -= lr * g

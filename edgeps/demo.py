@@ -135,6 +135,7 @@ def run_local_job(
     watcher = MqttTransport(address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status],
                             persistent=False)  # fmt: skip
     processes: list[subprocess.Popen] = []
+    devices: dict[str, subprocess.Popen] = {}
     statuses: dict[str, DeviceStatus] = {}
     try:
         watcher.wait_connected(10)
@@ -162,14 +163,16 @@ def run_local_job(
             if c_device is not None and i >= settings.devices - settings.embedded_devices:  # the C SDK's device
                 device = [*common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
                           str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
-                processes.append(spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device))
+                devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device)
+                processes.append(devices[name])
                 continue
             device = [
                 "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
                 "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name), *task,
             ]  # fmt: skip
-            processes.append(spawn(device, logs / f"{settings.server.job}-{name}.log"))
+            devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log")
+            processes.append(devices[name])
         if not quiet:
             print(f"started the parameter server ({settings.server.pace}) and {settings.devices} devices; "
                   f"logs in {logs}/")  # fmt: skip
@@ -192,6 +195,12 @@ def run_local_job(
 
         while server.poll() is None and time.monotonic() < deadline:
             drain(0.2)
+            failed = next((name for name, proc in devices.items() if proc.poll() not in (None, 0)), None)
+            if failed is not None:  # it will not come back: say why, rather than wait for the deadline
+                log = logs / f"{settings.server.job}-{failed}.log"
+                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+                why = lines[-1].split(" ERROR ", 1)[-1] if lines else "no output"  # the log line's message
+                raise RuntimeError(f"device {failed} stopped: {why} (log: {log})")
         if server.poll() is None:
             raise RuntimeError(f"the job did not finish within {settings.timeout_s:.0f} s; see {logs}")
         if server.returncode != 0:

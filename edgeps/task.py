@@ -93,6 +93,8 @@ class Task:
     server_data: Callable[[], DataLike] | None = None
     device_data: Callable[[str], DataLike] | None = None
     classes: int | None = None  # classification: the number of classes (default: the largest label + 1)
+    lr: float | None = None  # the devices' learning rate (default: the job's, --lr)
+    batch_size: int | None = None  # the devices' batch size (default: the job's, --batch-size)
     name: str = "task"
     source: Path | None = None  # the task file (set by load_task)
 
@@ -131,9 +133,12 @@ class Task:
     def metric_names(self) -> tuple[str, ...]:
         return tuple(self.metrics) or tuple(default_metrics(self.classification is not False))
 
-    def server_options(self) -> dict[str, str]:
+    def server_options(self) -> dict[str, Any]:
         """The job options the task fixes (ServerConfig fields)."""
-        return {"loss": self.loss, "metrics": ",".join(self.metric_names)}
+        training = {"lr": self.lr, "batch_size": self.batch_size}
+        return {"loss": self.loss, "metrics": ",".join(self.metric_names)} | {
+            k: v for k, v in training.items() if v is not None
+        }
 
     # -- data -----------------------------------------------------------------------------------
 
@@ -188,6 +193,8 @@ class Task:
         """The task's Keras model (built now), or None for a ModelSpec or Trainer task."""
         if isinstance(self.model, ModelSpec | Trainer):
             return None
+        if hasattr(self.model, "get_weights") and hasattr(self.model, "layers"):
+            return self.model  # a Keras model built when the task file was read (TensorFlow in every role)
         try:
             return self.model()
         except Exception as exc:

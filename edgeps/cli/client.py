@@ -40,7 +40,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     cache = Path(config.cache) if config.cache else None
     run_device(core, transport, profile, stop=stop_on_signals(), cache=cache)
     if core.fatal is not None:
-        raise ValueError(f"{config.data}: {core.fatal}")
+        raise ValueError(f"{config.data or config.device}: {core.fatal}")
     log.info("device %s done: %d commits", config.device, core.seq)
     return 0
 

@@ -212,3 +212,17 @@ def test_the_device_trains_the_loss_its_control_names_and_stops_on_one_it_does_n
     assert other.fatal == (
         "the job trains with loss 'huber', which the numpy trainer does not know (cross_entropy, bce, mse, mae)"
     )
+
+
+def test_a_device_whose_training_diverges_stops_with_one_line_instead_of_committing_nan() -> None:
+    x = np.random.default_rng(0).normal(0, 30, size=(100, 8)).astype(np.float32)
+    data = Dataset(x, (x.sum(axis=1) * 50).astype(np.float32))  # large targets: lr 5 explodes at once
+    device = DeviceCore("t", "d1", data, NumpyTrainer(), seed=0, incarnation=INCARNATION)
+    device.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 1], seed=0)))
+    device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1000, loss="mse", lr=5.0))
+    sent = []
+    while device.ready:
+        sent += device.step()
+    assert sent == [] and device.finished
+    assert device.fatal is not None and device.fatal.startswith("local training diverged (loss ")
+    assert device.fatal.endswith("the job's learning rate 5.0 is too high for this model and data")

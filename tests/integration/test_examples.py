@@ -134,3 +134,19 @@ def test_a_trainer_of_ones_own_runs_as_separate_roles_from_the_task_alone(tmp_pa
     assert losses[-1] < losses[0]  # the server measured the trainer's own loss, and it fell
     with np.load(tmp_path / "own.npz") as model:
         assert sorted(model.files) == ["b", "w"]
+
+
+def test_a_device_whose_training_diverges_ends_the_demo_with_its_reason(tmp_path) -> None:
+    task = tmp_path / "steep.py"
+    task.write_text(
+        "import numpy as np\nfrom edgeps import ModelSpec, Task\n"
+        "rng = np.random.default_rng(0)\nx = rng.normal(0, 30, (400, 6))\n"
+        "task = Task(model=ModelSpec(hidden='16'), loss='mse', lr=5.0, data=lambda: (x, 50 * x.sum(axis=1)))\n"
+    )
+    command = [sys.executable, "-m", "edgeps.cli", "demo", "--task", str(task), "--out", str(tmp_path / "out"),
+               "--devices", "3"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 2
+    error = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(error) == 1 and "device dev-0" in error[0] and "local training diverged (loss " in error[0], error
+    assert "the job's learning rate 5.0 is too high" in error[0]

@@ -242,6 +242,7 @@ typedef struct {
     uint64_t seq, sent_seq, slowest_clock, rng;
     int64_t sent_base;
     int waiting, gap, resync, finished, trained, residual_held, params_ignored;
+    int diverged; /* local training met a non-finite loss (the job's lr too high): the device stops */
     float last_loss, step_s, mean_step_s;
     uint32_t timed_steps;
     double busy_s, idle_s, untimed_s;

@@ -1,6 +1,7 @@
 /* The device of docs/PROTOCOL.md §6 (edge_client/core.py in Python): parameters and control in,
  * local SGD steps, commit frames out, all through the port. Its memory is the eps_device struct
  * and the arena, laid out once the first parameter frame says what the model is. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -515,6 +516,11 @@ static int train(eps_device *d) {
         eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->control.loss, d->work);
     if (loss < 0) {
         d->error = EPS_ERR_VALUE; /* a label beyond the model's classes, or outputs the loss does not take */
+        return 0;
+    }
+    if (!(loss <= FLT_MAX)) { /* NaN or infinite: every commit from here on would be refused as non_finite */
+        d->diverged = d->finished = 1;
+        d->error = EPS_ERR_VALUE;
         return 0;
     }
     d->last_loss = loss;

@@ -268,9 +268,11 @@ int main(int argc, char **argv) {
     mosquitto_loop(g.mosq, 50, 1);
     mosquitto_destroy(g.mosq);
     mosquitto_lib_cleanup();
-    fprintf(stderr, "edgeps-device: %s leaves (%s)\n", device, dev.finished ? "the job finished" : "stopped");
+    fprintf(stderr, "edgeps-device: %s leaves (%s)\n", device,
+            dev.diverged ? "local training diverged: the job's learning rate is too high for this model and data"
+            : dev.finished ? "the job finished" : "stopped");
     free(arena);
     free(g.x);
     free(g.y);
-    return 0;
+    return dev.diverged ? 2 : 0;
 }
