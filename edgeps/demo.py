@@ -18,7 +18,7 @@ from broker.launcher import BrokerProcess, start_broker
 from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
-from edgeps.task import load_task
+from edgeps.task import Task, load_task
 from learning.data import Dataset, load_digits
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
 from learning.spec import ModelSpec
@@ -226,13 +226,15 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     say = (lambda *a, **k: None) if quiet else print
-    task = load_task(settings.task) if settings.task is not None else None  # refused before anything starts
-    if task is not None:
+    if settings.task is not None:  # refused before anything starts
+        task = load_task(settings.task)
         settings = settings.model_copy(update={"server": settings.server.model_copy(update=task.server_options())})
+    else:  # the built-in job: examples/digits.py, with the model and job options of the flags
+        task = Task(model=settings.model, loss=settings.server.loss, metrics=settings.server.metric_names,
+                    data=load_digits, name="digits")  # fmt: skip
     c_device = None
     if settings.embedded_devices:
-        arch = task.model.arch if task is not None and isinstance(task.model, ModelSpec) else settings.model.arch
-        mlp = arch == "mlp" and (task is None or isinstance(task.model, ModelSpec))
+        mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
         if not 0 < settings.embedded_devices <= settings.devices or not mlp or settings.server.loss not in C_LOSSES:
             raise ValueError(
                 f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) C devices, "
@@ -242,18 +244,15 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
 
         say("building edgeps-device, the C SDK's device ...")
         c_device = build_device(out / "sdk")
-    if task is not None:
-        data, devices = task.dataset()
-        if devices is not None:  # split by the gateway each row came from
-            shards = prepare_device_shards(data, devices, out / "data", settings.seed)
-            settings = settings.model_copy(update={"devices": len(shards.devices)})
-        else:
-            shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
-        task.init(Dataset.load(shards.holdout), settings.seed)  # a model that does not fit: refused now
-        say(f"data: {settings.task}, {len(data)} rows, {settings.devices} devices; files under {out}/")
+    data, devices = task.dataset()
+    if devices is not None:  # split by the gateway each row came from
+        shards = prepare_device_shards(data, devices, out / "data", settings.seed)
+        settings = settings.model_copy(update={"devices": len(shards.devices)})
     else:
-        shards = prepare_shards(load_digits(), out / "data", settings.devices, settings.alpha, settings.seed)
-        say(f"data: digits, {settings.devices} devices, Dirichlet alpha {settings.alpha}; files under {out}/")
+        shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
+    task.init(Dataset.load(shards.holdout), settings.seed)  # a model that does not fit: refused now
+    how = "one shard per device column value" if devices is not None else f"Dirichlet alpha {settings.alpha}"
+    say(f"data: {settings.task or 'digits'}, {len(data)} rows, {settings.devices} devices ({how}); files under {out}/")
     if c_device is not None:
         from schemas.frame import encode_data_frame
 
