@@ -125,7 +125,8 @@ def test_a_commit_refused_for_its_content_releases_the_device_but_is_not_carried
     relay.connect(core)
     for _ in range(core.control.push_every - 1):
         relay.send(core, core.step())
-    core._local = {k: np.full_like(v, np.nan) for k, v in core._local.items()}  # a diverged device
+    core._anchor = {k: np.full_like(v, np.nan) for k, v in core._anchor.items()}  # a commit of NaN (a device
+    # whose own loss goes non-finite stops instead: test_core's diverging device)
     relay.send(core, core.step())
     relay.flush()
     assert rejected(server) == {"non_finite": 1} and not core.waiting and core.steps == 0
