@@ -22,6 +22,7 @@ ARENA_BYTES = 163840  # the scripted image's static arena: more than the demo mo
 
 def make(build: Path, *targets: str, **variables: object) -> None:
     """Build ``targets`` of the SDK's Makefile into ``build``; RuntimeError with make's output."""
+    build = build.resolve()  # make runs in the SDK's folder
     command = ["make", "-s", "-C", str(SDK), f"BUILD={build}", *(f"{k}={v}" for k, v in variables.items()), *targets]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -38,7 +39,7 @@ def build_device(build: Path) -> Path:
         raise RuntimeError("C devices need a C compiler, make and libmosquitto's headers "
                            "(apt-get install gcc make libmosquitto-dev)")  # fmt: skip
     make(build, "edgeps-device")
-    return build / "edgeps-device"
+    return build.resolve() / "edgeps-device"
 
 
 def image_size(elf: Path) -> dict[str, int]:
