@@ -16,7 +16,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 
@@ -120,3 +120,21 @@ def nest_fields(data: Any, holder: type[BaseModel], field: str, model: type[Base
     held = data.get(field, default)
     base = held.model_dump() if isinstance(held, BaseModel) else dict(held)
     return {**{k: v for k, v in data.items() if k not in flat}, field: {**base, **flat}}
+
+
+def validation_line(error: ValidationError, models: Iterable[type[BaseModel]] = ()) -> str:
+    """A pydantic error about options as one line naming the option and its value: ``--codec 'bogus':
+    unknown codec 'bogus'; known: ...`` (the first error, and how many more). ``models`` say which
+    field is which flag (a field's ``flag`` extra); others are ``--field-name``."""
+    flags = {name: flag(name, info) for model in models for name, info in model.model_fields.items()}
+    errors = error.errors()
+    first = errors[0]
+    fields = [str(part) for part in first["loc"] if isinstance(part, str)]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if not fields:  # a check across fields: its message says which
+        return message + more
+    option = flags.get(fields[-1], "--" + fields[-1].replace("_", "-"))
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" {value!r}"
+    return f"{option}{shown}: {message}{more}"

@@ -69,8 +69,29 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     started = time.monotonic()
+    log = logging.getLogger("edgeps")
     try:
         return args.func(args)
-    except (ValueError, ConnectionError, FileNotFoundError, RuntimeError) as exc:  # CodecError, CheckpointError too
-        logging.getLogger("edgeps").error("%s (after %.1f s)", exc, time.monotonic() - started)
+    except KeyboardInterrupt:
+        log.error("interrupted (after %.1f s)", time.monotonic() - started)
+        return 130
+    # A user's error (a bad option or file, a broker not there): one line, the traceback only with -v.
+    except (ValueError, OSError, OverflowError, RuntimeError) as exc:  # CodecError, CheckpointError, TaskError too
+        log.error("%s (after %.1f s)", _one_line(exc), time.monotonic() - started, exc_info=args.verbose)
         return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    """What went wrong, in one line (a pydantic error names the option and its value)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        from edge_client.config import DeviceConfig
+        from edgeps.demo import DemoSettings
+        from edgeps.options import validation_line
+        from learning.spec import ModelSpec
+        from ps_service.config import ServerConfig
+
+        return validation_line(exc, (ServerConfig, ModelSpec, DeviceConfig, DemoSettings))
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(line.strip() for line in text.splitlines())

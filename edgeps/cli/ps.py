@@ -70,7 +70,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from ps_service.prometheus import MetricsEndpoint
 
-        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, args.metrics_tls_cert, args.metrics_tls_key)
+        try:
+            tls = (args.metrics_tls_cert, args.metrics_tls_key)
+            endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, *tls)
+        except (OSError, OverflowError) as exc:  # in use, not ours to open, out of range
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ValueError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: {why}") from None
         where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
         page = f"the dashboard on {where}/" if endpoint.dashboard else "no dashboard (off loopback it needs HTTPS)"
         logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
