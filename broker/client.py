@@ -7,7 +7,9 @@ core, and publishes what the core returns.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
@@ -226,6 +228,8 @@ class MqttTransport(Transport):
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
         self._subscribing: int | None = None  # the mid of the SUBSCRIBE sent on connecting
+        self.refused: str | None = None  # why the broker refused the last CONNECT (its reason code)
+        self.where = f"{broker.host}:{broker.port}"
         self._client = client
         client.connect_async(broker.host, broker.port, keepalive=10, **connect_options)
         client.loop_start()
@@ -233,9 +237,13 @@ class MqttTransport(Transport):
     def wait_connected(self, timeout: float) -> None:
         """Block until the first connection is up and its subscriptions confirmed; ConnectionError after
         ``timeout``."""
-        if not self.connected.wait(timeout):
-            self._client.loop_stop()
-            raise ConnectionError(f"no MQTT connection within {timeout:.0f} s")
+        deadline = time.monotonic() + timeout
+        while not self.connected.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if self.refused is not None or time.monotonic() >= deadline:
+                self._client.loop_stop()
+                if self.refused is not None:
+                    raise ConnectionError(f"the MQTT broker at {self.where} refused the connection: {self.refused}")
+                raise ConnectionError(f"no MQTT connection to {self.where} within {timeout:.0f} s")
 
     def _on_connect(
         self,
@@ -246,6 +254,7 @@ class MqttTransport(Transport):
         properties: Properties | None,
     ) -> None:
         if reason_code.is_failure:
+            self.refused = str(reason_code)
             log.error("broker refused the connection: %s", reason_code)
             return
         if self._subscriptions:  # connected, for wait_connected, once the broker confirmed them
@@ -357,17 +366,31 @@ class MqttTransport(Transport):
             self._client.loop_stop()
 
 
+def reachable(broker: BrokerAddress, timeout: float = 5.0) -> None:
+    """ConnectionError saying why, at once, if nothing listens at the broker's address (refused, no
+    route, no such host), rather than after a connection timeout."""
+    try:
+        socket.create_connection((broker.host, broker.port), timeout=timeout).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        raise ConnectionError(f"cannot reach the MQTT broker at {broker.host}:{broker.port}: {why}") from None
+
+
 def connect(
     broker: BrokerAddress, client_id: str, subscriptions: list[str], timeout: float = 10.0, **options: Any
 ) -> MqttTransport:
     """A connected ``MqttTransport`` (``options``: its other arguments): MQTT 5 where the broker
-    speaks it, else MQTT 3.1.1. ConnectionError when neither connects within ``timeout``."""
+    speaks it, else MQTT 3.1.1. ConnectionError when neither connects within ``timeout``, or at once,
+    saying why, when nothing listens at the address or the broker refuses the account."""
+    reachable(broker, min(timeout, 5.0))
     transport = MqttTransport(broker, client_id, subscriptions, mqtt5=True, **options)
     try:
         transport.wait_connected(min(timeout, 5.0))
         return transport
     except ConnectionError:
         transport.close()
+        if transport.refused is not None and "protocol" not in transport.refused.lower():
+            raise  # the account, not the protocol version: 3.1.1 would be refused the same way
         log.info("no MQTT 5 connection: using MQTT 3.1.1")
     transport = MqttTransport(broker, client_id, subscriptions, **options)
     transport.wait_connected(timeout)

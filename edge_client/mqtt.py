@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker.client import BrokerAddress, MqttTransport, Transport
+from broker.client import BrokerAddress, MqttTransport, Transport, reachable
 from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import DeviceCore
 from edge_client.profile import DeviceProfile
@@ -16,7 +16,9 @@ log = logging.getLogger("edgeps.device")
 
 
 def connect_device(core: DeviceCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:
-    """An MQTT transport with the device's subscriptions, hello on every connect and its last will."""
+    """An MQTT transport with the device's subscriptions, hello on every connect and its last will;
+    ConnectionError at once if nothing listens at the broker's address."""
+    reachable(broker, min(timeout, 5.0))
     transport = MqttTransport(
         broker,
         client_id=f"edgeps-dev-{core.topics.job}-{core.device}",
@@ -26,6 +28,23 @@ def connect_device(core: DeviceCore, broker: BrokerAddress, timeout: float = 10.
     )
     transport.wait_connected(timeout)
     return transport
+
+
+WAIT_NOTE_S = 15.0  # while the device cannot train, say what it waits for this often
+
+
+def awaited(core: DeviceCore) -> str:
+    """What keeps ``core`` from training, for a person reading its log."""
+    job = core.topics.job
+    if core.control is None:
+        return f"a Control from job {job}'s server (is `edgeps ps --job {job}` running on this broker?)"
+    if core.replica is None:
+        return f"job {job}'s parameters"
+    if core.backend.trainer is None:
+        return "the server's model artifact (--backend tflite: the server needs --export-tflite)"
+    if core.waiting:
+        return "the next version: the pace waits for the round's other devices"
+    return "the job: its staleness bound, the cap on uncommitted steps, or a pause"
 
 
 def run_device(
@@ -50,9 +69,14 @@ def run_device(
                 break
     cached = core.backend.artifact
     clock = time.perf_counter
-    mark = clock()
+    mark = noted = clock()
     while not core.finished and not (stop is not None and stop.is_set()):
         training = core.ready  # the time until the next mark counts as busy or idle by this
+        if training:
+            noted = clock()
+        elif clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang: say what is awaited
+            noted = clock()
+            log.info("waiting for %s", awaited(core))
         inbound = transport.receive(timeout=0.0 if training else 0.05)
         if inbound is not None:
             core.on_message(inbound.topic, inbound.payload)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -87,9 +88,20 @@ def spawn(args: list[str], log_path: Path, program: Path | None = None) -> subpr
         return subprocess.Popen([*command, *args], stdout=log, stderr=log, env=env)
 
 
-def _progress(metrics: Metrics, rounds: int) -> None:
+def last_error(log: Path) -> str:
+    """The last line a process logged (an error's message without the log's time and level)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    return lines[-1].split(" ERROR ", 1)[-1] if lines else "no output"
+
+
+def _progress(metrics: Metrics, rounds: int, devices: int) -> None:
     """A live progress bar on a terminal; every tenth of the job as a line otherwise."""
     done = int(30 * metrics.version / rounds)
+    if metrics.version == 0 and metrics.devices_online < devices and not metrics.finished:
+        line = f"waiting for {devices} devices ({metrics.devices_online} online)"
+        print(("\r" + line.ljust(100)) if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
+              flush=True)  # fmt: skip
+        return
     line = (
         f"[{'#' * done}{'.' * (30 - done)}] round {metrics.version:>3}/{rounds}  "
         f"{metrics.metric} {metrics.value or 0.0:.4f}  loss {metrics.loss:.4f}  commits {metrics.commits:>5}  "
@@ -116,7 +128,7 @@ def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subpro
         if metrics.version == 0 and not metrics.finished:
             return
     if server.poll() is not None:
-        raise RuntimeError(f"the parameter server exited before it started (exit {server.returncode})")
+        raise RuntimeError(f"the parameter server exited before it started (exit {server.returncode})")  # + its log
     raise RuntimeError("the parameter server did not publish its first metrics within 60 s")
 
 
@@ -154,9 +166,13 @@ def run_local_job(
             server_args.append("--export-tflite")
         if settings.metrics_port is not None:
             server_args += ["--metrics-port", str(settings.metrics_port)]
-        server = spawn(server_args, logs / f"{settings.server.job}-ps.log")
+        server_log = logs / f"{settings.server.job}-ps.log"
+        server = spawn(server_args, server_log)
         processes.append(server)
-        _wait_for_fresh_start(watcher, topics, server, time.monotonic() + 60)
+        try:
+            _wait_for_fresh_start(watcher, topics, server, time.monotonic() + 60)
+        except RuntimeError as exc:  # the reason is in its log: say it here
+            raise RuntimeError(f"{exc}: {last_error(server_log)} (log: {server_log})") from None
         for i, shard in enumerate(shards.devices):
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
@@ -186,7 +202,7 @@ def run_local_job(
             try:
                 if inbound.topic == topics.metrics:
                     if not quiet:
-                        _progress(Metrics.from_bytes(inbound.payload), settings.server.rounds)
+                        _progress(Metrics.from_bytes(inbound.payload), settings.server.rounds, settings.devices)
                 elif inbound.payload:
                     status = DeviceStatus.from_bytes(inbound.payload)
                     statuses[status.device] = status
@@ -198,9 +214,7 @@ def run_local_job(
             failed = next((name for name, proc in devices.items() if proc.poll() not in (None, 0)), None)
             if failed is not None:  # it will not come back: say why, rather than wait for the deadline
                 log = logs / f"{settings.server.job}-{failed}.log"
-                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-                why = lines[-1].split(" ERROR ", 1)[-1] if lines else "no output"  # the log line's message
-                raise RuntimeError(f"device {failed} stopped: {why} (log: {log})")
+                raise RuntimeError(f"device {failed} stopped: {last_error(log)} (log: {log})")
         if server.poll() is None:
             raise RuntimeError(f"the job did not finish within {settings.timeout_s:.0f} s; see {logs}")
         if server.returncode != 0:
@@ -223,9 +237,14 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     """Run the whole job; return the report (also written to OUT/report.json and OUT/curves.png)."""
     started = time.monotonic()
     out = settings.out
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"  # made once the settings are known to be good
     say = (lambda *a, **k: None) if quiet else print
+    if settings.metrics_port:  # the server's endpoint: a port in use is refused before anything starts
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", settings.metrics_port))
+            except OSError as exc:
+                raise ValueError(f"--metrics-port {settings.metrics_port}: {exc.strerror or exc}") from None
     if settings.task is not None:  # refused before anything starts
         task = load_task(settings.task)
         settings = settings.model_copy(update={"server": settings.server.model_copy(update=task.server_options())})
@@ -251,6 +270,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     else:
         shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
     task.init(Dataset.load(shards.holdout), settings.seed)  # a model that does not fit: refused now
+    logs.mkdir(parents=True, exist_ok=True)
     how = "one shard per device column value" if devices is not None else f"Dirichlet alpha {settings.alpha}"
     say(f"data: {settings.task or 'digits'}, {len(data)} rows, {settings.devices} devices ({how}); files under {out}/")
     if c_device is not None:

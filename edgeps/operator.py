@@ -4,6 +4,7 @@ and the job's metrics as they come. ``edgeps ctl`` is a thin shell over it."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -11,8 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from broker.client import BrokerAddress, MqttTransport, connect
-from schemas.messages import Command, Metrics, Reply
+from schemas.messages import Barrier, Command, Metrics, Reply
 from schemas.topics import Publish, Topics
+
+log = logging.getLogger("edgeps")
 
 
 def _transport(address: BrokerAddress, subscriptions: list[str]) -> MqttTransport:
@@ -54,13 +57,30 @@ def request(
     raise TimeoutError(f"no reply within {timeout:g} s: is a server running job {job!r}?")
 
 
-def watch(address: BrokerAddress, job: str, stop: threading.Event | None = None) -> Iterator[Metrics]:
-    """The job's metrics records as the server publishes them, until it finishes (or ``stop``)."""
-    transport = _transport(address, [Topics(job).metrics])
+def watch(
+    address: BrokerAddress, job: str, stop: threading.Event | None = None, note_s: float = 15.0
+) -> Iterator[Metrics]:
+    """The job's metrics records as the server publishes them, until it finishes (or ``stop``). A job
+    that already finished (its retained barrier says so) ends the watch at once; while nothing comes,
+    a line says so every ``note_s`` seconds."""
+    topics = Topics(job)
+    transport = _transport(address, [topics.metrics, topics.barrier])
+    noted = time.monotonic()
     try:
         while stop is None or not stop.is_set():
             message = transport.receive(timeout=0.5)
             if message is None:
+                if time.monotonic() - noted >= note_s:
+                    noted = time.monotonic()
+                    log.info("no metrics from job %s yet: is its server (edgeps ps --job %s) running?", job, job)
+                continue
+            noted = time.monotonic()
+            if message.topic == topics.barrier:
+                if message.retain and message.payload:
+                    barrier = Barrier.from_bytes(message.payload, tolerant=True)
+                    if barrier.state == "finished":
+                        log.info("job %s has finished (version %d)", job, barrier.version)
+                        return
                 continue
             metrics = Metrics.from_bytes(message.payload, tolerant=True)
             yield metrics

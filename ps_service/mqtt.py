@@ -20,6 +20,7 @@ log = logging.getLogger("edgeps.ps")
 
 BATCH = 64  # inbound messages processed per checkpoint
 IDLE_S = 0.25  # the longest wait for a message: how soon a stop request is seen
+WAIT_NOTE_S = 15.0  # while the job waits for its start quorum, say so this often
 #: The server's inbox: at most this many messages (and bytes) received and not yet processed; the
 #: rest waits in the broker (MQTT 5 Receive Maximum, and TCP flow control under MQTT 3.1.1).
 INBOX_MESSAGES = 256
@@ -124,9 +125,14 @@ def serve(
     transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
     listen()
     publish(outgoing)
+    noted = clock()
     while not core.finished and not stopped():
         due = core.next_deadline()  # sleep until the core has something timed to do, or a message comes
         process(IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
+        if not core.round.quorum and clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
+            noted = clock()
+            log.info("waiting for %d devices to start job %s (%d online)", core.config.min_devices, core.config.job,
+                     len(core.registry.active()))  # fmt: skip
     if stopped():
         return
     # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.

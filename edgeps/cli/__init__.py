@@ -8,12 +8,14 @@ import logging
 import sys
 import time
 
+from edgeps import __version__
 from edgeps.cli import bench, broker, client, ctl, data, demo, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, and tracebacks with errors")
+    parser.add_argument("--version", action="version", version=f"edgeps {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for role in (demo, ps, client, broker, ctl):
         role.add(sub)
@@ -27,7 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add(sub)
     data.add(sub)
     report.add(sub)
+    _show_defaults(parser)
     return parser
+
+
+NO_DEFAULT = (None, False, [], "", argparse.SUPPRESS)
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option's help names its default (as argparse's ArgumentDefaultsHelpFormatter would, but
+    once, and not for switches or options without one)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _show_defaults(sub)
+        elif (
+            action.help and "default" not in action.help and action.default not in (None, False, [], "", "==SUPPRESS==")
+        ):
+            action.help += " (default: %(default)s)"
 
 
 LAYERED = ("demo", "ps", "client", "ctl", "broker")  # roles that read --config and EDGEPS_* variables

@@ -146,9 +146,9 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pace.add_argument("--alpha", type=float, help="Dirichlet non-IID concentration, default 0.5")
     pace.add_argument("--target", type=float, help="target accuracy, default 0.90")
     pace.add_argument("--duration", type=float, help="seconds per run (virtual; real: wall), default 30 (real: 12)")
-    pace.add_argument("--push-every", type=int)
-    pace.add_argument("--lr", type=float)
-    pace.add_argument("--seed", type=int)
+    pace.add_argument("--push-every", type=int, help="local steps per commit, default 10")
+    pace.add_argument("--lr", type=float, help="the devices' learning rate, default 0.2")
+    pace.add_argument("--seed", type=int, help="seed of data, model and devices, default 0")
     pace.add_argument("--seeds", type=int, default=1, help="run every pace on this many seeds from --seed; print means")
     pace.add_argument("--extrapolation", type=float, help="FedExP cap for every pace (default: each pace's own)")
     pace.add_argument(
@@ -163,7 +163,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pace.set_defaults(func=cmd_bench_pace)
 
     freq = bench.add_parser("freq", help="push_every policies fixed, adacomm and trend on the pace scenario (acbsp)")
-    freq.add_argument("--seed", type=int)
+    freq.add_argument("--seed", type=int, help="seed of data, model and devices, default 0")
     freq.add_argument("--duration", type=float, help="virtual seconds per run, default 30")
     freq.add_argument("--target", type=float, help="target accuracy, default 0.90")
     freq.add_argument("--push-every", type=int, help="fixed's push_every, default 10")
@@ -179,8 +179,8 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     footprint.set_defaults(func=cmd_bench_footprint)
 
     load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
-    load.add_argument("--devices", type=int, default=200)
-    load.add_argument("--seconds", type=float, default=60.0)
+    load.add_argument("--devices", type=int, default=200, help="simulated devices committing")
+    load.add_argument("--seconds", type=float, default=60.0, help="how long to offer the load")
     load.add_argument("--rate", type=float, default=1.0, help="commits per second per device")
     load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
     load.add_argument("--json", help="write the report as JSON here")
@@ -208,7 +208,8 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     embedded.set_defaults(func=cmd_bench_embedded)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
-    codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01")
+    codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",
+                       help="comma-separated codec specs to measure")  # fmt: skip
     codec.add_argument("--sizes", default="1M,4M", help="tensor sizes in float32 values (M = 2**20)")
     codec.add_argument("--repeats", type=int, default=9, help="timings per measurement; the fastest counts")
     codec.add_argument("--json", help="write the report as JSON here")

@@ -64,8 +64,8 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     broker = sub.add_parser("broker", help="start Mosquitto with the project's config (or the embedded broker)")
-    broker.add_argument("--host", default="127.0.0.1")
-    broker.add_argument("--port", type=int, default=1883)
+    broker.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    broker.add_argument("--port", type=int, default=1883, help="MQTT port to listen on")
     broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
     broker.add_argument("--ws-port", type=int, default=9001, help="MQTT over WebSockets (the dashboard), on --host")
     broker.add_argument(

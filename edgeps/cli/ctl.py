@@ -50,7 +50,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "value", nargs="?", help="set-codec: the codec (sign); set-pace: the pace (acbsp); evict: the device"
     )
     ctl.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server's reply")
-    ctl.add_argument("--job", default="demo")
+    ctl.add_argument("--job", default="demo", help="the job's name")
     ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
     ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")
     ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")

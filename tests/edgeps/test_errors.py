@@ -53,3 +53,55 @@ def test_a_port_in_use_is_one_line(tmp_path) -> None:
 def test_verbose_shows_the_traceback(tmp_path) -> None:
     result = edgeps("-v", "ps", "--codec", "qsgd:abc", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_no_broker_at_the_address_is_said_at_once(tmp_path) -> None:
+    import numpy as np
+
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 3), np.float32), y=np.array([0, 1, 0, 1]))
+    for args in (["ps"], ["client", "--device", "d1", "--data", "d.npz"]):
+        result = edgeps(*args, "--broker", "127.0.0.1:1", cwd=tmp_path)
+        line = one_line(result)
+        assert "cannot reach the MQTT broker at 127.0.0.1:1: Connection refused" in line, line
+        assert float(line.rsplit("(after ", 1)[1].split(" s)")[0]) < 5  # not after a connection timeout
+
+
+def _options(parser):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ((f"{name} {role}", a) for role, a in _options(sub))
+        elif action.option_strings and action.dest not in ("help", "version"):
+            yield action.option_strings[-1], action
+
+
+def test_every_option_has_help_and_shows_its_default() -> None:
+    from edgeps.cli import build_parser
+
+    missing, undefaulted = [], []
+    for where, action in _options(build_parser()):
+        if not action.help:
+            missing.append(where)
+        elif action.default not in (None, False, [], "") and "default" not in action.help:
+            undefaulted.append(where)
+    assert missing == [] and undefaulted == []
+
+
+def test_version(tmp_path) -> None:
+    import edgeps
+
+    result = edgeps_cli = subprocess.run([sys.executable, "-m", "edgeps.cli", "--version"], capture_output=True,
+                                         text=True, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0 and edgeps_cli.stdout.strip() == f"edgeps {edgeps.__version__}"
+
+
+def test_the_demo_refuses_a_metrics_port_in_use_before_starting_anything(tmp_path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = edgeps("demo", "--metrics-port", str(port), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert f"--metrics-port {port}: Address already in use" in one_line(result)
+    assert not (tmp_path / "out").exists()

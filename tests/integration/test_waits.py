@@ -1,0 +1,79 @@
+"""Silent waits look like hangs: a device with no server, a server with no devices and a watch on a
+finished job each say what they wait for (issue 17, item 4). The notes' interval is shortened here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+import edge_client.mqtt
+import ps_service.mqtt
+from broker.client import BrokerAddress, MqttTransport
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from edgeps.operator import watch
+from learning.model import init_mlp
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from ps_service.mqtt import connect_server, serve
+from schemas.messages import Barrier
+from schemas.topics import Publish, Topics
+from tests.helpers import blobs, wait_until
+
+
+def notes(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_a_device_without_a_server_says_what_it_waits_for(mosquitto, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(edge_client.mqtt, "WAIT_NOTE_S", 0.2)
+    caplog.set_level(logging.INFO)
+    core = DeviceCore("lonely", "d1", blobs(), NumpyTrainer())
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=run_device, args=(core, connect_device(core, BrokerAddress(mosquitto.host, mosquitto.port))),
+        kwargs={"stop": stop}, daemon=True,
+    )  # fmt: skip
+    runner.start()
+    try:
+        wait_until(lambda: len(notes(caplog, "waiting for a Control")) >= 2, timeout=10, what="repeated notes")
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+    assert notes(caplog, "waiting for")[0] == (
+        "waiting for a Control from job lonely's server (is `edgeps ps --job lonely` running on this broker?)"
+    )
+
+
+def test_a_server_without_devices_says_how_many_it_waits_for(mosquitto, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(ps_service.mqtt, "WAIT_NOTE_S", 0.2)
+    caplog.set_level(logging.INFO)
+    core = ServerCore(ServerConfig(job="empty", min_devices=3), init_mlp([8, 8, 3], seed=0), Evaluator(blobs()))
+    stop = threading.Event()
+    transport = connect_server(core, BrokerAddress(mosquitto.host, mosquitto.port))
+    runner = threading.Thread(target=serve, args=(core, transport), kwargs={"stop": stop}, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: len(notes(caplog, "waiting for 3 devices")) >= 2, timeout=10, what="repeated notes")
+    finally:
+        stop.set()
+        runner.join(timeout=10)
+        transport.close()
+    assert notes(caplog, "waiting for 3")[0] == "waiting for 3 devices to start job empty (0 online)"
+
+
+def test_watching_a_finished_job_says_so_and_ends(mosquitto, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    publisher = MqttTransport(address, "old-server", [], persistent=False)
+    publisher.wait_connected(10)
+    barrier = Barrier(run=7, round=42, version=42, pace="bsp", state="finished", waiting_for=[], committed=[],
+                      left=[], slowest_clock=0)  # fmt: skip
+    publisher.publish(Publish(Topics("done").barrier, barrier.to_bytes(), qos=1, retain=True))
+    publisher.close()
+    assert list(watch(address, "done", note_s=0.2)) == []
+    assert notes(caplog, "job done has finished") == ["job done has finished (version 42)"]
