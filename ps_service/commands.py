@@ -155,7 +155,9 @@ def on_command(
 
     try:
         command = Command.from_bytes(payload)
-        core.events.info("operator command: %s %s", command.cmd, command.reason)
+        arguments = command.model_dump(exclude={"cmd", "reason", "reply_to", "correlation"}, exclude_none=True)
+        core.events.info("operator command: %s %s%s", command.cmd, " ".join(f"{k}={v}" for k, v in arguments.items()),
+                         f" (reason: {command.reason})" if command.reason else "")  # fmt: skip
         out, detail = execute(core, command, now)
     except (MessageError, CommandError) as exc:
         core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1

@@ -4,7 +4,10 @@ adding its subcommand; ``main`` layers a role's TOML file and environment under 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
+import os
 import sys
 import time
 
@@ -15,6 +18,12 @@ from edgeps.cli import bench, broker, client, ctl, data, demo, ps, report
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, and tracebacks with errors")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        default=os.environ.get("EDGEPS_LOG_LEVEL", "info"),
+                        help="least severe log records shown (also EDGEPS_LOG_LEVEL; -v: debug)")  # fmt: skip
+    parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("EDGEPS_LOG_FORMAT", "text"),
+                        help="json: one JSON object a line, for Loki or ELK (also EDGEPS_LOG_FORMAT; the demo's "
+                        "processes inherit it)")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"edgeps {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for role in (demo, ps, client, broker, ctl):
@@ -34,6 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 NO_DEFAULT = (None, False, [], "", argparse.SUPPRESS)
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time (ISO 8601, UTC), level, logger, message, and the traceback if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
@@ -82,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as exc:
             parser.error(str(exc))
         args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else args.log_level.upper(), handlers=[handler])
+    if args.log_format == "json":  # children (the demo's) log the same way
+        os.environ["EDGEPS_LOG_FORMAT"] = "json"
     started = time.monotonic()
     log = logging.getLogger("edgeps")
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pydantic import ValidationError
+
 from edgeps.cli.common import address, broker_args, stop_on_signals
 
 
@@ -24,12 +26,22 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         if not args.value:
             raise ValueError(f"{args.action} needs a value: edgeps ctl {args.action} VALUE")
         fields[{"set-codec": "codec", "set-pace": "pace", "evict": "device"}[args.action]] = args.value
+        if args.action == "set-pace":  # checked here, not left to time out at a server that refuses it
+            from ps_service.paces import make_pace
+
+            try:
+                make_pace(args.value)
+            except ValueError as exc:
+                raise ValueError(f"set-pace {args.value!r}: {exc}") from None
     if args.action == "set-frequency":
         fields |= {"policy": args.policy, "low": args.low, "high": args.high}
     try:
         reply = request(address(args), args.job, fields, args.timeout)
     except TimeoutError as exc:
         raise ConnectionError(str(exc)) from None
+    except ValidationError as exc:  # the value of the action, not an option: say it that way
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{args.action} {args.value!r}: {message}") from None
     if reply.status is not None:
         print(json.dumps(reply.status, indent=2))
     else:

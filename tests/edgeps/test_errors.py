@@ -32,6 +32,8 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
         (["demo", "--metrics-port", "99999"], "--metrics-port 99999: Input should be less than or equal to 65535"),
         (["ps", "--codec", "qsgd:abc"], "--codec 'qsgd:abc': bad codec spec 'qsgd:abc'"),
         (["client", "--device", "dev/00", "--data", "x.npz"], "--device 'dev/00': String should match pattern"),
+        (["ctl", "set-codec", "bogus"], "set-codec 'bogus': unknown codec 'bogus'"),
+        (["ctl", "set-pace", "foo"], "set-pace 'foo': unknown pace 'foo'"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_it_before_anything_starts(tmp_path, args, expected) -> None:
@@ -105,3 +107,15 @@ def test_the_demo_refuses_a_metrics_port_in_use_before_starting_anything(tmp_pat
         result = edgeps("demo", "--metrics-port", str(port), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert f"--metrics-port {port}: Address already in use" in one_line(result)
     assert not (tmp_path / "out").exists()
+
+
+def test_logs_as_json_lines_for_loki_or_elk(tmp_path) -> None:
+    import json
+
+    result = edgeps("--log-format", "json", "ps", "--codec", "nope", cwd=tmp_path)
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(records) == 1
+    assert records[0]["level"] == "error" and records[0]["logger"] == "edgeps"
+    assert records[0]["message"].startswith("--codec 'nope': unknown codec") and records[0]["time"].endswith("+00:00")
+    quiet = edgeps("--log-level", "error", "ps", "--broker", "127.0.0.1:1", cwd=tmp_path)
+    assert " INFO " not in quiet.stderr and " ERROR " in quiet.stderr

@@ -453,3 +453,12 @@ def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(changes, late_s
     np.testing.assert_allclose(steps[warmup:], late_step, rtol=1e-5)
     assert server.history[-1].version == warmup + 2
     assert server.history[-1].server_step == pytest.approx(late_step / 0.1, rel=1e-3)  # in every metrics record
+
+
+def test_the_log_of_an_operator_command_shows_its_arguments() -> None:
+    server = small_server()
+    server.start(0.0)
+    server.events.take()
+    server.on_message(server.topics.cmd, Command(cmd="set_codec", codec="sign", reason="save bytes").to_bytes(), 1.0)
+    logged = next(e.message for e in server.events.take())
+    assert logged == "operator command: set_codec codec=sign (reason: save bytes)"
