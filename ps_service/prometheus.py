@@ -1,70 +1,76 @@
-"""The server's HTTP endpoint: Prometheus metrics at ``/metrics`` (the latest metrics record in the
-text exposition format) and the dashboard (a static page that talks MQTT over WebSockets) at ``/``."""
+"""The server's HTTP endpoint: Prometheus metrics at ``/metrics`` (the latest metrics record and the
+process's CPU, memory and file descriptors, rendered by prometheus_client) and the dashboard (a static
+page that talks MQTT over WebSockets) at ``/``."""
 
 from __future__ import annotations
 
 import ipaddress
 import ssl
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from schemas.messages import Metrics
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from schemas.messages import Metrics, RejectReason
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class JobCollector:
+    """The newest metrics record as Prometheus metric families (prometheus_client renders them).
+
+    No ``job`` label: Prometheus's own ``job`` (the scrape target's) would turn it into
+    ``exported_job``; ``edgeps_job_info`` names the job instead. Refused operator commands are
+    counted apart from refused commits and statuses."""
+
+    def __init__(self) -> None:
+        self.latest: Metrics | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.latest
+        if m is None:
+            return
+        yield InfoMetricFamily("edgeps_job", "the job this server serves", value={"job_name": m.job, "pace": m.pace,
+                               "metric": m.metric, "frequency": m.frequency})  # fmt: skip
+        gauges = {
+            "edgeps_version": ("global model version", m.version),
+            "edgeps_devices_online": ("devices online", m.devices_online),
+            "edgeps_loss": ("held-out loss of the evaluated version", m.loss),
+            "edgeps_server_step": ("the last aggregate's step (1: plain averaging; more: extrapolated)", m.server_step),
+            "edgeps_elapsed_seconds": ("seconds since the job started", m.elapsed_s),
+            "edgeps_finished": ("1 once the job finished", int(m.finished)),
+        }
+        if m.accuracy is not None:
+            gauges["edgeps_accuracy"] = ("held-out accuracy of the evaluated version", m.accuracy)
+        for name, (text, value) in gauges.items():
+            yield GaugeMetricFamily(name, text, value=value)
+        values = GaugeMetricFamily("edgeps_metric", "the task's metrics on the held-out set", labels=["metric"])
+        for metric, value in m.values.items():
+            values.add_metric([metric], value)
+        yield values
+        push = GaugeMetricFamily("edgeps_push_every", "local steps per commit, by device", labels=["device"])
+        for device, steps in sorted(m.push_every.items()):
+            push.add_metric([device], steps)
+        yield push
+        counters = {
+            "edgeps_commits": ("commits received, accepted or not", m.commits),
+            "edgeps_applied": ("commits folded into the model", m.applied),
+            "edgeps_bytes_up": ("commit payload bytes received", m.bytes_up),
+            "edgeps_bytes_down": ("parameter payload bytes delivered", m.bytes_down),
+            "edgeps_eval_seconds": ("server seconds spent evaluating", m.eval_s),
+            "edgeps_rejected_commands": ("operator commands refused", m.rejected.get(COMMANDS, 0)),
+        }
+        for name, (text, value) in counters.items():
+            yield CounterMetricFamily(name, text, value=value)
+        rejected = CounterMetricFamily("edgeps_rejected", "commits and statuses refused, by reason", labels=["reason"])
+        for reason, count in sorted(m.rejected.items()):
+            if reason != COMMANDS:
+                rejected.add_metric([reason], count)
+        yield rejected
 
 
-def exposition(metrics: Metrics | None) -> str:
-    """The text format (version 0.0.4) for one metrics record; only the help lines without one."""
-    families = [
-        ("edgeps_version", "gauge", "global model version"),
-        ("edgeps_accuracy", "gauge", "held-out accuracy of the evaluated version (tasks that measure it)"),
-        ("edgeps_metric", "gauge", "the task's metrics on the held-out set, by metric"),
-        ("edgeps_loss", "gauge", "held-out loss of the evaluated version"),
-        ("edgeps_commits_total", "counter", "commits received, accepted or not"),
-        ("edgeps_applied_total", "counter", "commits folded into the model"),
-        ("edgeps_rejected_total", "counter", "messages refused, by reason"),
-        ("edgeps_bytes_up_total", "counter", "commit payload bytes received"),
-        ("edgeps_bytes_down_total", "counter", "parameter payload bytes delivered"),
-        ("edgeps_devices_online", "gauge", "devices online"),
-        ("edgeps_push_every", "gauge", "local steps per commit, by device"),
-        ("edgeps_eval_seconds_total", "counter", "server seconds spent evaluating"),
-        ("edgeps_server_step", "gauge", "the last aggregate's step (1: plain averaging; more: extrapolated)"),
-        ("edgeps_elapsed_seconds", "gauge", "seconds since the job started"),
-        ("edgeps_finished", "gauge", "1 once the job finished"),
-    ]
-    lines: list[str] = []
-    for name, kind, text in families:
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        if metrics is None:
-            continue
-        job = f'job="{_label(metrics.job)}"'
-        if name == "edgeps_rejected_total":
-            lines += [f'{name}{{{job},reason="{_label(r)}"}} {n}' for r, n in sorted(metrics.rejected.items())]
-        elif name == "edgeps_metric":
-            lines += [f'{name}{{{job},metric="{_label(m)}"}} {v}' for m, v in metrics.values.items()]
-        elif name == "edgeps_accuracy":
-            lines += [] if metrics.accuracy is None else [f"{name}{{{job}}} {metrics.accuracy}"]
-        elif name == "edgeps_push_every":
-            lines += [f'{name}{{{job},device="{_label(d)}"}} {p}' for d, p in sorted(metrics.push_every.items())]
-        else:
-            value = {
-                "edgeps_version": metrics.version,
-                "edgeps_loss": metrics.loss,
-                "edgeps_commits_total": metrics.commits,
-                "edgeps_applied_total": metrics.applied,
-                "edgeps_bytes_up_total": metrics.bytes_up,
-                "edgeps_bytes_down_total": metrics.bytes_down,
-                "edgeps_devices_online": metrics.devices_online,
-                "edgeps_eval_seconds_total": metrics.eval_s,
-                "edgeps_server_step": metrics.server_step,
-                "edgeps_elapsed_seconds": metrics.elapsed_s,
-                "edgeps_finished": int(metrics.finished),
-            }[name]
-            lines.append(f"{name}{{{job}}} {value}")
-    return "\n".join(lines) + "\n"
+COMMANDS = RejectReason.INVALID_COMMAND.value
 
 
 DASHBOARD = Path(__file__).with_name("dashboard")
@@ -88,7 +94,10 @@ class MetricsEndpoint:
     def __init__(
         self, port: int, host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None
     ) -> None:
-        self.latest: Metrics | None = None
+        self.collector = JobCollector()
+        self.registry = CollectorRegistry()
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         self.dashboard = bool(tls_cert) or is_loopback(host)
         self.scheme = "https" if tls_cert else "http"
         endpoint = self
@@ -97,7 +106,7 @@ class MetricsEndpoint:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
-                    body, kind = exposition(endpoint.latest).encode(), "text/plain; version=0.0.4; charset=utf-8"
+                    body, kind = generate_latest(endpoint.registry), CONTENT_TYPE_LATEST
                 elif path in PAGES and endpoint.dashboard:  # a fixed list of files: nothing else is reachable
                     page = DASHBOARD / PAGES[path]
                     body, kind = page.read_bytes(), TYPES[page.suffix]
@@ -123,7 +132,7 @@ class MetricsEndpoint:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def update(self, metrics: Metrics) -> None:
-        self.latest = metrics
+        self.collector.latest = metrics
 
     def close(self) -> None:
         self._server.shutdown()

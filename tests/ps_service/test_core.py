@@ -391,15 +391,19 @@ def test_the_prometheus_endpoint_serves_the_newest_metrics() -> None:
     endpoint = MetricsEndpoint(0)
     try:
         url = f"http://127.0.0.1:{endpoint.port}/metrics"
-        assert "# TYPE edgeps_accuracy gauge" in urllib.request.urlopen(url).read().decode()
+        assert "process_resident_memory_bytes" in urllib.request.urlopen(url).read().decode()  # before any record
         metrics = [Metrics.from_bytes(p.payload) for p in server.start(0.0) if p.topic == server.topics.metrics]
         hello(server, "a")
         server.on_message(server.topics.cmd, b"not json", 0.5)
-        endpoint.update(metrics[-1].model_copy(update={"rejected": {"invalid_command": 1}, "push_every": {"a": 2}}))
+        rejected = {"invalid_command": 1, "malformed": 3}
+        endpoint.update(metrics[-1].model_copy(update={"rejected": rejected, "push_every": {"a": 2}}))
         text = urllib.request.urlopen(url).read().decode()
-        assert 'edgeps_version{job="t"} 0' in text
-        assert 'edgeps_rejected_total{job="t",reason="invalid_command"} 1' in text
-        assert 'edgeps_push_every{job="t",device="a"} 2' in text
+        assert "edgeps_version 0.0" in text and 'job="' not in text  # no label to clash with Prometheus's job
+        assert 'edgeps_job_info{frequency="fixed",job_name="t",metric="accuracy",pace="asp"} 1.0' in text
+        assert 'edgeps_rejected_total{reason="malformed"} 3.0' in text and "invalid_command" not in text
+        assert "edgeps_rejected_commands_total 1.0" in text  # operator commands apart from commits
+        assert 'edgeps_push_every{device="a"} 2.0' in text and 'edgeps_metric{metric="accuracy"}' in text
+        assert "process_cpu_seconds_total" in text and "process_open_fds" in text
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(url.replace("/metrics", "/other"))
     finally:
