@@ -22,7 +22,7 @@ def test_compose_file_is_valid_and_its_files_exist() -> None:
             for source in re.findall(r"^COPY (\S+)", dockerfile.read_text(), flags=re.M):
                 assert (ROOT / source).exists(), (name, source)
         else:
-            assert service["image"].startswith("eclipse-mosquitto:2"), name
+            assert service["image"].split(":")[0] in ("eclipse-mosquitto", "prom/prometheus", "grafana/grafana"), name
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             assert source in compose["volumes"] or (ROOT / source).exists(), (name, volume)
@@ -62,3 +62,39 @@ def test_a_device_runs_without_tensorflow_or_scikit_learn() -> None:
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_prometheus_and_grafana_are_provisioned_for_what_the_server_exports() -> None:
+    """The compose file's Prometheus scrapes the server, Grafana's data source is that Prometheus, and
+    every series the provisioned dashboard queries is one the server's /metrics has."""
+    import json
+
+    from prometheus_client import generate_latest
+
+    from ps_service.prometheus import MetricsEndpoint
+    from schemas.messages import Metrics
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    scrape = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())["scrape_configs"][0]
+    ps_port = compose["ps"]["command"][compose["ps"]["command"].index("--metrics-port") + 1]
+    assert scrape["static_configs"][0]["targets"] == [f"ps:{ps_port}"]
+    provisioning = ROOT / "docker" / "grafana" / "provisioning"
+    source = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load((provisioning / "dashboards" / "edgeps.yml").read_text())["providers"][0]
+    mounted = dict(v.split(":")[:2][::-1] for v in compose["grafana"]["volumes"])
+    folder = ROOT / mounted[provider["options"]["path"]].removeprefix("./")
+    dashboard = json.loads((folder / "edgeps.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\b((?:edgeps|process)_[a-z_]+)", target["expr"])}  # fmt: skip
+    assert all(p["datasource"]["uid"] == source["uid"] for p in dashboard["panels"])
+    endpoint = MetricsEndpoint(0)
+    try:
+        endpoint.update(Metrics(job="j", version=3, round=3, pace="bsp", metric="mae", value=0.5, values={"mae": 0.5},
+                                accuracy=None, loss=0.4, commits=9, applied=8, rejected={"malformed": 1,
+                                "invalid_command": 1}, bytes_up=10, bytes_down=20, devices_online=2, elapsed_s=1.0,
+                                push_every={"a": 4}))  # fmt: skip
+        exported = set(re.findall(r"^([a-z_]+)(?:\{| )", generate_latest(endpoint.registry).decode(), flags=re.M))
+    finally:
+        endpoint.close()
+    assert len(queried) >= 12 and queried <= exported, queried - exported
