@@ -8,10 +8,12 @@ Writes, under DIR, three folders for three owners:
   ``mosquitto.conf`` (a TLS listener and a secure WebSockets one for the dashboard, anonymous
   access off, passwords and ACLs on, every client id pinned to its account, persistence, the
   local profile's queue limits, a packet limit just above the server's largest accepted commit),
-  ``passwd`` (one account per device, the server and each operator, hashed as
-  ``mosquitto_passwd`` does: PBKDF2-SHA512, ``$7$``), ``acl`` (explicit rules per account),
+  ``passwd`` (one account per device, the server and each operator, hashed by ``mosquitto_passwd``
+  where it is installed, else the same way here: PBKDF2-SHA512, ``$7$``), ``acl`` (explicit rules
+  per account),
   ``ca.crt``, ``server.crt``, ``server.key`` and ``data/``;
-* ``ca/``: the job's certificate authority, ``ca.key`` and ``ca.crt`` (keep the key offline);
+* ``ca/``: the job's certificate authority, ``ca.key`` and ``ca.crt`` (keep the key offline); keys
+  and certificates (EC P-256) are made with the cryptography library;
 * ``credentials/``: what each account is provisioned with: ``{account}.password`` (mode 600),
   ``ca.crt``, and with ``client_certs`` ``{account}.crt`` and ``{account}.key``.
 
@@ -21,6 +23,7 @@ Files holding secrets are mode 600, folders 700.
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import ipaddress
 import os
@@ -31,6 +34,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from schemas.topics import NAME_PATTERN, Topics
 
@@ -118,10 +126,6 @@ log_type notice
 """
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 _DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 
 
@@ -143,31 +147,82 @@ def subject_alt_names(hostnames: list[str]) -> list[str]:
     return out
 
 
+def _names(hostnames: list[str]) -> list[x509.GeneralName]:
+    """``subject_alt_names`` as the cryptography library's names."""
+    return [x509.IPAddress(ipaddress.ip_address(n[3:])) if n.startswith("IP:") else x509.DNSName(n[4:])
+            for n in subject_alt_names(hostnames)]  # fmt: skip
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    _private(path, pem.decode())
+
+
+def _sign(
+    subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: ec.EllipticCurvePrivateKey, days: int,
+    ca: bool, names: list[x509.GeneralName],
+) -> x509.Certificate:  # fmt: skip
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                          key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                          decipher_only=False), critical=True)  # fmt: skip
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(signer, hashes.SHA256())
+
+
 def make_ca(directory: Path) -> None:
-    """``ca.key`` and ``ca.crt`` in ``directory``."""
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.crt"),
-             "-days", "3650", "-subj", "/CN=edgeps CA")  # fmt: skip
-    os.chmod(directory / "ca.key", 0o600)
+    """``ca.key`` and ``ca.crt`` in ``directory`` (EC P-256, ten years), with the cryptography library."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgeps CA")])
+    cert = _sign("edgeps CA", key, name, key, 3650, ca=True, names=[])
+    _write_key(directory / "ca.key", key)
+    (directory / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def make_certificate(directory: Path, name: str, hosts: list[str] | None = None, ca: Path | None = None) -> None:
     """``{name}.crt`` and ``{name}.key`` in ``directory``, signed by the CA in ``ca`` (default:
     ``directory``); ``hosts`` (validated) become subjectAltNames. Never a CA itself."""
     ca = ca or directory
-    key, csr, crt = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.crt"
-    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-             "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}")  # fmt: skip
-    ext = directory / f"{name}.ext"
-    names = subject_alt_names(hosts or [])
-    lines = ["basicConstraints=critical,CA:FALSE", *([f"subjectAltName={','.join(names)}"] if names else [])]
-    ext.write_text("\n".join(lines) + "\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca / "ca.crt"), "-CAkey", str(ca / "ca.key"),
-             "-CAcreateserial", "-out", str(crt), "-days", "825", "-extfile", str(ext))  # fmt: skip
-    csr.unlink()
-    ext.unlink()
-    (ca / "ca.srl").unlink(missing_ok=True)
-    os.chmod(key, 0o600)
+    names = _names(hosts or [])  # a bad name is refused before anything is written
+    ca_cert = x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{ca / 'ca.key'}: not the EC key `edgeps broker init` writes")
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _sign(name, key, ca_cert.subject, ca_key, 825, ca=False, names=names)
+    _write_key(directory / f"{name}.key", key)
+    (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def write_password_file(path: Path, passwords: dict[str, str]) -> str:
+    """Mosquitto's password file for ``passwords`` (account -> password), private: hashed by
+    ``mosquitto_passwd -U`` where it is installed, else by ``hash_password`` (the same ``$7$`` format).
+    Returns which one hashed it."""
+    tool = shutil.which("mosquitto_passwd") or shutil.which("mosquitto_passwd", path="/usr/bin:/usr/local/bin")
+    if tool is None:
+        _private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
+        return "hashlib"
+    _private(path, "".join(f"{a}:{p}\n" for a, p in passwords.items()))
+    try:
+        subprocess.run([tool, "-U", str(path)], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):  # never leave the passwords in clear
+        _private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
+        return "hashlib"
+    return "mosquitto_passwd"
 
 
 @dataclass
@@ -245,7 +300,7 @@ def init_secure_broker(
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700 if folder != directory else 0o755)
     passwords = {account: secrets.token_hex(16) for account in accounts}  # never starts with "-"
-    _private(broker / "passwd", "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
+    write_password_file(broker / "passwd", passwords)
     for account, password in passwords.items():
         _private(creds / f"{account}.password", password + "\n")
     (broker / "acl").write_text(acl_rules(job, server, devices, list(operators)))
