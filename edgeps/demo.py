@@ -139,6 +139,7 @@ def run_local_job(
     logs: Path,
     quiet: bool = True,
     c_device: Path | None = None,
+    dashboard_broker: str | None = None,
 ) -> JobResult:
     """Run the parameter server and one process per device against ``address`` until the job ends."""
     logs.mkdir(parents=True, exist_ok=True)
@@ -166,6 +167,7 @@ def run_local_job(
             server_args.append("--export-tflite")
         if settings.metrics_port is not None:
             server_args += ["--metrics-port", str(settings.metrics_port)]
+            server_args += ["--dashboard-broker", dashboard_broker] if dashboard_broker else []
         server_log = logs / f"{settings.server.job}-ps.log"
         server = spawn(server_args, server_log)
         processes.append(server)
@@ -283,6 +285,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
             f"{settings.embedded_devices} edgeps-device (C)")  # fmt: skip
 
     broker: BrokerProcess | None = None
+    dashboard_broker = None
     if settings.broker:
         address = BrokerAddress.parse(settings.broker)
     else:
@@ -291,10 +294,12 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
         say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
         if settings.metrics_port and broker.ws_port:
+            dashboard_broker = f"ws://{broker.host}:{broker.ws_port}"
             say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
-                f"&broker=ws://{broker.host}:{broker.ws_port}")  # fmt: skip
+                f"&broker={dashboard_broker}")  # fmt: skip
     try:
-        result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device)
+        result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device,
+                               dashboard_broker=dashboard_broker)  # fmt: skip
     finally:
         if broker is not None:
             broker.stop()

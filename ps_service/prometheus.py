@@ -5,6 +5,7 @@ page that talks MQTT over WebSockets) at ``/``."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -74,7 +75,12 @@ COMMANDS = RejectReason.INVALID_COMMAND.value
 
 
 DASHBOARD = Path(__file__).with_name("dashboard")
-PAGES = {"/": "index.html", "/index.html": "index.html", "/app.js": "app.js", "/mqtt-lite.js": "mqtt-lite.js"}
+PAGES = {
+    "/": "index.html",
+    "/index.html": "index.html",
+    "/app.js": "app.js",
+    "/vendor/mqtt.min.js": "vendor/mqtt.min.js",
+}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
 
@@ -89,11 +95,18 @@ class MetricsEndpoint:
     """Serves ``/metrics`` and the dashboard on ``host:port`` from a thread; ``update`` sets the
     metrics record ``/metrics`` shows. The dashboard, where an operator types a password, is
     served only over HTTPS (``tls_cert`` and ``tls_key``) or on a loopback address; elsewhere only
-    ``/metrics`` is (a Prometheus scrape carries no secret)."""
+    ``/metrics`` is (a Prometheus scrape carries no secret). ``page`` (``job``, ``broker``: the
+    broker's WebSockets URL) is the page's ``config.json``: where it finds its job."""
 
     def __init__(
-        self, port: int, host: str = "127.0.0.1", tls_cert: str | None = None, tls_key: str | None = None
+        self,
+        port: int,
+        host: str = "127.0.0.1",
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        page: dict[str, str] | None = None,
     ) -> None:
+        self.page = page or {}
         self.collector = JobCollector()
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
@@ -107,6 +120,8 @@ class MetricsEndpoint:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     body, kind = generate_latest(endpoint.registry), CONTENT_TYPE_LATEST
+                elif path == "/config.json" and endpoint.dashboard:  # where the page finds its job and broker
+                    body, kind = json.dumps(endpoint.page).encode(), "application/json"
                 elif path in PAGES and endpoint.dashboard:  # a fixed list of files: nothing else is reachable
                     page = DASHBOARD / PAGES[path]
                     body, kind = page.read_bytes(), TYPES[page.suffix]

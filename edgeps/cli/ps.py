@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -72,13 +73,16 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
         try:
             tls = (args.metrics_tls_cert, args.metrics_tls_key)
-            endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, *tls)
+            ws = args.dashboard_broker or f"ws://{address(args).host}:9001"  # `edgeps broker`'s default listener
+            page = {"job": config.job, "broker": ws}
+            endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, *tls, page=page)
         except (OSError, OverflowError) as exc:  # in use, not ours to open, out of range
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ValueError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: {why}") from None
         where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
-        page = f"the dashboard on {where}/" if endpoint.dashboard else "no dashboard (off loopback it needs HTTPS)"
-        logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page)
+        page_url = f"{where}/?{urllib.parse.urlencode(page)}"
+        page_text = f"the dashboard on {page_url}" if endpoint.dashboard else "no dashboard (off loopback: HTTPS only)"
+        logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page_text)
     transport = connect_server(core, address(args))
     shapes = {name: list(values.shape) for name, values in params.items()}
     logging.getLogger("edgeps").info(
@@ -121,6 +125,8 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
+    ps.add_argument("--dashboard-broker", help="the broker's MQTT-over-WebSockets URL the dashboard connects to "
+                    "(default: ws://BROKER-HOST:9001, the listener of `edgeps broker`)")  # fmt: skip
     ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")
     ps.add_argument("--metrics-tls-key", help="the certificate's key (PEM)")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")

@@ -1,33 +1,30 @@
 // The edgeps dashboard: subscribes to a job's metrics, barrier and device statuses over MQTT on
-// WebSockets and sends operator commands, answered on the dashboard's own reply topic.
-// URL parameters: job (default demo), broker (default ws://<this host>:9001). Never a password: the
-// page connects anonymously (the local demo's broker), and where the broker refuses, it asks for an
-// account in a form; the password stays in this page's memory only.
+// WebSockets (MQTT.js, vendor/mqtt.min.js: reconnecting) and sends operator commands, answered on the
+// dashboard's own reply topic. The job and the broker's WebSockets address come from the URL
+// (?job=J&broker=ws://HOST:PORT) or else from the server that serves the page (config.json). Never a
+// password in the URL: the page connects anonymously (the local demo's broker), and where the broker
+// refuses, it asks for an account in a form; the password stays in this page's memory only.
 "use strict";
 
 const params = new URLSearchParams(location.search);
-const job = params.get("job") || "demo";
-const brokerUrl = params.get("broker") || `ws://${location.hostname || "127.0.0.1"}:9001`;
-const prefix = `edgeps/${job}`;
+let job = "demo", brokerUrl = "", prefix = "edgeps/demo";
 const client = `dashboard-${Math.random().toString(16).slice(2, 10)}`;
-let replyTopic = `${prefix}/reply/${client}`;
+let replyTopic = "";
 const $ = (id) => document.getElementById(id);
-const devices = new Map(); // id -> {state, backend, push_every, barrier}
-const curve = [];
+const devices = new Map(); // id -> {state, backend, push_every, busy_s, idle_s}
+const curve = [], losses = [];
 let barrier = { waiting_for: [], committed: [] };
-
-$("job").textContent = job;
 
 function megabytes(n) { return (n / 1e6).toFixed(2) + " MB"; }
 
-function drawCurve() {
-  const canvas = $("curve"), ctx = canvas.getContext("2d");
+function drawCurve(id, points, color) {
+  const canvas = $(id), ctx = canvas.getContext("2d");
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  if (curve.length < 2) return;
-  const t0 = curve[0][0], t1 = curve[curve.length - 1][0] || 1;
-  const top = Math.max(1, ...curve.map(([, a]) => a));  // accuracy-like metrics in [0, 1]; errors may exceed 1
-  ctx.strokeStyle = "#3b6fd8"; ctx.lineWidth = 2; ctx.beginPath();
-  curve.forEach(([t, a], i) => {
+  if (points.length < 2) return;
+  const t0 = points[0][0], t1 = points[points.length - 1][0] || 1;
+  const top = Math.max(1e-9, ...points.map(([, a]) => a));  // from 0 to the highest value seen
+  ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
+  points.forEach(([t, a], i) => {
     const x = ((t - t0) / (t1 - t0 || 1)) * (canvas.width - 4) + 2, y = canvas.height - 2 - (a / top) * (canvas.height - 4);
     i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
   });
@@ -42,7 +39,9 @@ function renderDevices() {
     if (d.state === "online") online++;
     const place = barrier.committed.includes(id) ? "committed" : barrier.waiting_for.includes(id) ? "waiting" : "";
     const row = table.insertRow();
-    for (const text of [id, d.state, d.push_every ?? "–", place, d.backend ?? ""]) row.insertCell().textContent = text;
+    const total = (d.busy_s || 0) + (d.idle_s || 0);
+    const idle = total > 0 ? `${Math.round((100 * d.idle_s) / total)}%` : "–";
+    for (const text of [id, d.state, d.push_every ?? "–", idle, place, d.backend ?? ""]) row.insertCell().textContent = text;
   }
   $("online").textContent = online;
 }
@@ -57,7 +56,7 @@ function onMetrics(m) {
   $("commits").textContent = m.commits;
   $("applied").textContent = m.applied;
   const rejected = Object.entries(m.rejected).map(([k, v]) => `${k} ${v}`).join(", ");
-  $("rejected").textContent = rejected || "none";
+  $("rejected").textContent = rejected || "none";  // by reason
   $("bytes_up").textContent = megabytes(m.bytes_up);
   $("bytes_down").textContent = megabytes(m.bytes_down);
   $("frequency").textContent = m.frequency;
@@ -67,8 +66,13 @@ function onMetrics(m) {
   for (const [id, push] of Object.entries(m.push_every || {})) {
     devices.set(id, { ...(devices.get(id) || { state: "online" }), push_every: push });
   }
-  if (!curve.length || curve[curve.length - 1][0] !== m.elapsed_s) curve.push([m.elapsed_s, value]);
-  drawCurve();
+  if (!curve.length || curve[curve.length - 1][0] !== m.elapsed_s) {
+    curve.push([m.elapsed_s, value]);
+    losses.push([m.elapsed_s, m.loss]);
+  }
+  drawCurve("curve", curve, "#3b6fd8");
+  drawCurve("losses", losses, "#d8503b");
+  if (m.finished) { $("state").textContent = "finished"; $("state").className = "state-finished"; }
   renderDevices();
 }
 
@@ -76,25 +80,29 @@ function onReply(r) {
   $("reply").textContent = r.status ? JSON.stringify(r.status, null, 1) : `${r.ok ? "ok" : "refused"}: ${r.cmd}: ${r.detail}`;
 }
 
-let mqtt = null;
+let session = null;
 
 function connect(username, password) {
-  if (mqtt) mqtt.close();
+  if (session) session.end(true);
   replyTopic = `${prefix}/reply/${username || client}`;  // an operator reads its own reply topic only
-  mqtt = new MqttLite(brokerUrl, { clientId: client, username, password });
-  mqtt.on("connect", (code) => {
-    const ok = code === 0;
-    $("connection").textContent = ok ? `connected to ${brokerUrl}${username ? " as " + username : ""}` : `refused (code ${code})`;
-    $("connection").className = ok ? "ok" : "bad";
-    $("login").hidden = ok;
-    if (ok) mqtt.subscribe([`${prefix}/metrics`, `${prefix}/barrier`, `${prefix}/status/+`, replyTopic]);
+  // MQTT.js reconnects by itself (a broker restart): every reconnect subscribes again.
+  session = mqtt.connect(brokerUrl, { clientId: client, username, password, protocolVersion: 4, clean: true,
+                                      reconnectPeriod: 1000, connectTimeout: 5000 });
+  session.on("connect", () => {
+    $("connection").textContent = `connected to ${brokerUrl}${username ? " as " + username : ""}`;
+    $("connection").className = "ok";
+    $("login").hidden = true;
+    session.subscribe([`${prefix}/metrics`, `${prefix}/barrier`, `${prefix}/status/+`, replyTopic], { qos: 1 });
   });
-  mqtt.on("close", () => {
-    if ($("connection").className === "ok") $("connection").textContent = "disconnected";
+  session.on("reconnect", () => { $("connection").textContent = `reconnecting to ${brokerUrl}…`; $("connection").className = "bad"; });
+  session.on("close", () => { if ($("connection").className === "ok") $("connection").textContent = "disconnected"; $("connection").className = "bad"; });
+  session.on("error", (error) => {  // refused: a secure broker wants an account
+    $("connection").textContent = `refused: ${error.message}`;
     $("connection").className = "bad";
     $("login").hidden = false;
+    session.end(true);
   });
-  mqtt.on("message", onMessage);
+  session.on("message", onMessage);
 }
 
 function onMessage(topic, payload) {
@@ -108,7 +116,8 @@ function onMessage(topic, payload) {
     $("pace").textContent = body.pace;
     renderDevices();
   } else if (topic.startsWith(`${prefix}/status/`)) {
-    devices.set(body.device, { ...(devices.get(body.device) || {}), state: body.state, backend: body.backend });
+    devices.set(body.device, { ...(devices.get(body.device) || {}), state: body.state, backend: body.backend,
+                               busy_s: body.busy_s, idle_s: body.idle_s });
     renderDevices();
   } else if (topic === replyTopic) onReply(body);
 }
@@ -118,12 +127,22 @@ $("login").addEventListener("submit", (event) => {
   connect($("username").value || undefined, $("password").value || undefined);
   $("password").value = "";
 });
-connect(undefined, undefined);
 
 for (const cmd of ["pause", "resume", "status", "stop"]) {
   $(cmd).addEventListener("click", () => {
     const command = { cmd, reason: "dashboard", reply_to: replyTopic, correlation: `${client}-${Date.now()}` };
-    mqtt.publish(`${prefix}/cmd`, JSON.stringify(command));
+    session.publish(`${prefix}/cmd`, JSON.stringify(command), { qos: 1 });
     $("reply").textContent = `sent ${cmd} …`;
   });
 }
+
+async function start() {
+  let served = {};
+  try { served = await (await fetch("config.json")).json(); } catch (e) { /* a page opened from a file */ }
+  job = params.get("job") || served.job || "demo";
+  brokerUrl = params.get("broker") || served.broker || `ws://${location.hostname || "127.0.0.1"}:9001`;
+  prefix = `edgeps/${job}`;
+  $("job").textContent = job;
+  connect(undefined, undefined);
+}
+start();

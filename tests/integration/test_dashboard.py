@@ -1,5 +1,6 @@
-"""The dashboard in headless Chromium: it loads from the server, shows a live accuracy from a
-running job over MQTT on WebSockets, and its pause button pauses the job."""
+"""The dashboard in headless Chromium: it loads from the server (which tells it its job and the
+broker's WebSockets listener), shows a live job over MQTT on WebSockets (MQTT.js), survives a broker
+restart, pauses the job with its button, and shows the job's end."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from broker.client import BrokerAddress
+from broker.launcher import start_broker
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.profile import DeviceProfile
@@ -65,7 +67,7 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
         init_mlp([64, 32, 10], seed=0),
         Evaluator(holdout, clock=time.perf_counter),
     )
-    endpoint = MetricsEndpoint(0)
+    endpoint = MetricsEndpoint(0, page={"job": "dash", "broker": f"ws://127.0.0.1:{mosquitto.ws_port}"})
     transport = connect_server(core, address)
     stop = threading.Event()
     server = threading.Thread(target=serve, args=(core, transport, stop), kwargs={"endpoint": endpoint}, daemon=True)
@@ -82,7 +84,7 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
     for runner in runners:
         runner.start()
     try:
-        browser.get(f"http://127.0.0.1:{endpoint.port}/?job=dash&broker=ws://127.0.0.1:{mosquitto.ws_port}")
+        browser.get(f"http://127.0.0.1:{endpoint.port}/")  # no parameters: config.json says where the job is
         text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
         wait_until(lambda: "connected" in text("connection"), timeout=15, what="the page's MQTT connection")
         wait_until(lambda: text("accuracy") not in ("", "–") and float(text("accuracy")) > 0.5, timeout=30,
@@ -91,14 +93,27 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
             wait_until(lambda: core.store.version >= 60, timeout=60, what="sixty versions")
         shown = float(text("accuracy"))
         assert abs(shown - core.history[-1].accuracy) < 0.2  # the job's, not a made-up number
-        assert text("online") == "2" and "dev-0" in text("devices")
+        assert text("online") == "2" and "dev-0" in text("devices") and text("job") == "dash"
         assert text("server_step") == "1 (plain average)"  # bsp never extrapolates
+        # The broker restarts (same ports, its persistence): the page reconnects by itself and goes on.
+        mosquitto.process.terminate()
+        mosquitto.process.wait(timeout=10)
+        wait_until(lambda: "connected" not in text("connection"), timeout=15, what="the page to see the broker go")
+        restarted = start_broker(port=mosquitto.port, ws_port=mosquitto.ws_port, workdir=mosquitto.workdir,
+                                 embedded=False)  # fmt: skip
+        mosquitto.process = restarted.process  # the fixture stops this one
+        version = int(text("version"))
+        wait_until(lambda: text("connection").startswith("connected"), timeout=30, what="the page to reconnect")
+        wait_until(lambda: int(text("version")) > version, timeout=30, what="live versions again")
         browser.find_element(By.ID, "pause").click()
         wait_until(lambda: core.paused, timeout=10, what="the job to pause")
         wait_until(lambda: text("state") == "paused", timeout=10, what="the page to show it")
         wait_until(lambda: "ok: pause" in text("reply"), timeout=10, what="the server's reply")
         if os.environ.get("EDGEPS_SCREENSHOT"):
             browser.save_screenshot(os.environ["EDGEPS_SCREENSHOT"])
+        browser.find_element(By.ID, "stop").click()  # the end of the job: the page says so, figures stay
+        wait_until(lambda: text("state") == "finished", timeout=15, what="the page to show the job finished")
+        assert text("accuracy") not in ("", "–") and int(text("version")) >= version
     finally:
         stop.set()
         server.join(timeout=10)

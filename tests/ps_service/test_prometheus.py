@@ -50,3 +50,34 @@ def test_the_page_never_takes_a_password_from_its_address() -> None:
 
     script = (DASHBOARD / "app.js").read_text()
     assert 'params.get("password")' not in script and 'params.get("username")' not in script
+
+
+def test_the_page_uses_the_vendored_mqtt_js_with_its_licence_and_version() -> None:
+    import re
+
+    from ps_service.prometheus import DASHBOARD, PAGES
+
+    vendor = DASHBOARD / "vendor"
+    version = re.search(r"\| `mqtt\.min\.js` \|[^|]*\| (\d+\.\d+\.\d+) \| MIT", (vendor / "README.md").read_text())
+    assert version is not None and version.group(1) in (vendor / "mqtt.min.js").read_text()
+    assert "The MIT License" in (vendor / "mqtt-LICENSE.md").read_text()
+    assert '<script src="vendor/mqtt.min.js">' in (DASHBOARD / "index.html").read_text()
+    assert PAGES["/vendor/mqtt.min.js"] == "vendor/mqtt.min.js" and not (DASHBOARD / "mqtt-lite.js").exists()
+    assert (
+        "mqtt.connect(" in (DASHBOARD / "app.js").read_text()
+        and "reconnectPeriod" in (DASHBOARD / "app.js").read_text()
+    )
+
+
+def test_the_server_tells_the_page_its_job_and_broker() -> None:
+    import json
+    import urllib.request
+
+    endpoint = MetricsEndpoint(0, page={"job": "j1", "broker": "ws://10.0.0.2:9001"})
+    try:
+        config = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/config.json").read())
+        assert config == {"job": "j1", "broker": "ws://10.0.0.2:9001"}
+        script = urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/vendor/mqtt.min.js").read()
+        assert len(script) > 100_000
+    finally:
+        endpoint.close()
