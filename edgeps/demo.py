@@ -18,6 +18,7 @@ from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
 from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
+from edgeps.progress import JobProgress
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
 from edgeps.task import Task, load_task
 from learning.data import Dataset, load_digits
@@ -94,25 +95,6 @@ def last_error(log: Path) -> str:
     return lines[-1].split(" ERROR ", 1)[-1] if lines else "no output"
 
 
-def _progress(metrics: Metrics, rounds: int, devices: int) -> None:
-    """A live progress bar on a terminal; every tenth of the job as a line otherwise."""
-    done = int(30 * metrics.version / rounds)
-    if metrics.version == 0 and metrics.devices_online < devices and not metrics.finished:
-        line = f"waiting for {devices} devices ({metrics.devices_online} online)"
-        print(("\r" + line.ljust(100)) if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
-              flush=True)  # fmt: skip
-        return
-    line = (
-        f"[{'#' * done}{'.' * (30 - done)}] round {metrics.version:>3}/{rounds}  "
-        f"{metrics.metric} {metrics.value or 0.0:.4f}  loss {metrics.loss:.4f}  commits {metrics.commits:>5}  "
-        f"{metrics.elapsed_s:6.1f} s"
-    )
-    if sys.stdout.isatty():
-        print("\r" + line, end="\n" if metrics.finished else "", flush=True)
-    elif metrics.finished or metrics.version % max(1, rounds // 10) == 0:
-        print(line, flush=True)
-
-
 def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subprocess.Popen, deadline: float) -> None:
     """Wait for the new server's first metrics (version 0). Until then the broker may still hold
     the retained messages of an earlier job of the same name, and a device that read its
@@ -148,6 +130,7 @@ def run_local_job(
     watcher = MqttTransport(address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status],
                             persistent=False)  # fmt: skip
     processes: list[subprocess.Popen] = []
+    progress = JobProgress(settings.server.rounds, settings.devices, quiet=quiet)
     devices: dict[str, subprocess.Popen] = {}
     statuses: dict[str, DeviceStatus] = {}
     try:
@@ -203,8 +186,7 @@ def run_local_job(
                 return
             try:
                 if inbound.topic == topics.metrics:
-                    if not quiet:
-                        _progress(Metrics.from_bytes(inbound.payload), settings.server.rounds, settings.devices)
+                    progress.update(Metrics.from_bytes(inbound.payload))
                 elif inbound.payload:
                     status = DeviceStatus.from_bytes(inbound.payload)
                     statuses[status.device] = status
@@ -228,6 +210,7 @@ def run_local_job(
         history = read_metrics(server_report)
     finally:
         watcher.close()
+        progress.close()
         for proc in processes:
             if proc.poll() is None:
                 proc.terminate()
