@@ -98,3 +98,17 @@ def test_prometheus_and_grafana_are_provisioned_for_what_the_server_exports() ->
     finally:
         endpoint.close()
     assert len(queried) >= 12 and queried <= exported, queried - exported
+
+
+def test_every_package_goes_into_the_wheel() -> None:
+    """0.1's explicit package list left edgeps.cli, schemas.codecs, ps_service.paces and edgeps.bench out of
+    a non-editable install (the Docker images, pip install edgeps)."""
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    tops = ("edgeps", "schemas", "ps_service", "edge_client", "learning", "broker")
+    on_disk = {
+        ".".join(path.parent.relative_to(ROOT).parts) for top in tops for path in (ROOT / top).rglob("*.py")
+    }  # every folder of Python files, with or without its __init__.py
+    assert {"edgeps.cli", "schemas.codecs", "ps_service.paces", "edgeps.bench"} <= on_disk
+    assert on_disk <= set(find_packages(where=str(ROOT), include=include))

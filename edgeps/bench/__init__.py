@@ -1,0 +1,1 @@
+"""The benchmarks behind `edgeps bench`: one module per measurement (edgeps/cli/bench.py runs them)."""
