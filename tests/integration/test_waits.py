@@ -77,3 +77,22 @@ def test_watching_a_finished_job_says_so_and_ends(mosquitto, caplog) -> None:
     publisher.close()
     assert list(watch(address, "done", note_s=0.2)) == []
     assert notes(caplog, "job done has finished") == ["job done has finished (version 42)"]
+
+
+def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "demo"
+    demo = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "demo", "--rounds", "100000", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    wait_until(lambda: (out / "logs" / "demo-dev-07.log").exists(), timeout=60, what="the demo's devices")
+    time.sleep(1.0)  # let them connect and train: Ctrl-C in the middle of the job
+    demo.send_signal(signal.SIGINT)
+    _, err = demo.communicate(timeout=60)
+    errors = [line for line in err.splitlines() if " ERROR " in line]
+    assert demo.returncode == 130 and "Traceback" not in err and len(errors) == 1 and "interrupted" in errors[0]
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert left == []  # broker, server and devices all stopped
