@@ -41,7 +41,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         raise ConnectionError(str(exc)) from None
     except ValidationError as exc:  # the value of the action, not an option: say it that way
         message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-        raise ValueError(f"{args.action} {args.value!r}: {message}") from None
+        raise ValueError(f"{args.action}{'' if args.value is None else f' {args.value!r}'}: {message}") from None
     if reply.status is not None:
         print(json.dumps(reply.status, indent=2))
     else:

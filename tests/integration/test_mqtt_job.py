@@ -484,7 +484,8 @@ def test_edgeps_ctl_pauses_resumes_and_steers_a_running_job(mosquitto) -> None:
         wait_until(lambda: server.frequency.base == 3, timeout=10, what="the new frequency")
         assert main(["ctl", "set-frequency", *broker]) == 2  # nothing to set: refused before sending
         assert main(["ctl", "set-codec", "nonsense", *broker]) == 2
-        assert main(["ctl", "set-pace", "warp", *broker]) == 1  # the server refuses it, and says why
+        assert main(["ctl", "set-pace", "warp", *broker]) == 2  # refused before sending: no such pace
+        assert main(["ctl", "evict", "nobody", *broker]) == 1  # the server refuses it, and says why
         assert server.pace.name == "asp"
         assert main(["ctl", "set-pace", "acbsp", *broker]) == 0
         assert server.pace.name == "acbsp"

@@ -31,7 +31,7 @@ def notes(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 def test_a_device_without_a_server_says_what_it_waits_for(mosquitto, caplog, monkeypatch) -> None:
     monkeypatch.setattr(edge_client.mqtt, "WAIT_NOTE_S", 0.2)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     core = DeviceCore("lonely", "d1", blobs(), NumpyTrainer())
     stop = threading.Event()
     runner = threading.Thread(
@@ -51,7 +51,7 @@ def test_a_device_without_a_server_says_what_it_waits_for(mosquitto, caplog, mon
 
 def test_a_server_without_devices_says_how_many_it_waits_for(mosquitto, caplog, monkeypatch) -> None:
     monkeypatch.setattr(ps_service.mqtt, "WAIT_NOTE_S", 0.2)
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     core = ServerCore(ServerConfig(job="empty", min_devices=3), init_mlp([8, 8, 3], seed=0), Evaluator(blobs()))
     stop = threading.Event()
     transport = connect_server(core, BrokerAddress(mosquitto.host, mosquitto.port))
@@ -67,7 +67,7 @@ def test_a_server_without_devices_says_how_many_it_waits_for(mosquitto, caplog, 
 
 
 def test_watching_a_finished_job_says_so_and_ends(mosquitto, caplog) -> None:
-    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     publisher = MqttTransport(address, "old-server", [], persistent=False)
     publisher.wait_connected(10)
