@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, OverflowError, RuntimeError) as exc:  # CodecError, CheckpointError, TaskError too
         log.error("%s (after %.1f s)", _one_line(exc), time.monotonic() - started, exc_info=args.verbose)
         return 2
+    except Exception as exc:  # not a user's error: still one line, the traceback with -v
+        log.error("unexpected %s: %s (a bug; -v shows where)", type(exc).__name__, _one_line(exc),
+                  exc_info=args.verbose)  # fmt: skip
+        return 1
 
 
 def _one_line(exc: BaseException) -> str:

@@ -48,7 +48,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
         artifact = Path(args.artifact).read_bytes()
         decode_artifact(artifact)  # refuse a broken file before any device sees it
     elif args.export_tflite:
+        from edge_client.trainer import Trainer
         from ps_service.export import build_artifact
+
+        if task is not None and isinstance(task.model, Trainer):
+            raise ValueError("--export-tflite: a task's own trainer has no TFLite export (its devices run "
+                             "edgeps client --task with the numpy backend; docs/TASKS.md)")  # fmt: skip
 
         artifact = build_artifact(params, args.batch_size, loss=config.loss)
     evaluator = Evaluator(

@@ -178,3 +178,24 @@ def test_a_trainer_of_ones_own_trains_and_is_what_the_server_measures() -> None:
         params = {k: v - 0.5 * grads[k] for k, v in params.items()}
     assert (task.predict(params, data.x).argmax(axis=1) == data.y).mean() > 0.9
     assert ModelSpec().arch == "mlp"
+
+
+def test_a_trainer_of_ones_own_has_no_tflite_export_and_says_so(tmp_path) -> None:
+    task = write(tmp_path, """
+        import numpy as np
+        from edgeps import Task, Trainer
+
+        class Own(Trainer):
+            name, loss = "own", "cross_entropy"
+            def init(self, features, outputs, seed):
+                return {"w": np.zeros((features, outputs), np.float32)}
+            def predict(self, params, x):
+                return x @ params["w"]
+            def loss_and_grads(self, params, x, y):
+                return 0.0, {"w": np.zeros_like(params["w"])}
+
+        rng = np.random.default_rng(0)
+        task = Task(model=Own(), data=lambda: (rng.random((100, 4)), rng.integers(0, 2, 100)))
+    """)  # fmt: skip
+    line = one_line_error(edgeps("ps", "--task", str(task), "--export-tflite", "--broker", "127.0.0.1:1", cwd=tmp_path))
+    assert "--export-tflite: a task's own trainer has no TFLite export" in line
