@@ -247,7 +247,7 @@ class Task:
         if model is not None:
             from learning.keras import save_keras
 
-            written += save_keras(model, params, path.with_suffix(""))
+            written += save_keras(model, params, path.with_suffix(""), self.loss)
         return written
 
 

@@ -21,6 +21,8 @@ TensorFlow is imported only by ``save_keras``; ``from_keras`` reads the model it
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -135,5 +137,6 @@ def save_keras(model: Any, params: Params, stem: Path, loss: str = "cross_entrop
         layer.set_weights([params[names[0]].reshape(kernel.shape), params[names[1]].reshape(bias.shape)])
     keras_path, tflite_path = stem.with_suffix(".keras"), stem.with_suffix(".tflite")
     model.save(keras_path)
-    tflite_path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    with contextlib.redirect_stdout(io.StringIO()):  # the converter prints where it saved its temporary model
+        tflite_path.write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
     return [keras_path, tflite_path]

@@ -52,6 +52,15 @@ def test_trained_parameters_go_back_into_keras_and_tflite(tmp_path) -> None:
     assert tflite_path.read_bytes()[4:8] == b"TFL3"
 
 
+def test_a_binary_model_with_its_sigmoid_head_is_saved_too(tmp_path) -> None:
+    model = keras.Sequential([keras.Input((4,)), L.Dense(8, activation="relu"), L.Dense(1, activation="sigmoid")])
+    params = from_keras(model, "bce")
+    keras_path, _ = save_keras(model, params, tmp_path / "binary", "bce")
+    x = np.random.default_rng(2).random((5, 4), dtype=np.float32)
+    expected = 1 / (1 + np.exp(-forward(params, x)))
+    np.testing.assert_allclose(keras.models.load_model(keras_path).predict(x, verbose=0), expected, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("layers", "shape", "message"),
     [
