@@ -297,7 +297,8 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
     title = f"edgeps demo: {settings.devices} devices, {settings.server.pace}"
     plot_curves(report, out / "curves.png", title=title)
     say("")
-    say(format_report(report))
+    if not quiet:
+        format_report(report).print()
     also = f" and {json_path}" if json_path else ""
     say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'curves.png'}; final model: {out / 'model.npz'}")
     return report

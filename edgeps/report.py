@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgeps.tables import Table
 from learning.metrics import METRICS
 from schemas.messages import Metrics
 
@@ -82,17 +83,16 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def format_report(report: dict[str, Any], max_rows: int = 25) -> str:
+def format_report(report: dict[str, Any], max_rows: int = 25) -> Table:
     """A readable table: per round the task's metric and the loss, then the totals."""
     rows, metric = report["history"], report["metric"]
     if len(rows) > max_rows:  # keep the first, the last and evenly spaced rounds between
         step = (len(rows) - 1) / (max_rows - 1)
         rows = [rows[round(i * step)] for i in range(max_rows)]
-    lines = [f"{'round':>6} {metric:>9} {'loss':>8} {'commits':>8} {'time s':>8}"]
-    lines += [
-        f"{r['version']:>6} {r['value']:>9.4f} {r['loss']:>8.4f} {r['commits']:>8} {r['elapsed_s']:>8.2f}" for r in rows
-    ]
-    lines += [
+    table = Table(["round", metric, "loss", "commits", "time s"])
+    for r in rows:
+        table.add(r["version"], f"{r['value']:.4f}", f"{r['loss']:.4f}", r["commits"], f"{r['elapsed_s']:.2f}")
+    table.after += [
         "",
         f"best {metric:<10} {report['best']:.4f}" + ("" if report["higher_is_better"] else " (lower is better)"),
         f"final {metric:<9} {report['final']:.4f}",
@@ -104,8 +104,8 @@ def format_report(report: dict[str, Any], max_rows: int = 25) -> str:
     ]
     if report.get("device_backends"):
         backends = ", ".join(f"{n} {name}" for name, n in sorted(report["device_backends"].items()))
-        lines.append(f"device trainers {backends}")
-    return "\n".join(lines)
+        table.after.append(f"device trainers {backends}")
+    return table
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:

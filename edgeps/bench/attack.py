@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from edgeps.report import read_report
+from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 JOB = "attack"
@@ -208,19 +209,18 @@ def bench_attack(rounds: int = 100, deadline: float = 2.0, floods: tuple[int, ..
     }
 
 
-def format_attack(report: dict[str, Any]) -> str:
-    lines = [f"{'run':<14} {'final acc':>9} {'versions':>9} {'seconds':>8} {'versions/s':>11} {'hostile sent':>12}"
-             f"  rejected"]  # fmt: skip
+def format_attack(report: dict[str, Any]) -> Table:
+    table = Table(["run", "final acc", "versions", "seconds", "versions/s", "hostile sent", "rejected"])
     for r in report["runs"]:
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items())) or "none"
-        lines.append(f"{r['run']:<14} {r['final_accuracy']:>9.4f} {r['versions']:>9} {r['elapsed_s']:>8.2f} "
-                     f"{r['versions_per_s']:>11.2f} {r['hostile_commits']:>12}  {rejected}")  # fmt: skip
-    lines.append(f"hostile against clean: accuracy drop {report['accuracy_drop']:+.4f}, versions/s ratio "
-                 f"{report['speed_ratio']:.2f}; against the two honest devices alone: accuracy drop "
-                 f"{report['accuracy_drop_vs_two_alone']:+.4f}")  # fmt: skip
+        table.add(r["run"], f"{r['final_accuracy']:.4f}", r["versions"], f"{r['elapsed_s']:.2f}",
+                  f"{r['versions_per_s']:.2f}", r["hostile_commits"], rejected)  # fmt: skip
+    table.after.append(f"hostile against clean: accuracy drop {report['accuracy_drop']:+.4f}, versions/s ratio "
+                       f"{report['speed_ratio']:.2f}; against the two honest devices alone: accuracy drop "
+                       f"{report['accuracy_drop_vs_two_alone']:+.4f}")  # fmt: skip
     for run, ratio in report["flood_speed_ratios"].items():
-        lines.append(f"{run}: versions/s {ratio:.2f}x the two honest devices' alone")
-    return "\n".join(lines)
+        table.after.append(f"{run}: versions/s {ratio:.2f}x the two honest devices' alone")
+    return table
 
 
 def run_bench_attack(rounds: int, deadline: float, floods: tuple[int, ...], json_path: str | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgeps.report import write_json
 from edgeps.simulator import Scenario
+from edgeps.tables import Table
 
 #: How a bench reports progress: print-like (``end`` and ``flush`` keywords).
 Say = Callable[..., None]
@@ -34,11 +35,11 @@ def replace_scenario(base: Scenario, **changes: Any) -> Scenario:
     return Scenario.model_validate({**base.model_dump(), **changes})
 
 
-def show(report: dict[str, Any], table: str, json_path: str | Path | None) -> dict[str, Any]:
-    """A bench's end: its ``table`` after a blank line, and the ``report`` as JSON at ``json_path``
-    if given; returns the report."""
+def show(report: dict[str, Any], table: Table, json_path: str | Path | None) -> dict[str, Any]:
+    """A bench's end: its ``table`` after a blank line (rich on a terminal), and the ``report`` as JSON
+    at ``json_path`` if given; returns the report."""
     print()
-    print(table)
+    table.print()
     if json_path:
         write_json(report, json_path)
     return report

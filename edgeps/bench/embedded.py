@@ -33,6 +33,7 @@ from edgeps.embedded import (
     scripted_exchange,
 )
 from edgeps.report import read_report
+from edgeps.tables import Table
 
 # ---------------------------------------------------------------- a real job
 
@@ -158,29 +159,28 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
     }
 
 
-def format_embedded(report: dict[str, Any]) -> str:
+def format_embedded(report: dict[str, Any]) -> Table:
     image = report["image"]
-    lines = [
+    table = Table(["model", "arena, fp32", "RAM + arena", "arena, sign/ternary"])
+    table.before.append(
         f"Cortex-M4F image (core, trainer, codecs, JSON, libc/libm; no MQTT stack): flash {image['flash_bytes']:,}"
         f" bytes (text {image['text']:,} + data {image['data']:,}), static RAM {image['ram_bytes']:,} bytes "
-        f"(data + bss + a {report['stack_reserve_bytes']:,}-byte stack)",
-        f"{'model':<10} {'arena, fp32':>12} {'RAM + arena':>12} {'arena, sign/ternary':>20}",
-    ]
+        f"(data + bss + a {report['stack_reserve_bytes']:,}-byte stack)"
+    )
     for model, m in report["models"].items():
-        lines.append(f"{model:<10} {m['arena_bytes']:>12,} {m['total_ram_bytes']:>12,} "
-                     f"{m['arena_bytes_sign_ternary']:>20,}")  # fmt: skip
+        table.add(model, f"{m['arena_bytes']:,}", f"{m['total_ram_bytes']:,}", f"{m['arena_bytes_sign_ternary']:,}")
     qemu = report["qemu"]
-    lines.append(
+    table.after.append(
         f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
         + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model)" if qemu["ok"] else "")
     )
     for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
-        lines.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final {job['final_accuracy']:.4f}"
-                     f"  applied {job['applied']}  refused: {refused}  peak RSS per device "
-                     f"{max(job['peak_rss_kib']):,} KiB")  # fmt: skip
-    return "\n".join(lines)
+        table.after.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
+                           f"{job['final_accuracy']:.4f}  applied {job['applied']}  refused: {refused}  peak RSS per "
+                           f"device {max(job['peak_rss_kib']):,} KiB")  # fmt: skip
+    return table
 
 
 def run_bench_embedded(rounds: int, devices: int, json_path: str | None) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import venv
 from pathlib import Path
 from typing import Any
 
+from edgeps.tables import Table
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 #: Runs ``edgeps`` in the device environment and writes its peak RSS (KiB) to argv[1]. VmHWM,
 #: not getrusage: a child forked from this (TensorFlow-laden) process inherits the parent's
@@ -122,16 +124,13 @@ def bench_footprint(rounds: int = 20, say=print) -> dict[str, Any]:
     }
 
 
-def format_footprint(report: dict[str, Any]) -> str:
-    install = report["install"]
-    lines = [
-        f"{'what':<36} {'size on disk':>14} {'client peak RSS':>16} {'best acc':>9}",
-        "-" * 78,
-        f"{'edgeps[device] (numpy backend)':<36} {install['device_mib']:>10.1f} MiB "
-        f"{report['clients'][0]['peak_rss_mib']:>12.1f} MiB {report['clients'][0]['best_accuracy']:>9.4f}",
-        f"{'+ ai-edge-litert (tflite backend)':<36} {install['device_with_tflite_mib']:>10.1f} MiB "
-        f"{report['clients'][1]['peak_rss_mib']:>12.1f} MiB {report['clients'][1]['best_accuracy']:>9.4f}",
-        "",
-        f"TensorFlow, scikit-learn, matplotlib or torch installed: {install['heavy_packages'] or 'none'}",
-    ]
-    return "\n".join(lines)
+def format_footprint(report: dict[str, Any]) -> Table:
+    install, clients = report["install"], report["clients"]
+    table = Table(["what", "size on disk", "client peak RSS", "best acc"])
+    table.add("edgeps[device] (numpy backend)", f"{install['device_mib']:.1f} MiB",
+              f"{clients[0]['peak_rss_mib']:.1f} MiB", f"{clients[0]['best_accuracy']:.4f}")  # fmt: skip
+    table.add("+ ai-edge-litert (tflite backend)", f"{install['device_with_tflite_mib']:.1f} MiB",
+              f"{clients[1]['peak_rss_mib']:.1f} MiB", f"{clients[1]['best_accuracy']:.4f}")  # fmt: skip
+    heavy = install["heavy_packages"] or "none"
+    table.after += ["", f"TensorFlow, scikit-learn, matplotlib or torch installed: {heavy}"]
+    return table

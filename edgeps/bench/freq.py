@@ -9,6 +9,7 @@ from typing import Any
 
 from edgeps.bench.common import fmt_time, replace_scenario
 from edgeps.simulator import Scenario, Simulation, scenario_data
+from edgeps.tables import Table
 
 #: The frequency bench's runs: (label, scenario changes). fixed keeps the scenario's push_every;
 #: adacomm and trend move within the scenario's bounds; trend adds the per-device adjustment.
@@ -57,23 +58,18 @@ def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] 
     return {"scenario": scenario.model_dump(), "runs": rows, "curves": curves, "push_every": push_every}
 
 
-def format_freq_table(runs: list[dict[str, Any]]) -> str:
+def format_freq_table(runs: list[dict[str, Any]]) -> Table:
     first = runs[0]["commits_to_target"] if runs else None
-    head = (
-        f"{'policy':<16} {'commits to target':>18} {'vs 1st':>7} {'MB to target':>13} {'to target, s':>13} "
-        f"{'best acc':>9} {'plateau':>8} {'commits':>8} {'eval s':>7}"
-    )
-    lines = [head, "-" * len(head)]
+    table = Table(["policy", "commits to target", "vs 1st", "MB to target", "to target, s", "best acc", "plateau",
+                   "commits", "eval s"])  # fmt: skip
     for r in runs:
         commits = r["commits_to_target"]
         saving = f"{commits / first - 1:+.0%}" if first and commits else "-"
         mb = "never" if r["bytes_to_target"] is None else f"{r['bytes_to_target'] / 1e6:.2f}"
-        lines.append(
-            f"{r['policy']:<16} {commits if commits is not None else 'never':>18} {saving:>7} {mb:>13} "
-            f"{fmt_time(r['time_to_target']):>13} {r['best_accuracy']:>9.4f} {r['plateau_accuracy']:>8.4f} "
-            f"{r['commits']:>8} {r['eval_s']:>7.2f}"
-        )
-    return "\n".join(lines)
+        table.add(r["policy"], "never" if commits is None else commits, saving, mb, fmt_time(r["time_to_target"]),
+                  f"{r['best_accuracy']:.4f}", f"{r['plateau_accuracy']:.4f}", r["commits"],
+                  f"{r['eval_s']:.2f}")  # fmt: skip
+    return table
 
 
 def plot_freq(report: dict[str, Any], target: float, path: Path) -> None:
@@ -103,7 +99,7 @@ def run_bench_freq(scenario: Scenario, json_path: str | None, plot_path: Path) -
     """Run, print the table, write the PNG (and JSON); return the report."""
     report = bench_freq(scenario)
     print()
-    print(format_freq_table(report["runs"]))
+    format_freq_table(report["runs"]).print()
     plot_freq(report, scenario.target, plot_path)
     print(f"\nplot: {plot_path}" + (f"; json: {json_path}" if json_path else ""))
     if json_path:

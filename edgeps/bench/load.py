@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeps.report import read_report
+from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 MAX_DEVICES = 1000
@@ -195,24 +196,21 @@ def bench_load(
     }
 
 
-def format_load(report: dict[str, Any]) -> str:
+def format_load(report: dict[str, Any]) -> Table:
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"
     low, high = report["server_rss_after_warmup_mib"] or (0, 0)
-    return "\n".join(
-        [
-            f"devices           {report['devices']} ({report['rate_per_device']:g} commit/s each"
-            + (", one flooding)" if report["flood"] else ")"),
-            f"commits sent      {report['sent']}",
-            f"received          {report['received']}",
-            f"applied           {report['applied']}",
-            f"rejected          {rejected}",
-            f"sent = applied + rejected: {'yes' if report['balanced'] else 'NO'}",
-            f"apply rate        {report['apply_rate_per_s']} commits/s (all in {report['drain_s']} s after the load)",
-            f"server RSS        peak {report['server_peak_rss_mib']} MiB; first quarter of the load up to "
-            f"{report['server_rss_first_quarter_mib']} MiB, then {low}..{high} MiB "
-            f"({100 * (report['rss_growth_after_first_quarter'] or 0):+.0f}%)",
-        ]
-    )
+    table = Table(["", ""], header=False)
+    table.add("devices", f"{report['devices']} ({report['rate_per_device']:g} commit/s each"
+              + (", one flooding)" if report["flood"] else ")"))  # fmt: skip
+    for name, value in (("commits sent", report["sent"]), ("received", report["received"]),
+                        ("applied", report["applied"]), ("rejected", rejected)):  # fmt: skip
+        table.add(name, value)
+    table.add("sent = applied + rejected", "yes" if report["balanced"] else "NO")
+    table.add("apply rate", f"{report['apply_rate_per_s']} commits/s (all in {report['drain_s']} s after the load)")
+    table.add("server RSS", f"peak {report['server_peak_rss_mib']} MiB; first quarter of the load up to "
+              f"{report['server_rss_first_quarter_mib']} MiB, then {low}..{high} MiB "
+              f"({100 * (report['rss_growth_after_first_quarter'] or 0):+.0f}%)")  # fmt: skip
+    return table
 
 
 def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict:

@@ -13,29 +13,23 @@ import numpy as np
 
 from edgeps.bench.common import fmt_time, indent, replace_scenario
 from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
+from edgeps.tables import Table
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
 
 
-def format_pace_table(runs: list[dict[str, Any]], unit: str) -> str:
+def format_pace_table(runs: list[dict[str, Any]], unit: str) -> Table:
     """The comparison table, one row per run, each time-to-target as a ratio to the first row's."""
     first = runs[0]["time_to_target"] if runs else None
-    width = max(8, *(len(r.get("run", r["pace"])) for r in runs))
-    head = (
-        f"{'run':<{width}} {'to target, ' + unit:>20} {'vs 1st':>7} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
-        f"{'idle':>6} {'commits':>8} {'MB up':>8} {'MB down':>8}"
-    )
-    lines = [head, "-" * len(head)]
+    table = Table(["run", f"to target, {unit}", "vs 1st", "best acc", "final acc", "plateau", "idle", "commits",
+                   "MB up", "MB down"])  # fmt: skip
     for r in runs:
         ratio = f"{first / r['time_to_target']:.2f}x" if first and r["time_to_target"] else "-"
-        lines.append(
-            f"{r.get('run', r['pace']):<{width}} {fmt_time(r['time_to_target']):>20} {ratio:>7} "
-            f"{r['best_accuracy']:>9.4f} "
-            f"{r['final_accuracy']:>9.4f} {r.get('plateau_accuracy', r['final_accuracy']):>8.4f} "
-            f"{r['idle_fraction']:>6.3f} {r['commits']:>8} "
-            f"{r['bytes_up'] / 1e6:>8.2f} {r['bytes_down'] / 1e6:>8.2f}"
-        )
-    return "\n".join(lines)
+        table.add(r.get("run", r["pace"]), fmt_time(r["time_to_target"]), ratio, f"{r['best_accuracy']:.4f}",
+                  f"{r['final_accuracy']:.4f}", f"{r.get('plateau_accuracy', r['final_accuracy']):.4f}",
+                  f"{r['idle_fraction']:.3f}", r["commits"], f"{r['bytes_up'] / 1e6:.2f}",
+                  f"{r['bytes_down'] / 1e6:.2f}")  # fmt: skip
+    return table
 
 
 def plot_pace(curves: dict[str, list[tuple[float, float]]], target: float, path: Path, xlabel: str, title: str) -> None:
@@ -114,21 +108,16 @@ def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print
             "curves": curves}  # fmt: skip
 
 
-def format_seeds_table(means: list[dict[str, Any]]) -> str:
+def format_seeds_table(means: list[dict[str, Any]]) -> Table:
     """Means over seeds, one row per pace; time to target over the seeds that reached it."""
-    head = (
-        f"{'pace':<8} {'reached':>8} {'to target, s':>13} {'best acc':>9} {'final acc':>9} {'plateau':>8} "
-        f"{'low after':>9} {'idle':>6}  best per seed"
-    )
-    lines = [head, "-" * len(head)]
+    table = Table(["pace", "reached", "to target, s", "best acc", "final acc", "plateau", "low after", "idle",
+                   "best per seed"])  # fmt: skip
     for m in means:
         low = "-" if m["lowest_after_target"] is None else f"{m['lowest_after_target']:.4f}"
-        lines.append(
-            f"{m['pace']:<8} {m['reached']:>4}/{m['seeds']:<3} {fmt_time(m['time_to_target']):>13} "
-            f"{m['best_accuracy']:>9.4f} {m['final_accuracy']:>9.4f} {m['plateau_accuracy']:>8.4f} {low:>9} "
-            f"{m['idle_fraction']:>6.3f}  {' '.join(f'{b:.4f}' for b in m['best_per_seed'])}"
-        )
-    return "\n".join(lines)
+        table.add(m["pace"], f"{m['reached']}/{m['seeds']}", fmt_time(m["time_to_target"]), f"{m['best_accuracy']:.4f}",
+                  f"{m['final_accuracy']:.4f}", f"{m['plateau_accuracy']:.4f}", low, f"{m['idle_fraction']:.3f}",
+                  " ".join(f"{b:.4f}" for b in m["best_per_seed"]))  # fmt: skip
+    return table
 
 
 def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) -> dict[str, Any]:
@@ -206,9 +195,9 @@ def run_bench_pace(
     if seeds > 1:
         print(f"means over seeds {scenario.seed}..{scenario.seed + seeds - 1} (low after: the lowest sample after "
               "the first at the target):")  # fmt: skip
-        print(format_seeds_table(report["means"]))
+        format_seeds_table(report["means"]).print()
     else:
-        print(format_pace_table(report["runs"], unit))
+        format_pace_table(report["runs"], unit).print()
     what = "wall seconds over Mosquitto" if real else "virtual seconds (simulated)"
     title = f"{scenario.devices} devices, {round(scenario.slow_fraction * scenario.devices)} of them "
     title += f"{scenario.slowdown:g}x slower, Dirichlet {scenario.alpha}"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeps.report import read_report
+from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DEVICES = 3
@@ -210,19 +211,17 @@ def bench_restart(
     return {"trials": trials, "rounds": rounds, "runs": runs}
 
 
-def format_restart(report: dict[str, Any]) -> str:
-    lines = [f"{'restarted':<10} {'signal':<8} {'resume median s':>15} {'max s':>7} {'< deadline':>10} "
-             f"{'versions':>8} {'applied':>7} {'published':>9} {'lost':>5}  refused"]  # fmt: skip
+def format_restart(report: dict[str, Any]) -> Table:
+    table = Table(["restarted", "signal", "resume median s", "max s", "< deadline", "versions", "applied", "published",
+                   "lost", "refused"])  # fmt: skip
     for r in report["runs"]:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items())) or "none"
-        lines.append(
-            f"{r['target']:<10} {r['signal']:<8} {r['resume_median_s']:>15.2f} {r['resume_max_s']:>7.2f} "
-            f"{r['within_deadline']:>6}/{len(r['restarts']):<3} {r['versions']:>8} {r['applied']:>7} "
-            f"{r['commits_published']:>9} {r['lost_to_restarts']:>5}  {refused}"
-        )
-    lines.append("lost: server: versions x devices - applied (bsp: one commit each a round); device: commits refused "
-                 "as replayed or out_of_order")  # fmt: skip
-    return "\n".join(lines)
+        table.add(r["target"], r["signal"], f"{r['resume_median_s']:.2f}", f"{r['resume_max_s']:.2f}",
+                  f"{r['within_deadline']}/{len(r['restarts'])}", r["versions"], r["applied"], r["commits_published"],
+                  r["lost_to_restarts"], refused)  # fmt: skip
+    table.after.append("lost: server: versions x devices - applied (bsp: one commit each a round); device: commits "
+                       "refused as replayed or out_of_order")  # fmt: skip
+    return table
 
 
 def plot_restart(report: dict[str, Any], path: str | Path) -> None:

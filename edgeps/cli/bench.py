@@ -76,7 +76,7 @@ def cmd_bench_footprint(args: argparse.Namespace) -> int:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
     report = bench_footprint(rounds=args.rounds)
     print()
-    print(format_footprint(report))
+    format_footprint(report).print()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

@@ -10,7 +10,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from edgeps.report import format_report, plot_curves, read_report
 
     report = read_report(args.file)
-    print(format_report(report, max_rows=args.rows))
+    format_report(report, max_rows=args.rows).print()
     plot = Path(args.plot) if args.plot else Path(args.file).with_suffix(".png")
     plot_curves(report, plot, title=f"edgeps: {Path(args.file).name}")
     print(f"\nplot: {plot}")

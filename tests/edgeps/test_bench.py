@@ -37,7 +37,7 @@ def test_table_marks_unreached_targets() -> None:
         {"pace": "asp", "time_to_target": None, "best_accuracy": 0.8, "final_accuracy": 0.8, "idle_fraction": 0.0,
          "commits": 1, "bytes_up": 1, "bytes_down": 1},
     ]  # fmt: skip
-    table = format_pace_table(runs, "virtual s")
+    table = str(format_pace_table(runs, "virtual s"))
     assert "never" in table and "1.00x" in table
 
 

@@ -43,3 +43,22 @@ def test_on_a_terminal_a_rich_progress_bar() -> None:
     quiet = Terminal()
     JobProgress(20, 4, quiet, quiet=True).update(record(3))
     assert quiet.getvalue() == ""
+
+
+def test_tables_are_plain_text_off_a_terminal_and_rich_on_one() -> None:
+    from edgeps.tables import Table
+
+    table = Table(["run", "best acc", "commits"], after=["note"])
+    table.add("bsp", "0.9499", 800)
+    table.add("acbsp-long", "0.9721", 1234)
+    assert str(table).splitlines() == [
+        "run         best acc  commits", "-----------------------------", "bsp           0.9499      800",
+        "acbsp-long    0.9721     1234", "note",
+    ]  # fmt: skip
+    plain = io.StringIO()
+    table.print(plain)
+    assert plain.getvalue() == str(table) + "\n"
+    terminal = Terminal()
+    table.print(terminal)
+    drawn = terminal.getvalue()
+    assert "acbsp-long" in drawn and "0.9721" in drawn and "\x1b[" in drawn and "-----" not in drawn
