@@ -92,6 +92,32 @@ HOT static void fp16_decode_loop(const uint16_t *restrict h, uint32_t *restrict 
     }
 }
 
+/* float32 -> binary16 exactly as numpy's cast (nearest even; NaN payloads), after clipping to +-65504 (the fp16
+ * codec's rule: a large value is not inf). Branch-free selects, so that it vectorises: a subnormal half
+ * comes from adding a magic float (the FPU rounds), a normal one from rebiasing with a rounding bias. */
+HOT static void fp16_encode_loop(const uint32_t *restrict x, uint16_t *restrict h, idx n) {
+    const uint32_t magic = (127u - 15u + 23u - 10u + 1u) << 23; /* 2**-1 scale: subnormal halves */
+    float magic_f;
+    memcpy(&magic_f, &magic, 4);
+    for (idx i = 0; i < n; i++) {
+        uint32_t sign = x[i] & 0x80000000u, ax = x[i] ^ sign;
+        uint32_t nan = 0u - (uint32_t)(ax > 0x7f800000u);
+        uint32_t a = ax < 0x477fe000u ? ax : 0x477fe000u; /* clip to 65504 (inf too) */
+        float f;
+        memcpy(&f, &a, 4);
+        f += magic_f;
+        uint32_t fb;
+        memcpy(&fb, &f, 4);
+        uint32_t sub = fb - magic;
+        uint32_t norm = (a + ((uint32_t)(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+        uint32_t small = 0u - (uint32_t)(a < (113u << 23));
+        uint32_t r = (sub & small) | (norm & ~small);
+        uint32_t payload = (ax >> 13) & 0x3ffu; /* a NaN keeps its top payload bits, never becoming inf */
+        r = ((0x7c00u | payload | (uint32_t)(payload == 0u)) & nan) | (r & ~nan);
+        h[i] = (uint16_t)(r | (sign >> 16));
+    }
+}
+
 /* Bits x < 0, eight values to a byte, first value in the low bit; n / 8 full bytes. */
 static void sign_bits(const float *restrict x, uint8_t *restrict p, idx n) {
 #if X86_DISPATCH
@@ -269,6 +295,19 @@ static PyObject *fp16_decode(PyObject *self, PyObject *args) {
     return release(&h, &y, NULL, NULL, Py_NewRef(Py_None));
 }
 
+/* fp16_encode(values f32[n], out u16[n]) */
+static PyObject *fp16_encode(PyObject *self, PyObject *args) {
+    Py_buffer x, h;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &h)) return NULL;
+    idx n = x.len / 4;
+    if (need(&h, 2 * n, "fp16 out")) {
+        Py_BEGIN_ALLOW_THREADS
+        fp16_encode_loop(x.buf, h.buf, n);
+        Py_END_ALLOW_THREADS
+    }
+    return release(&x, &h, NULL, NULL, Py_NewRef(Py_None));
+}
+
 /* sign_encode(values f32[n], scales_out f32[nb], bits_out u8[ceil(n/8)], bucket) */
 static PyObject *sign_encode(PyObject *self, PyObject *args) {
     Py_buffer x, s, p;
@@ -335,6 +374,7 @@ static PyMethodDef methods[] = {
     {"int8_encode", int8_encode, METH_VARARGS, "Per-bucket int8 quantisation; False if a value is not finite."},
     {"int8_decode", int8_decode, METH_VARARGS, "Per-bucket int8 dequantisation."},
     {"fp16_decode", fp16_decode, METH_VARARGS, "IEEE binary16 to float32, exactly."},
+    {"fp16_encode", fp16_encode, METH_VARARGS, "float32 to IEEE binary16 (nearest even), clipped to +-65504."},
     {"sign_encode", sign_encode, METH_VARARGS, "Per-bucket mean |x| and packed sign bits."},
     {"sign_decode", sign_decode, METH_VARARGS, "Packed sign bits times per-bucket scales."},
     {"ternary_decode", ternary_decode, METH_VARARGS, "Two bit planes times per-bucket scales; False if invalid."},

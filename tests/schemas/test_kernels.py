@@ -121,3 +121,27 @@ def test_kernels_refuse_short_buffers() -> None:
         _kernels.int8_decode(b"\0" * 4, b"\0" * 600, bytearray(16), BUCKET)
     with pytest.raises(ValueError, match="multiple of 8"):
         _kernels.sign_decode(b"\0" * 4, b"\0", bytearray(32), 5)
+
+
+def test_fp16_encodes_every_float32_as_numpys_clipped_cast_does() -> None:
+    """Every kind of float32 (random bit patterns: normals, subnormals, ties, beyond 65504, inf, NaN
+    payloads) gives the bytes of numpy's cast of the clipped value."""
+    rng = np.random.default_rng(7)
+    patterns = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array([65504, 65505, 65519.99, 65520, 2.0**-24, 2.0**-25, 2.0**-14, 6.0975e-5, 1e-45, np.inf],
+                     np.float32)  # fmt: skip
+    x = np.concatenate([patterns, edges, -edges, rng.normal(0, 1e-6, 10_000).astype(np.float32)])
+    fp16 = make_codec("fp16")
+    compiled = fp16.encode(x)
+    with numpy_only():
+        assert compiled == fp16.encode(x)
+    assert compiled == np.clip(x, -65504, 65504).astype("<f2").tobytes()
+
+
+@settings(max_examples=50, deadline=None)
+@given(values)
+def test_fp16_round_trips_like_numpy(x: np.ndarray) -> None:
+    fp16 = make_codec("fp16")
+    with numpy_only():
+        expected = fp16.decode(fp16.encode(x), x.shape)
+    np.testing.assert_array_equal(fp16.decode(fp16.encode(x), x.shape), expected)
