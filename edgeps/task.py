@@ -30,7 +30,7 @@ import numpy as np
 
 from edge_client.trainer import NumpyTrainer, Trainer
 from learning.csvdata import CsvData
-from learning.data import DataError, Dataset, stratified_split
+from learning.data import DataError, Dataset, checked, stratified_split
 from learning.losses import LOSSES, Loss, LossError, get_loss
 from learning.metrics import default_metrics, get_metrics
 from learning.model import Params, forward
@@ -59,21 +59,10 @@ def as_dataset(value: DataLike, classification: bool, where: str) -> tuple[Datas
         raise TaskError(f"{where}: returned {type(value).__name__}, not a Dataset, a CsvData or (x, y)")
     if x.ndim > 2:  # images (n, h, w[, c]) are flattened row-major, as a Keras Flatten does
         x = x.reshape(len(x), -1)
-    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or not len(y):
-        raise TaskError(f"{where}: x must be (n, features) and y (n,) with n > 0, got {x.shape} and {y.shape}")
-    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
-        raise TaskError(f"{where}: x and y must hold numbers, got {x.dtype} and {y.dtype}")
-    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
-    if len(bad):
-        raise TaskError(f"{where}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
-    if not np.isfinite(y).all():
-        raise TaskError(f"{where}: y[{np.flatnonzero(~np.isfinite(y))[0]}] is NaN or Inf")
-    if classification:
-        wrong = np.flatnonzero((y < 0) | (y != np.round(y)))
-        if len(wrong):
-            raise TaskError(f"{where}: label y[{wrong[0]}] = {y[wrong[0]].item()!r} is not a class number (0, 1, ...)")
-        return Dataset(x.astype(np.float32), y.astype(np.int64)), devices
-    return Dataset(x.astype(np.float32), y.astype(np.float32)), devices
+    try:
+        return checked(x, y, where, classification), devices
+    except DataError as exc:
+        raise TaskError(str(exc)) from None
 
 
 @dataclass(frozen=True)

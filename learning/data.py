@@ -62,24 +62,30 @@ def load_npz(path: str | Path, classification: bool | None = True) -> Dataset:
     for name in ("x", "y"):
         if name not in arrays:
             raise DataError(f"{path}: no array {name!r} (arrays: {', '.join(names) or 'none'})")
-    x, y = arrays["x"], arrays["y"]
+    return checked(arrays["x"], arrays["y"], str(path), classification)
+
+
+def checked(x: np.ndarray, y: np.ndarray, where: str, classification: bool | None = True) -> Dataset:
+    """``x`` (n, features) and ``y`` (n,) as a Dataset, checked (DataError, one line starting with
+    ``where``): shaped, numbers, finite, and for ``classification`` (None: as ``y``'s type says) whole
+    class numbers from 0; float32 features, int64 classes or float32 targets."""
     if x.ndim != 2 or y.ndim != 1 or len(x) != len(y) or not len(y):
-        raise DataError(f"{path}: x must be (n, features) and y (n,) with n > 0, got {x.shape} and {y.shape}")
+        raise DataError(f"{where}: x must be (n, features) and y (n,) with n > 0, got {x.shape} and {y.shape}")
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
-        raise DataError(f"{path}: x and y must hold numbers, got {x.dtype} and {y.dtype}")
+        raise DataError(f"{where}: x and y must hold numbers, got {x.dtype} and {y.dtype}")
     bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
     if len(bad):
-        raise DataError(f"{path}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
+        raise DataError(f"{where}: x row {bad[0]} holds NaN or Inf ({len(bad)} rows do)")
+    bad = np.flatnonzero(~np.isfinite(y))
+    if len(bad):
+        raise DataError(f"{where}: y[{bad[0]}] is NaN or Inf ({len(bad)} labels are)")
     if classification is None:
         classification = y.dtype.kind in "iub"
     if not classification:
-        bad = np.flatnonzero(~np.isfinite(y))
-        if len(bad):
-            raise DataError(f"{path}: y[{bad[0]}] is NaN or Inf ({len(bad)} targets are)")
         return Dataset(x.astype(np.float32), y.astype(np.float32))
-    wrong = np.flatnonzero((y < 0) | (y != np.round(y)) | ~np.isfinite(y))
+    wrong = np.flatnonzero((y < 0) | (y != np.round(y)))
     if len(wrong):
-        raise DataError(f"{path}: y[{wrong[0]}] = {y[wrong[0]]} is not a class number (0, 1, ...)")
+        raise DataError(f"{where}: label y[{wrong[0]}] = {y[wrong[0]].item()!r} is not a class number (0, 1, ...)")
     return Dataset(x.astype(np.float32), y.astype(np.int64))
 
 
