@@ -20,8 +20,8 @@ from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.progress import JobProgress
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
-from edgeps.task import Task, load_task
-from learning.data import Dataset, load_digits
+from edgeps.task import builtin_task, load_task
+from learning.data import Dataset
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
 from learning.spec import ModelSpec
 from ps_service.config import PROCESS_DEFAULTS, ServerConfig
@@ -234,8 +234,7 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
         task = load_task(settings.task)
         settings = settings.model_copy(update={"server": settings.server.model_copy(update=task.server_options())})
     else:  # the built-in job: examples/digits.py, with the model and job options of the flags
-        task = Task(model=settings.model, loss=settings.server.loss, metrics=settings.server.metric_names,
-                    data=load_digits, name="digits")  # fmt: skip
+        task = builtin_task(settings.model, settings.server.loss, settings.server.metric_names)
     c_device = None
     if settings.embedded_devices:
         mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"

@@ -240,6 +240,14 @@ class Task:
         return written
 
 
+def builtin_task(model: ModelSpec, loss: str = "cross_entropy", metrics: Sequence[str] = ()) -> Task:
+    """The built-in job (examples/digits.py) with the flags' model and job options: what ``edgeps ps``
+    and ``edgeps demo`` run without ``--task``."""
+    from learning.data import load_digits
+
+    return Task(model=model, loss=loss, metrics=tuple(metrics), data=load_digits, name="digits")
+
+
 def load_task(path: str | Path) -> Task:
     """The ``task`` a task file defines; TaskError in one line naming the file otherwise."""
     path = Path(path)

@@ -8,17 +8,15 @@ import time
 import urllib.parse
 from pathlib import Path
 
-import numpy as np
-
 from edgeps.cli.common import address, broker_args, job_args, stop_on_signals
 from ps_service.config import PROCESS_DEFAULTS
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
     from edgeps.options import model_values
-    from edgeps.task import load_task
-    from learning.data import load_digits, load_npz, stratified_split
-    from learning.losses import LOSSES, get_loss
+    from edgeps.task import builtin_task, load_task
+    from learning.data import load_npz
+    from learning.losses import LOSSES
     from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
@@ -26,23 +24,20 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from ps_service.mqtt import connect_server, serve
     from schemas.artifact import decode_artifact
 
-    task = load_task(args.task) if args.task else None
     values = model_values(ServerConfig, args)
-    config = ServerConfig(**{**values, **(task.server_options() if task else {})})  # refused before anything starts
-    if task is None and config.loss not in LOSSES:
-        raise ValueError(f"--loss {config.loss}: not a built-in loss ({', '.join(LOSSES)}); a task file brings its own")
-    classification = config.loss not in LOSSES or get_loss(config.loss).classification
-    if args.eval_data:
-        holdout = load_npz(args.eval_data, classification)
-    elif task is not None:
-        holdout = task.holdout(args.seed)
-    else:
-        _, holdout = stratified_split(load_digits(), 0.2, args.seed)
+    if args.task:
+        task = load_task(args.task)
+        values |= task.server_options()
+    elif values.get("loss", "cross_entropy") not in LOSSES:
+        raise ValueError(
+            f"--loss {values['loss']}: not a built-in loss ({', '.join(LOSSES)}); a task file brings its own"
+        )
+    config = ServerConfig(**values)  # refused before anything starts
     model = ModelSpec(**model_values(ModelSpec, args))
-    if task is not None:
-        params = task.init(holdout, args.seed)
-    else:
-        params = model.init(holdout.x.shape[1], get_loss(config.loss).outputs(holdout.classes), args.seed)
+    if not args.task:
+        task = builtin_task(model, config.loss, config.metric_names)
+    holdout = load_npz(args.eval_data, task.classification) if args.eval_data else task.holdout(args.seed)
+    params = task.init(holdout, args.seed)
     artifact = None
     if args.artifact:
         artifact = Path(args.artifact).read_bytes()
@@ -51,15 +46,13 @@ def cmd_ps(args: argparse.Namespace) -> int:
         from edge_client.trainer import Trainer
         from ps_service.export import build_artifact
 
-        if task is not None and isinstance(task.model, Trainer):
+        if isinstance(task.model, Trainer):
             raise ValueError("--export-tflite: a task's own trainer has no TFLite export (its devices run "
                              "edgeps client --task with the numpy backend; docs/TASKS.md)")  # fmt: skip
 
         artifact = build_artifact(params, args.batch_size, loss=config.loss)
-    evaluator = Evaluator(
-        holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss, metrics=config.metric_names,
-        **({"predict": task.predict, "loss_value": task.loss_value()} if task else {}),
-    )  # fmt: skip
+    evaluator = Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss,
+                          metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value())  # fmt: skip
     core = ServerCore(config, params, evaluator, artifact=artifact)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
@@ -92,7 +85,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     shapes = {name: list(values.shape) for name, values in params.items()}
     logging.getLogger("edgeps").info(
         "parameter server for job %s on %s, %s, model %s, loss %s, metrics %s, pace %s", args.job, args.broker,
-        f"task {args.task}" if task else "built-in model", shapes, config.loss, ",".join(config.metric_names),
+        f"task {args.task}" if args.task else "built-in model", shapes, config.loss, ",".join(config.metric_names),
         config.pace,
     )  # fmt: skip
     started = time.monotonic()
@@ -101,10 +94,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     finally:
         transport.close()
     if args.save_model:  # the final model, by tensor name (learning.model reads it), and a Keras task's own
-        saved = task.save_model(core.store.params(), Path(args.save_model)) if task else [Path(args.save_model)]
-        if task is None:
-            np.savez(args.save_model, **core.store.params())
-        where = ", ".join(str(p) for p in saved)
+        where = ", ".join(str(p) for p in task.save_model(core.store.params(), Path(args.save_model)))
         logging.getLogger("edgeps").info("final model (version %d) saved to %s", core.store.version, where)
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
