@@ -204,9 +204,13 @@ class DeviceCore:
         problem = self.backend.use_loss(self.control.loss)
         problem = problem or (None if replica is None else self.backend.mismatch(replica, self.data))
         if problem is not None:
-            self.fatal, self.finished = problem, True
-            self.events.error("%s", problem)
+            self._end(problem)
         return problem is not None
+
+    def _end(self, why: str) -> None:
+        """This device cannot take part in the job: it stops (``fatal`` says why)."""
+        self.fatal, self.finished = why, True
+        self.events.error("%s", why)
 
     def _forget_replica(self) -> None:
         self.server_version, self._replica, self._replica_run = -1, None, None
@@ -223,13 +227,14 @@ class DeviceCore:
         the job (a ``finished`` one about another commit was queued for an earlier run or boot)."""
         self.notices.append(notice)
         self.events.warning("server rejected seq %s: %s: %s", notice.seq, notice.reason.value, notice.detail)
-        sent = self.sent
-        if notice.reason is RejectReason.EVICTED or (
-            notice.reason is RejectReason.FINISHED and sent is not None and notice.seq == sent.seq
-        ):
+        if notice.reason is RejectReason.EVICTED:
             self.finished = True
             return
+        sent = self.sent
         if sent is None or notice.seq != sent.seq:
+            return
+        if notice.reason is RejectReason.FINISHED:
+            self.finished = True
             return
         self.sent = None
         self.waiting = False
@@ -315,14 +320,8 @@ class DeviceCore:
         batch = self.rng.integers(0, len(self.data), size=min(control.batch_size, len(self.data)))
         self.last_loss, grads = self.backend.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         if not np.isfinite(self.last_loss):  # diverged: every commit from here on would be refused as non_finite
-            self.finished, self.fatal = (
-                True,
-                (
-                    f"local training diverged (loss {self.last_loss} at step {self.steps + 1}): "
-                    f"the job's learning rate {control.lr} is too high for this model and data"
-                ),
-            )
-            self.events.error("%s", self.fatal)
+            self._end(f"local training diverged (loss {self.last_loss} at step {self.steps + 1}): "
+                      f"the job's learning rate {control.lr} is too high for this model and data")  # fmt: skip
             return
         lr = np.float32(control.lr)
         for name, g in grads.items():
