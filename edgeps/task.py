@@ -17,6 +17,7 @@ The model is one of:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -178,8 +179,9 @@ class Task:
 
     # -- model ----------------------------------------------------------------------------------
 
+    @functools.cached_property
     def keras_model(self) -> Any | None:
-        """The task's Keras model (built now), or None for a ModelSpec or Trainer task."""
+        """The task's Keras model (built once, when first asked), or None for a ModelSpec or Trainer task."""
         if isinstance(self.model, ModelSpec | Trainer):
             return None
         if hasattr(self.model, "get_weights") and hasattr(self.model, "layers"):
@@ -201,7 +203,7 @@ class Task:
             from learning.keras import KerasError, from_keras
 
             try:
-                params = from_keras(self.keras_model(), self.loss)
+                params = from_keras(self.keras_model, self.loss)
             except KerasError as exc:
                 raise TaskError(self._where(str(exc))) from None
         problem = self.trainer().mismatch(params, data.x, data.y)
@@ -232,7 +234,7 @@ class Task:
         path = Path(path)
         np.savez(path, **params)
         written = [path]
-        model = None if isinstance(self.model, ModelSpec | Trainer) else self.keras_model()
+        model = self.keras_model
         if model is not None:
             from learning.keras import save_keras
 
