@@ -3,8 +3,10 @@ finished job each say what they wait for (issue 17, item 4). The notes' interval
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,6 +27,19 @@ from schemas.topics import Publish, Topics
 from tests.helpers import blobs, wait_until
 
 
+@contextlib.contextmanager
+def running(target: Callable[..., None], *args: object) -> Iterator[None]:
+    """``target(*args, stop=...)`` in a thread until the block ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=target, args=args, kwargs={"stop": stop}, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
 def notes(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
@@ -33,17 +48,8 @@ def test_a_device_without_a_server_says_what_it_waits_for(mosquitto, caplog, mon
     monkeypatch.setattr(edge_client.mqtt, "WAIT_NOTE_S", 0.2)
     caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     core = DeviceCore("lonely", "d1", blobs(), NumpyTrainer())
-    stop = threading.Event()
-    runner = threading.Thread(
-        target=run_device, args=(core, connect_device(core, BrokerAddress(mosquitto.host, mosquitto.port))),
-        kwargs={"stop": stop}, daemon=True,
-    )  # fmt: skip
-    runner.start()
-    try:
+    with running(run_device, core, connect_device(core, BrokerAddress(mosquitto.host, mosquitto.port))):
         wait_until(lambda: len(notes(caplog, "waiting for a Control")) >= 2, timeout=10, what="repeated notes")
-    finally:
-        stop.set()
-        runner.join(timeout=10)
     assert notes(caplog, "waiting for")[0] == (
         "waiting for a Control from job lonely's server (is `edgeps ps --job lonely` running on this broker?)"
     )
@@ -53,15 +59,11 @@ def test_a_server_without_devices_says_how_many_it_waits_for(mosquitto, caplog, 
     monkeypatch.setattr(ps_service.mqtt, "WAIT_NOTE_S", 0.2)
     caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     core = ServerCore(ServerConfig(job="empty", min_devices=3), init_mlp([8, 8, 3], seed=0), Evaluator(blobs()))
-    stop = threading.Event()
     transport = connect_server(core, BrokerAddress(mosquitto.host, mosquitto.port))
-    runner = threading.Thread(target=serve, args=(core, transport), kwargs={"stop": stop}, daemon=True)
-    runner.start()
     try:
-        wait_until(lambda: len(notes(caplog, "waiting for 3 devices")) >= 2, timeout=10, what="repeated notes")
+        with running(serve, core, transport):
+            wait_until(lambda: len(notes(caplog, "waiting for 3 devices")) >= 2, timeout=10, what="repeated notes")
     finally:
-        stop.set()
-        runner.join(timeout=10)
         transport.close()
     assert notes(caplog, "waiting for 3")[0] == "waiting for 3 devices to start job empty (0 online)"
 
