@@ -33,7 +33,7 @@ from edge_client.trainer import NumpyTrainer, Trainer
 from learning.csvdata import CsvData
 from learning.data import DataError, Dataset, checked, stratified_split
 from learning.losses import LOSSES, Loss, LossError, get_loss
-from learning.metrics import default_metrics, get_metrics
+from learning.metrics import job_metrics
 from learning.model import Params, forward
 from learning.spec import ModelSpec
 
@@ -98,7 +98,7 @@ class Task:
         try:
             if not isinstance(self.model, Trainer):
                 get_loss(self.loss)
-            get_metrics(self.metric_names, self.classification)
+            self.metric_names  # noqa: B018  (checked against the loss)
         except LossError as exc:
             raise TaskError(str(exc)) from None
         if self.data is None and self.server_data is None:
@@ -121,7 +121,7 @@ class Task:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        return tuple(self.metrics) or tuple(default_metrics(self.classification is not False))
+        return job_metrics(self.loss, self.metrics)
 
     def server_options(self) -> dict[str, Any]:
         """The job options the task fixes (ServerConfig fields)."""

@@ -7,12 +7,12 @@ scale for the frequency policies: accuracy-like metrics are their own score (ide
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from learning.losses import LossError
+from learning.losses import LOSSES, LossError
 
 
 def predicted_classes(z: np.ndarray) -> np.ndarray:
@@ -96,3 +96,13 @@ def get_metrics(names: list[str] | tuple[str, ...], classification: bool | None)
 def default_metrics(classification: bool) -> list[str]:
     """The metrics a task measures when it names none."""
     return ["accuracy"] if classification else ["mse", "mae"]
+
+
+def job_metrics(loss: str, named: Iterable[str] = ()) -> tuple[str, ...]:
+    """The metrics a job trained with ``loss`` measures: those ``named``, checked against the loss's kind
+    of labels (either kind for a task trainer's own loss), or the loss's default; LossError otherwise."""
+    spec = LOSSES.get(loss)
+    classification = None if spec is None else spec.classification
+    names = tuple(named) or tuple(default_metrics(classification is not False))
+    get_metrics(names, classification)
+    return names

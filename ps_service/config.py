@@ -112,21 +112,14 @@ class ServerConfig(BaseModel):
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """The metrics to measure: those named, or the loss's default."""
-        from learning.losses import LOSSES
-        from learning.metrics import default_metrics
+        """The metrics to measure: those named, or the loss's default (learning.metrics.job_metrics)."""
+        from learning.metrics import job_metrics
 
-        named = tuple(m.strip() for m in self.metrics.split(",") if m.strip())
-        loss = LOSSES.get(self.loss)
-        return named or tuple(default_metrics(loss is None or loss.classification))
+        return job_metrics(self.loss, [m.strip() for m in self.metrics.split(",") if m.strip()])
 
     @model_validator(mode="after")
     def _metrics_fit_loss(self) -> ServerConfig:
-        from learning.losses import LOSSES
-        from learning.metrics import get_metrics
-
-        loss = LOSSES.get(self.loss)
-        get_metrics(self.metric_names, None if loss is None else loss.classification)
+        self.metric_names  # noqa: B018  (LossError, a ValueError, for metrics the loss does not measure)
         return self
 
     @field_validator("frequency")
