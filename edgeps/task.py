@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ import numpy as np
 from edge_client.trainer import NumpyTrainer, Trainer
 from learning.csvdata import CsvData
 from learning.data import DataError, Dataset, checked, stratified_split
+from learning.keras import quiet_tensorflow
 from learning.losses import LOSSES, Loss, LossError, get_loss
 from learning.metrics import job_metrics
 from learning.model import Params, forward
@@ -255,7 +255,7 @@ def load_task(path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"{path}: no such task file")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # a Keras task: TensorFlow's start-up chatter off
+    quiet_tensorflow()  # a Keras task imports TensorFlow
     name = f"edgeps_task_{abs(hash(path.resolve()))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

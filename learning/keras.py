@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,14 @@ HEADS = {"cross_entropy": "softmax", "bce": "sigmoid", "mse": None, "mae": None}
 
 class KerasError(ValueError):
     """A Keras model that does not convert; the message names the layer."""
+
+
+def quiet_tensorflow() -> None:
+    """TensorFlow's start-up chatter off, for a process about to import it: its C++ logs below warnings, and
+    oneDNN's note ("oneDNN custom operations are on"), which TensorFlow 2.21 writes through absl whatever
+    TF_CPP_MIN_LOG_LEVEL says; oneDNN's reordered float sums go with it. A user's own setting wins."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def _activation(layer: Any) -> str:
@@ -130,6 +139,7 @@ def layer_names(model: Any, loss: str) -> dict[str, str]:
 def save_keras(model: Any, params: Params, stem: Path, loss: str = "cross_entropy") -> list[Path]:
     """Put ``params`` into the Keras model; save it as ``STEM.keras`` and a TFLite inference model
     ``STEM.tflite``; return both paths."""
+    quiet_tensorflow()
     import tensorflow as tf
 
     for layer, names in _walk(model, loss):

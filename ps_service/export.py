@@ -19,9 +19,9 @@ Needs the ``tf`` extra (tensorflow-cpu); imported only when an artifact is built
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Any
 
+from learning.keras import quiet_tensorflow
 from learning.model import Params, architecture, classes, conv_geometry, dense_layers, model_features, patch_index
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
 
@@ -40,7 +40,7 @@ def _loss(tf: Any, name: str, z: Any, y: Any, outputs: int) -> Any:
 
 def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -> bytes:
     """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``, training ``loss``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow()
     import tensorflow as tf
 
     names = list(params)

@@ -81,7 +81,7 @@ def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -
             "--broker", f"{broker.host}:{broker.port}", "--job", job, "--device", "gw-0",
             "--data", str(shards.devices[0]), "--backend", backend, "--cache", str(workdir / "cache"),
         ]  # fmt: skip
-        env_vars = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env_vars = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
         done = subprocess.run(client, capture_output=True, text=True, timeout=300, env=env_vars, cwd=workdir)
         server.join(timeout=30)
         transport.close()
