@@ -6,6 +6,7 @@ core, and publishes what the core returns.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -257,6 +258,7 @@ class MqttTransport(Transport):
             self.refused = str(reason_code)
             log.error("broker refused the connection: %s", reason_code)
             return
+        no_delay(client.socket())
         if self._subscriptions:  # connected, for wait_connected, once the broker confirmed them
             result, mid = client.subscribe([(topic, 1) for topic in self._subscriptions])
             self._subscribing = mid if result == mqtt.MQTT_ERR_SUCCESS else None
@@ -364,6 +366,14 @@ class MqttTransport(Transport):
             self._client.disconnect()
         finally:
             self._client.loop_stop()
+
+
+def no_delay(sock: Any) -> None:
+    """Turn Nagle's algorithm off on a client's TCP socket. paho leaves it on, and against the
+    broker's delayed ACKs a QoS 1 round trip then takes about 34 ms on loopback instead of 1.4 ms.
+    Not a TCP socket (websockets, a closed one): nothing to do."""
+    with contextlib.suppress(AttributeError, OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def reachable(broker: BrokerAddress, timeout: float = 5.0) -> None:
