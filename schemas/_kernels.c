@@ -5,21 +5,27 @@
  * float arithmetic here is the numpy versions' step for step, in float32, and the module is
  * compiled with -ffp-contract=off so that no multiply-add is fused.
  *
+ * The stochastic encoders (ternary, qsgd) draw from a counter-based stream that bits.uniforms
+ * draws in numpy too, so both give the same bytes; topk keeps the same values both ways (ties to
+ * the lowest index), by a sampled radix select here and numpy's partition there.
+ *
  * The loops are plain C that compilers vectorise. On x86-64 with glibc each loop is also built
- * for AVX2 and picked at load time (target_clones): the SSE2 baseline lacks the conversions and
- * unsigned compares these loops need, and runs them 2 to 3 times slower.
+ * for AVX2 and AVX-512 (x86-64-v4) and picked at load time (target_clones): the SSE2 baseline
+ * lacks the conversions and unsigned compares these loops need, and runs them 2 to 3 times slower.
  *
  * The Python-facing functions take buffers (bytes, bytearray, memoryview, numpy arrays) and
- * check their sizes; the caller has already checked a payload's length against its shape.
+ * check their sizes; the caller has already checked a payload's length against its shape. The
+ * encoders return their payload as a new bytes object, written in place (no copy).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GLIBC__) && (defined(__GNUC__) || defined(__clang__))
 #define X86_DISPATCH 1
-#define HOT __attribute__((target_clones("avx2", "default")))
+#define HOT __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #include <immintrin.h>
 #else
 #define X86_DISPATCH 0
@@ -44,20 +50,25 @@ __attribute__((target("avx2"))) static void sign_bits_avx2(const float *restrict
 }
 #endif
 
+/* max |x[lo:hi]| from the bits (for non-negative floats, bit order is value order); 0 if a value is not finite. */
+static inline int largest_abs(const uint32_t *restrict bits, idx lo, idx hi, float *largest) {
+    uint32_t top = 0;
+    for (idx i = lo; i < hi; i++) {
+        uint32_t m = bits[i] & 0x7fffffffu;
+        top = m > top ? m : top;
+    }
+    memcpy(largest, &top, 4);
+    return top < 0x7f800000u;
+}
+
 /* Returns 0 if a value is not finite (nothing useful is written then). */
 HOT static int int8_encode_loop(const float *restrict x, float *restrict scales, int8_t *restrict q, idx n,
                                 idx bucket) {
-    const int32_t *bits = (const int32_t *)x;
+    const uint32_t *bits = (const uint32_t *)x;
     for (idx lo = 0; lo < n; lo += bucket) {
         idx hi = lo + bucket < n ? lo + bucket : n;
-        int32_t top = 0; /* max |x| as bits: for non-negative floats, bit order is value order */
-        for (idx i = lo; i < hi; i++) {
-            int32_t m = bits[i] & 0x7fffffff;
-            top = m > top ? m : top;
-        }
-        if (top >= 0x7f800000) return 0;
         float largest;
-        memcpy(&largest, &top, 4);
+        if (!largest_abs(bits, lo, hi, &largest)) return 0;
         float scale = largest / 127.0f;
         float inv = scale > 1e-30f ? 1.0f / scale : 0.0f;
         scales[lo / bucket] = scale;
@@ -222,6 +233,257 @@ HOT static int qsgd_decode_loop(const float *restrict steps, const uint8_t *rest
     return !bad;
 }
 
+/* ---- the stochastic codecs' random source ----
+ * Counter-based: value i of the stream keyed (s0, s1) is the lowbias32 integer hash of i + s0, xor s1, so values
+ * are drawn independently of each other and of order, and the loops vectorise.
+ * schemas/codecs/bits.py: uniforms draws the same numbers with numpy. */
+static inline uint32_t mix32(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    h *= 0x846ca68bu;
+    h ^= h >> 16;
+    return h;
+}
+
+/* Eight 0/1 bytes as one byte of bits, the first in the low bit. */
+static inline uint8_t pack8(const uint8_t *b) {
+    uint64_t v;
+    memcpy(&v, b, 8);
+    return (uint8_t)((v * 0x0102040810204080ull) >> 56);
+}
+
+#define CHUNK 64 /* values coded at a time into a small buffer, then packed; buckets are multiples of 8 */
+
+/* A chunk's CHUNK 0/1 bytes as CHUNK / 8 bytes of bits, the first in the low bit. */
+static inline void pack_chunk(const uint8_t *restrict b, uint8_t *restrict out) {
+    for (int j = 0; j < CHUNK / 8; j++) out[j] = pack8(b + 8 * j);
+}
+
+/* Value i of the stream: a float32 in [0, 1) with 24 random bits. */
+static inline float draw(uint32_t s0, uint32_t s1, uint32_t i) { return (float)((mix32(i + s0) ^ s1) >> 8) * 0x1p-24f; }
+
+/* TernGrad on one chunk of `size` values from index i0: kept when uniform(i) < |x| * inv, as 0/1 bytes. */
+static inline void ternary_chunk(const float *restrict x, uint32_t i0, uint32_t s0, uint32_t s1, float inv,
+                                 uint8_t *restrict p, uint8_t *restrict m, idx size) {
+    for (idx t = 0; t < size; t++) {
+        float v = x[t];
+        int kept = draw(s0, s1, i0 + (uint32_t)t) < __builtin_fabsf(v) * inv, below = v < 0.0f;
+        p[t] = (uint8_t)(kept & !below);
+        m[t] = (uint8_t)(kept & below);
+    }
+}
+
+/* TernGrad: scale = max |x| per bucket; value i is kept (+-scale) when uniform(i) < |x| / scale. Returns 0 if a
+ * value is not finite. */
+HOT static int ternary_encode_loop(const float *restrict x, uint32_t s0, uint32_t s1, float *restrict scales,
+                                   uint8_t *restrict pos, uint8_t *restrict neg, idx n, idx bucket) {
+    uint8_t p[CHUNK], m[CHUNK];
+    for (idx lo = 0; lo < n; lo += bucket) {
+        idx hi = lo + bucket < n ? lo + bucket : n;
+        float scale;
+        if (!largest_abs((const uint32_t *)x, lo, hi, &scale)) return 0;
+        float inv = scale > 1e-30f ? 1.0f / scale : 0.0f;
+        scales[lo / bucket] = scale;
+        for (idx c = lo; c < hi; c += CHUNK) {
+            idx size = c + CHUNK < hi ? CHUNK : hi - c;
+            if (size == CHUNK) {
+                ternary_chunk(x + c, (uint32_t)c, s0, s1, inv, p, m, CHUNK); /* a fixed trip count vectorises */
+                pack_chunk(p, pos + c / 8);
+                pack_chunk(m, neg + c / 8);
+            } else {
+                memset(p, 0, CHUNK);
+                memset(m, 0, CHUNK);
+                ternary_chunk(x + c, (uint32_t)c, s0, s1, inv, p, m, size);
+                for (idx b = 0; b < (size + 7) / 8; b++) {
+                    pos[c / 8 + b] = pack8(p + 8 * b);
+                    neg[c / 8 + b] = pack8(m + 8 * b);
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+/* QSGD levels of one chunk: min(floor(|x| * inv + uniform(i)), levels), negated for x < 0, masked to `mask`. */
+static inline void qsgd_chunk(const float *restrict x, uint32_t i0, uint32_t s0, uint32_t s1, float inv, int32_t levels,
+                              uint8_t mask, uint8_t *restrict q, idx size) {
+    for (idx t = 0; t < size; t++) {
+        float v = x[t];
+        int32_t l = (int32_t)(__builtin_fabsf(v) * inv + draw(s0, s1, i0 + (uint32_t)t)); /* >= 0: this is floor */
+        l = l < levels ? l : levels;
+        q[t] = (uint8_t)(v < 0.0f ? -l : l) & mask;
+    }
+}
+
+/* QSGD: norm = the bucket's L2 norm (squares summed in double, 16 partial sums); level = min(floor(|x| * levels
+ * / norm + uniform(i)), levels), negated for x < 0, as `bits`-bit two's complement codes. Returns 0 if a norm is
+ * not finite. */
+HOT static int qsgd_encode_loop(const float *restrict x, uint32_t s0, uint32_t s1, int levels, int bits,
+                                float *restrict norms, uint8_t *restrict codes, idx n, idx bucket) {
+    uint8_t q[CHUNK];
+    const uint8_t mask = (uint8_t)((1u << bits) - 1u);
+    const idx per = 8 / bits;
+    for (idx lo = 0; lo < n; lo += bucket) {
+        idx hi = lo + bucket < n ? lo + bucket : n, i = lo;
+        double partial[16] = {0}, total = 0;
+        for (; i + 16 <= hi; i += 16)
+            for (int k = 0; k < 16; k++) partial[k] += (double)x[i + k] * (double)x[i + k];
+        for (int k = 0; k < 16; k++) total += partial[k];
+        for (; i < hi; i++) total += (double)x[i] * (double)x[i];
+        float norm = (float)__builtin_sqrt(total);
+        if (!(norm <= 3.4028235e38f)) return 0; /* inf or nan */
+        float inv = norm > 1e-30f ? (float)levels / norm : 0.0f;
+        norms[lo / bucket] = norm;
+        for (idx c = lo; c < hi; c += CHUNK) {
+            idx size = c + CHUNK < hi ? CHUNK : hi - c;
+            if (size == CHUNK) {
+                qsgd_chunk(x + c, (uint32_t)c, s0, s1, inv, levels, mask, q, CHUNK);
+            } else {
+                memset(q, 0, CHUNK);
+                qsgd_chunk(x + c, (uint32_t)c, s0, s1, inv, levels, mask, q, size);
+            }
+            uint8_t *out = codes + c / per;
+            if (bits == 8)
+                memcpy(out, q, (size_t)size);
+            else if (bits == 4)
+                for (idx b = 0; b < (size + 1) / 2; b++) out[b] = (uint8_t)(q[2 * b] | q[2 * b + 1] << 4);
+            else
+                for (idx b = 0; b < (size + 3) / 4; b++)
+                    out[b] = (uint8_t)(q[4 * b] | q[4 * b + 1] << 2 | q[4 * b + 2] << 4 | q[4 * b + 3] << 6);
+        }
+    }
+    return 1;
+}
+
+/* The k-th largest (1 <= k <= count) of the keys (bits & 0x7fffffff) of floats' `bits`, by radix levels of 11, 11
+ * and 9 bits, each level's keys (those in the bin the level before chose) gathered into `scratch` (count
+ * entries); *ties: how many keys equal to it are among the k largest. */
+static uint32_t kth_key(const uint32_t *restrict bits, idx count, idx k, idx *ties, uint32_t *restrict scratch) {
+    static const int widths[3] = {11, 11, 9};
+    uint32_t prefix = 0;
+    int shift = 31;
+    for (idx j = 0; j < count; j++) scratch[j] = bits[j] & 0x7fffffffu;
+    for (int level = 0; level < 3; level++) {
+        int width = widths[level];
+        shift -= width;
+        idx hist[2048] = {0};
+        for (idx j = 0; j < count; j++) hist[scratch[j] >> shift & ((1u << width) - 1u)]++;
+        uint32_t bin = (1u << width) - 1u;
+        for (; hist[bin] < k; bin--) k -= hist[bin];
+        prefix = prefix << width | bin;
+        idx kept = 0; /* the keys in the chosen bin, without a branch to mispredict */
+        for (idx j = 0; j < count; j++) {
+            scratch[kept] = scratch[j];
+            kept += scratch[j] >> shift == prefix;
+        }
+        count = kept;
+    }
+    *ties = k;
+    return prefix;
+}
+
+/* Marks (0/1 bytes) of the keys at least `low` among `size` values, and their largest key. */
+static inline uint32_t mark_at_least(const uint32_t *restrict bits, uint32_t low, uint8_t *restrict mark, idx size,
+                                     uint32_t top) {
+    for (idx t = 0; t < size; t++) {
+        uint32_t key = bits[t] & 0x7fffffffu;
+        top = key > top ? key : top;
+        mark[t] = key >= low;
+    }
+    return top;
+}
+
+/* Indices of the values whose key is at least `low`, ascending, into `out`, and the values' bits into `kept`;
+ * *largest: the largest key. Chunks are
+ * marked by a loop that vectorises, then the marks read eight at a time, as few are set. */
+HOT static idx keys_at_least(const uint32_t *restrict bits, idx n, uint32_t low, uint32_t *restrict out,
+                             uint32_t *restrict kept, uint32_t *largest) {
+    uint8_t mark[CHUNK];
+    idx count = 0;
+    uint32_t top = 0;
+    for (idx c = 0; c < n; c += CHUNK) {
+        idx size = c + CHUNK < n ? CHUNK : n - c;
+        if (size == CHUNK) {
+            top = mark_at_least(bits + c, low, mark, CHUNK, top);
+        } else {
+            memset(mark, 0, CHUNK);
+            top = mark_at_least(bits + c, low, mark, size, top);
+        }
+        for (idx j = 0; j < CHUNK; j += 8) {
+            uint64_t word;
+            memcpy(&word, mark + j, 8);
+            for (; word; word &= word - 1) {
+                idx i = c + j + __builtin_ctzll(word) / 8;
+                kept[count] = bits[i];
+                out[count++] = (uint32_t)i;
+            }
+        }
+    }
+    *largest = top;
+    return count;
+}
+
+#define SAMPLE_BLOCKS 512 /* blocks of 16 values (a cache line each) spread over the tensor */
+
+/* The k (1 <= k <= n) values largest in magnitude (key = bits & 0x7fffffff), ties to the lowest index, as
+ * ascending indices. A sample of the keys gives a threshold that a few more than k values pass (with a margin of
+ * three standard deviations); one pass gathers those candidates, and the exact k-th key is found among them. A
+ * threshold that let fewer than k through is dropped for a pass over all values. The kept values go to `values`.
+ * Returns 0 if a value is not finite, -1 if out of memory. */
+static int topk_select_loop(const uint32_t *restrict bits, idx n, idx k, uint32_t *restrict out,
+                            float *restrict values) {
+    /* candidates' indices and values; pages are touched only as used */
+    uint32_t *cand = malloc(3 * sizeof(uint32_t) * (size_t)n), *held = cand + n, *scratch = held + n, low = 0, largest;
+    if (!cand) return -1;
+    idx ties, count;
+    if (n >= 64 * SAMPLE_BLOCKS) {
+        uint32_t sample[16 * SAMPLE_BLOCKS];
+        for (idx b = 0; b < SAMPLE_BLOCKS; b++)
+            for (idx t = 0; t < 16; t++) sample[16 * b + t] = bits[b * (n / SAMPLE_BLOCKS) + t] & 0x7fffffffu;
+        double expect = (double)k * (16.0 * SAMPLE_BLOCKS) / (double)n;
+        idx rank = (idx)(expect + 3.0 * __builtin_sqrt(expect) + 4.0);
+        if (rank < 16 * SAMPLE_BLOCKS) low = kth_key(sample, 16 * SAMPLE_BLOCKS, rank, &ties, scratch);
+    }
+    count = keys_at_least(bits, n, low, cand, held, &largest);
+    if (largest >= 0x7f800000u) {
+        free(cand);
+        return 0;
+    }
+    if (count < k) count = keys_at_least(bits, n, 0, cand, held, &largest);
+    uint32_t threshold = kth_key(held, count, k, &ties, scratch);
+    idx kept = 0;
+    for (idx j = 0; j < count; j++) {
+        uint32_t key = held[j] & 0x7fffffffu;
+        if (key > threshold || (key == threshold && ties-- > 0)) {
+            memcpy(&values[kept], &held[j], 4);
+            out[kept++] = cand[j];
+        }
+    }
+    free(cand);
+    return 1;
+}
+
+/* The topk payload of the values kept[k] at ascending indices idx[k]: u32 k, f32 scale = max |kept| / 127, u8 index width,
+ * the gaps between indices in `width` bytes, then each kept value / scale rounded to int8 (all zero when the scale
+ * is 0). Little-endian host. */
+static void topk_payload(const float *restrict kept, const uint32_t *restrict idx_, idx k, int width, uint8_t *out) {
+    float largest = 0.0f;
+    for (idx j = 0; j < k; j++) largest = __builtin_fabsf(kept[j]) > largest ? __builtin_fabsf(kept[j]) : largest;
+    float scale = largest / 127.0f;
+    uint32_t count = (uint32_t)k;
+    memcpy(out, &count, 4);
+    memcpy(out + 4, &scale, 4);
+    out[8] = (uint8_t)width;
+    uint8_t *gaps = out + 9;
+    int8_t *q = (int8_t *)(gaps + k * width);
+    for (idx j = 0; j < k; j++) {
+        uint32_t gap = idx_[j] - (j ? idx_[j - 1] : 0);
+        memcpy(gaps + j * width, &gap, (size_t)width); /* the low bytes of a little-endian number */
+        q[j] = scale > 0.0f ? (int8_t)(int32_t)round_even(kept[j] / scale) : 0;
+    }
+}
+
 /* ---- Python wrappers ---- */
 
 #define BUCKETS(n, b) (((n) + (b) - 1) / (b))
@@ -253,21 +515,6 @@ static PyObject *release(Py_buffer *a, Py_buffer *b, Py_buffer *c, Py_buffer *d,
     return result;
 }
 
-/* int8_encode(values f32[n], scales_out f32[nb], codes_out i8[n], bucket) -> bool finite */
-static PyObject *int8_encode(PyObject *self, PyObject *args) {
-    Py_buffer x, s, q;
-    idx bucket;
-    int ok = 0;
-    if (!PyArg_ParseTuple(args, "y*w*w*n", &x, &s, &q, &bucket)) return NULL;
-    idx n = x.len / 4;
-    if (bucket_ok(bucket) && need(&s, 4 * BUCKETS(n, bucket), "int8 scales") && need(&q, n, "int8 codes")) {
-        Py_BEGIN_ALLOW_THREADS
-        ok = int8_encode_loop(x.buf, s.buf, q.buf, n, bucket);
-        Py_END_ALLOW_THREADS
-    }
-    return release(&x, &s, &q, NULL, PyBool_FromLong(ok));
-}
-
 /* int8_decode(scales f32[nb], codes i8[n], out f32[n], bucket) */
 static PyObject *int8_decode(PyObject *self, PyObject *args) {
     Py_buffer s, q, y;
@@ -295,32 +542,7 @@ static PyObject *fp16_decode(PyObject *self, PyObject *args) {
     return release(&h, &y, NULL, NULL, Py_NewRef(Py_None));
 }
 
-/* fp16_encode(values f32[n], out u16[n]) */
-static PyObject *fp16_encode(PyObject *self, PyObject *args) {
-    Py_buffer x, h;
-    if (!PyArg_ParseTuple(args, "y*w*", &x, &h)) return NULL;
-    idx n = x.len / 4;
-    if (need(&h, 2 * n, "fp16 out")) {
-        Py_BEGIN_ALLOW_THREADS
-        fp16_encode_loop(x.buf, h.buf, n);
-        Py_END_ALLOW_THREADS
-    }
-    return release(&x, &h, NULL, NULL, Py_NewRef(Py_None));
-}
 
-/* sign_encode(values f32[n], scales_out f32[nb], bits_out u8[ceil(n/8)], bucket) */
-static PyObject *sign_encode(PyObject *self, PyObject *args) {
-    Py_buffer x, s, p;
-    idx bucket;
-    if (!PyArg_ParseTuple(args, "y*w*w*n", &x, &s, &p, &bucket)) return NULL;
-    idx n = x.len / 4;
-    if (bucket_ok(bucket) && need(&s, 4 * BUCKETS(n, bucket), "sign scales") && need(&p, (n + 7) / 8, "sign bits")) {
-        Py_BEGIN_ALLOW_THREADS
-        sign_encode_loop(x.buf, s.buf, p.buf, n, bucket);
-        Py_END_ALLOW_THREADS
-    }
-    return release(&x, &s, &p, NULL, Py_NewRef(Py_None));
-}
 
 /* sign_decode(scales f32[nb], bits u8[ceil(n/8)], out f32[n], bucket): bit 1 = -scale */
 static PyObject *sign_decode(PyObject *self, PyObject *args) {
@@ -370,8 +592,164 @@ static PyObject *qsgd_decode(PyObject *self, PyObject *args) {
     return release(&s, &c, &y, NULL, PyBool_FromLong(ok));
 }
 
+
+
+
+/* ---- encoders: each returns the payload as a new bytes object, written in place ---- */
+
+/* A bytes object of `size` bytes to fill, its buffer in *buf; NULL (MemoryError set) if none. */
+static PyObject *payload(idx size, uint8_t **buf) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out) *buf = (uint8_t *)PyBytes_AS_STRING(out);
+    return out;
+}
+
+/* The float32 values a buffer holds, as n; 0 (ValueError set) if its length is not a multiple of 4. */
+static int floats(Py_buffer *x, idx *n) {
+    if (x->len % 4) {
+        PyErr_SetString(PyExc_ValueError, "values must be float32");
+        return 0;
+    }
+    *n = x->len / 4;
+    return 1;
+}
+
+/* What an encoder returns: NULL if an exception is set, None when `ok` is 0 (a value it cannot encode), else its
+ * payload. */
+static PyObject *encoded(Py_buffer *x, PyObject *out, int ok) {
+    PyBuffer_Release(x);
+    if (PyErr_Occurred() || !ok) {
+        Py_XDECREF(out);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    return out;
+}
+
+/* int8_encode(values f32[n], bucket) -> scales f32[nb] + codes i8[n], or None if a value is not finite */
+static PyObject *int8_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    idx bucket, n;
+    int ok = 0;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*n", &x, &bucket)) return NULL;
+    if (bucket_ok(bucket) && floats(&x, &n) && (out = payload(4 * BUCKETS(n, bucket) + n, &buf))) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = int8_encode_loop(x.buf, (float *)buf, (int8_t *)buf + 4 * BUCKETS(n, bucket), n, bucket);
+        Py_END_ALLOW_THREADS
+    }
+    return encoded(&x, out, ok);
+}
+
+/* fp16_encode(values f32[n]) -> halves u16[n] */
+static PyObject *fp16_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    idx n;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*", &x)) return NULL;
+    if (floats(&x, &n) && (out = payload(2 * n, &buf))) {
+        Py_BEGIN_ALLOW_THREADS
+        fp16_encode_loop(x.buf, (uint16_t *)buf, n);
+        Py_END_ALLOW_THREADS
+    }
+    return encoded(&x, out, 1);
+}
+
+/* sign_encode(values f32[n], bucket) -> scales f32[nb] + bits u8[ceil(n/8)] */
+static PyObject *sign_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    idx bucket, n;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*n", &x, &bucket)) return NULL;
+    if (bucket_ok(bucket) && floats(&x, &n) && (out = payload(4 * BUCKETS(n, bucket) + (n + 7) / 8, &buf))) {
+        Py_BEGIN_ALLOW_THREADS
+        sign_encode_loop(x.buf, (float *)buf, buf + 4 * BUCKETS(n, bucket), n, bucket);
+        Py_END_ALLOW_THREADS
+    }
+    return encoded(&x, out, 1);
+}
+
+/* ternary_encode(values f32[n], s0, s1, bucket) -> scales f32[nb] + positive + negative bit planes, or None if a
+ * value is not finite */
+static PyObject *ternary_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    unsigned int s0, s1;
+    idx bucket, n;
+    int ok = 0;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*IIn", &x, &s0, &s1, &bucket)) return NULL;
+    if (bucket_ok(bucket) && floats(&x, &n) && (out = payload(4 * BUCKETS(n, bucket) + 2 * ((n + 7) / 8), &buf))) {
+        uint8_t *pos = buf + 4 * BUCKETS(n, bucket), *neg = pos + (n + 7) / 8;
+        Py_BEGIN_ALLOW_THREADS
+        ok = ternary_encode_loop(x.buf, s0, s1, (float *)buf, pos, neg, n, bucket);
+        Py_END_ALLOW_THREADS
+    }
+    return encoded(&x, out, ok);
+}
+
+/* qsgd_encode(values f32[n], s0, s1, levels, bits, bucket) -> norms f32[nb] + packed levels, or None if a norm
+ * is not finite */
+static PyObject *qsgd_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    unsigned int s0, s1;
+    int levels, bits, ok = 0;
+    idx bucket, n;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*IIiin", &x, &s0, &s1, &levels, &bits, &bucket)) return NULL;
+    if ((bits != 2 && bits != 4 && bits != 8) || levels < 1 || levels > (1 << (bits - 1)) - 1) {
+        PyErr_SetString(PyExc_ValueError, "qsgd codes are 2, 4 or 8 bits, wide enough for the levels");
+    } else if (bucket_ok(bucket) && floats(&x, &n) &&
+               (out = payload(4 * BUCKETS(n, bucket) + (n * bits + 7) / 8, &buf))) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = qsgd_encode_loop(x.buf, s0, s1, levels, bits, (float *)buf, buf + 4 * BUCKETS(n, bucket), n, bucket);
+        Py_END_ALLOW_THREADS
+    }
+    return encoded(&x, out, ok);
+}
+
+/* topk_encode(values f32[n], k) -> the topk payload (docs/PROTOCOL.md), or None if a value is not finite */
+static PyObject *topk_encode(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    idx k, n;
+    int ok = 0;
+    uint8_t *buf;
+    PyObject *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*n", &x, &k)) return NULL;
+    uint32_t *idx_ = NULL;
+    float *kept = NULL;
+    if (!floats(&x, &n)) {
+    } else if (k < 1 || k > n) {
+        PyErr_SetString(PyExc_ValueError, "topk keeps 1 to n values");
+    } else if (!(idx_ = malloc(sizeof(uint32_t) * (size_t)k)) || !(kept = malloc(sizeof(float) * (size_t)k))) {
+        PyErr_NoMemory();
+    } else {
+        uint32_t widest = 0;
+        Py_BEGIN_ALLOW_THREADS
+        ok = topk_select_loop(x.buf, n, k, idx_, kept);
+        for (idx j = 0; ok > 0 && j < k; j++) {
+            uint32_t gap = idx_[j] - (j ? idx_[j - 1] : 0);
+            widest = gap > widest ? gap : widest;
+        }
+        Py_END_ALLOW_THREADS
+        if (ok < 0) PyErr_NoMemory();
+        int width = widest < 256 ? 1 : widest < 65536 ? 2 : 4;
+        if (ok > 0 && (out = payload(9 + k * (width + 1), &buf))) {
+            Py_BEGIN_ALLOW_THREADS
+            topk_payload(kept, idx_, k, width, buf);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    free(idx_);
+    free(kept);
+    return encoded(&x, out, ok > 0);
+}
+
 static PyMethodDef methods[] = {
-    {"int8_encode", int8_encode, METH_VARARGS, "Per-bucket int8 quantisation; False if a value is not finite."},
+    {"int8_encode", int8_encode, METH_VARARGS, "Per-bucket int8 quantisation; None if a value is not finite."},
     {"int8_decode", int8_decode, METH_VARARGS, "Per-bucket int8 dequantisation."},
     {"fp16_decode", fp16_decode, METH_VARARGS, "IEEE binary16 to float32, exactly."},
     {"fp16_encode", fp16_encode, METH_VARARGS, "float32 to IEEE binary16 (nearest even), clipped to +-65504."},
@@ -379,6 +757,9 @@ static PyMethodDef methods[] = {
     {"sign_decode", sign_decode, METH_VARARGS, "Packed sign bits times per-bucket scales."},
     {"ternary_decode", ternary_decode, METH_VARARGS, "Two bit planes times per-bucket scales; False if invalid."},
     {"qsgd_decode", qsgd_decode, METH_VARARGS, "Packed signed levels times per-bucket steps; False if invalid."},
+    {"ternary_encode", ternary_encode, METH_VARARGS, "TernGrad's scales and bit planes; None if a value is not finite."},
+    {"qsgd_encode", qsgd_encode, METH_VARARGS, "QSGD's norms and packed levels; None if a norm is not finite."},
+    {"topk_encode", topk_encode, METH_VARARGS, "The k largest |x| (ties to the lowest index); None if not finite."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,7 +35,7 @@ def buckets(n: int) -> int:
 
 
 def bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
-    """Per-bucket max of |x| (``max``), mean of |x| (``mean``) or L2 norm (``l2``), float32."""
+    """Per-bucket max of |x| (``max``), mean of |x| (``mean``) or L2 norm (``l2``), as float32."""
     n, full = len(x), len(x) // BUCKET * BUCKET
     parts = []
     for block in (x[:full].reshape(-1, BUCKET), x[full:].reshape(1, -1) if full < n else None):
@@ -45,8 +45,9 @@ def bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
             parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)) + np.float32(0))
         elif how == "mean":
             parts.append(np.mean(np.abs(block), axis=1))
-        else:
-            parts.append(np.sqrt(np.einsum("ij,ij->i", block, block)))
+        else:  # squares summed in double, as the compiled loop sums them: the float32 norms agree
+            wide = block.astype(np.float64)
+            parts.append(np.sqrt(np.einsum("ij,ij->i", wide, wide)))
     return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
@@ -68,6 +69,34 @@ def scale_buckets(values: np.ndarray, scales: np.ndarray, out: np.ndarray | None
     if full < len(values):
         np.multiply(values[full:], scales[-1], out=out[full:])
     return out
+
+
+def stream_key(rng: np.random.Generator) -> tuple[int, int]:
+    """The key of a stochastic encoder's random stream: two 32-bit words drawn from ``rng``."""
+    s0, s1 = rng.integers(0, 2**32, size=2, dtype=np.uint64)
+    return int(s0), int(s1)
+
+
+def _mix32(h: np.ndarray) -> np.ndarray:
+    """The lowbias32 integer hash, in place on uint32 (multiplication wraps)."""
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x7FEB352D)
+    h ^= h >> np.uint32(15)
+    h *= np.uint32(0x846CA68B)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def uniforms(key: tuple[int, int], n: int) -> np.ndarray:
+    """Values 0..n-1 of the counter-based stream ``key``: float32 in [0, 1) with 24 random bits,
+    value i = ((mix(i + s0) ^ s1) >> 8) / 2**24, mix being the lowbias32 hash. The compiled
+    encoders draw the same numbers."""
+    h = np.arange(n, dtype=np.uint32)
+    h += np.uint32(key[0])
+    h = _mix32(h)
+    h ^= np.uint32(key[1])
+    h >>= np.uint32(8)
+    return h.astype(np.float32) * np.float32(2.0**-24)
 
 
 def bit_plane(payload: bytes | memoryview, offset: int, n: int) -> np.ndarray:

@@ -20,11 +20,10 @@ class Int8(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = flat(values)
         if bits.kernels is not None:
-            nb = buckets(len(x))
-            out = bytearray(4 * nb + len(x))
-            if not bits.kernels.int8_encode(x, memoryview(out)[: 4 * nb], memoryview(out)[4 * nb :], BUCKET):
+            payload: bytes | None = bits.kernels.int8_encode(x, BUCKET)
+            if payload is None:
                 raise CodecError("int8 cannot encode non-finite values")
-            return bytes(out)
+            return payload
         scales = bucket_reduce(x, "max") / np.float32(127)
         if not np.isfinite(scales).all():
             raise CodecError("int8 cannot encode non-finite values")

@@ -16,6 +16,8 @@ from schemas.codecs.bits import (
     pack_bits,
     packed_size,
     scale_buckets,
+    stream_key,
+    uniforms,
     unpack_bits,
 )
 
@@ -54,11 +56,18 @@ class Qsgd(Codec):
         return cls(int(arg))
 
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
-        rng = rng or np.random.default_rng()
         x = flat(values)
+        n, key = len(x), stream_key(rng or np.random.default_rng())
+        if bits.kernels is not None:
+            payload: bytes | None = bits.kernels.qsgd_encode(x, *key, self.levels, self.bits, BUCKET)
+            if payload is None:
+                raise CodecError(f"{self.spec} cannot encode non-finite values")
+            return payload
         norms = bucket_reduce(x, "l2")
+        if not np.isfinite(norms).all():
+            raise CodecError(f"{self.spec} cannot encode non-finite values")
         scaled = scale_buckets(np.abs(x), inverse(norms, self.levels))
-        scaled += rng.random(len(x), dtype=np.float32)
+        scaled += uniforms(key, n)
         # min(): float rounding can put |x| * s / norm a hair above s
         level = np.minimum(np.floor(scaled), self.levels).astype(np.int8)
         np.negative(level, out=level, where=x < 0)

@@ -20,10 +20,8 @@ class Sign(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = flat(values)
         if bits.kernels is not None:
-            nb = buckets(len(x))
-            out = bytearray(4 * nb + packed_size(len(x), 1))
-            bits.kernels.sign_encode(x, memoryview(out)[: 4 * nb], memoryview(out)[4 * nb :], BUCKET)
-            return bytes(out)
+            payload: bytes = bits.kernels.sign_encode(x, BUCKET)
+            return payload
         return bucket_reduce(x, "mean").astype("<f4").tobytes() + np.packbits(x < 0, bitorder="little").tobytes()
 
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:

@@ -6,24 +6,41 @@ import numpy as np
 
 from schemas.codecs import bits
 from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
-from schemas.codecs.bits import BUCKET, bit_plane, bucket_reduce, buckets, inverse, packed_size, scale_buckets
+from schemas.codecs.bits import (
+    BUCKET,
+    bit_plane,
+    bucket_reduce,
+    buckets,
+    inverse,
+    packed_size,
+    scale_buckets,
+    stream_key,
+    uniforms,
+)
 
 
 @register
 class Ternary(Codec):
     """TernGrad: per bucket a float32 scale s = max |x|; each value becomes s * sign(x) with
-    probability |x| / s, else 0 (unbiased). Two bit planes of n bits each: first
+    probability |x| / s, else 0 (unbiased; the draws come from ``bits.uniforms``). Two bit planes of n bits each: first
     "positive" (1 = +s), then "negative" (1 = -s); a value with both bits set is invalid."""
 
     id = 4
     name = "ternary"
 
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
-        rng = rng or np.random.default_rng()
         x = flat(values)
+        n, key = len(x), stream_key(rng or np.random.default_rng())
+        payload: bytes | None = None
+        if bits.kernels is not None:
+            payload = bits.kernels.ternary_encode(x, *key, BUCKET)
+            if payload is None:
+                raise CodecError("ternary cannot encode non-finite values")
+            return payload
         scales = bucket_reduce(x, "max")
-        probability = scale_buckets(np.abs(x), inverse(scales))
-        kept = rng.random(len(x), dtype=np.float32) < probability
+        if not np.isfinite(scales).all():
+            raise CodecError("ternary cannot encode non-finite values")
+        kept = uniforms(key, n) < scale_buckets(np.abs(x), inverse(scales))
         negative = x < 0
         return (
             scales.astype("<f4").tobytes()

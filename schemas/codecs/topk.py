@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from schemas.codecs import bits
 from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
 
 
@@ -53,9 +54,22 @@ class TopK(Codec):
         x = flat(values)
         n = len(x)
         k = self.keep(n)
-        idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k :]) if k else np.zeros(0, np.int64)
+        if k and bits.kernels is not None:  # the same bytes as below, with a radix select rather than a partition
+            payload: bytes | None = bits.kernels.topk_encode(x, k)
+            if payload is None:
+                raise CodecError("topk cannot encode non-finite values")
+            return payload
+        key = x.view(np.uint32) & np.uint32(0x7FFFFFFF)  # |x| as bits: their order is the values' order
+        if k and key.max() >= 0x7F800000:
+            raise CodecError("topk cannot encode non-finite values")
+        keep = np.zeros(n, bool)
+        if k:  # the k largest keys, ties going to the lower index
+            threshold = np.partition(key, n - k)[n - k]
+            keep = key > threshold
+            keep[np.flatnonzero(key == threshold)[: k - np.count_nonzero(keep)]] = True
+        idx = np.flatnonzero(keep)
         kept = x[idx]
-        scale = np.float32(np.max(np.abs(kept)) / 127) if k else np.float32(0)
+        scale = np.float32(np.max(np.abs(kept)) / np.float32(127)) if k else np.float32(0)
         q = np.rint(kept / scale).astype(np.int8) if scale > 0 else np.zeros(k, np.int8)
         gaps = np.diff(idx, prepend=0).astype(np.uint32)
         width = 1 if k == 0 or gaps.max() < 256 else 2 if gaps.max() < 65536 else 4

@@ -145,3 +145,61 @@ def test_fp16_round_trips_like_numpy(x: np.ndarray) -> None:
     with numpy_only():
         expected = fp16.decode(fp16.encode(x), x.shape)
     np.testing.assert_array_equal(fp16.decode(fp16.encode(x), x.shape), expected)
+
+
+STOCHASTIC = ["ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127"]
+
+
+@pytest.mark.parametrize("spec", STOCHASTIC)
+@settings(max_examples=60, deadline=None)
+@given(x=values, seed=st.integers(0, 2**32 - 1))
+def test_stochastic_encoders_give_the_same_bytes(spec, x, seed) -> None:
+    """Both draw from the same counter-based stream (bits.uniforms), so the payloads are equal."""
+    compiled, plain = both(lambda: make_codec(spec).encode(x, np.random.default_rng(seed)))
+    assert compiled == plain
+
+
+@pytest.mark.parametrize("fraction", ["topk:0.01", "topk:0.3", "topk:1"])
+@settings(max_examples=60, deadline=None)
+@given(x=values | hnp.arrays(np.float32, st.integers(1, 300), elements=st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0])))
+def test_topk_encodes_the_same_bytes(fraction, x) -> None:
+    """The radix select and numpy's partition keep the same values: the k largest |x|, ties to the lowest index."""
+    compiled, plain = both(lambda: make_codec(fraction).encode(x))
+    assert compiled == plain
+    codec = make_codec(fraction)
+    k = codec.keep(len(x))
+    kept = np.flatnonzero(codec.decode(compiled, x.shape)) if k else []
+    order = np.lexsort((np.arange(len(x)), -np.abs(x)))  # by |x| descending, then index
+    assert set(kept) <= set(order[:k].tolist())  # (a kept value may quantize to 0)
+
+
+def test_topk_select_survives_a_sample_that_misleads_it() -> None:
+    """A tensor large enough to be sampled, whose large values all lie between the sampled blocks: the threshold
+    from the sample lets too few through, and the pass over every value still finds the k largest."""
+    n = 1 << 16
+    x = np.zeros(n, np.float32)
+    x[np.arange(n) % 128 >= 16] = np.linspace(1, 2, n - n // 8, dtype=np.float32)  # the sample sees zeros only
+    codec = make_codec("topk:0.1")
+    compiled, plain = both(lambda: codec.encode(x))
+    assert compiled == plain
+    kept = np.flatnonzero(codec.decode(compiled, x.shape))
+    assert len(kept) == codec.keep(n) and np.abs(x[kept]).min() >= np.sort(np.abs(x))[-codec.keep(n)]
+
+
+@pytest.mark.parametrize("spec", ["ternary", "qsgd:16", "qsgd:1", "topk:0.1"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_encoders_refuse_non_finite_values_either_way(spec, bad) -> None:
+    x = np.ones(2 * BUCKET + 3, np.float32)
+    x[BUCKET + 1] = bad
+    compiled, plain = both(lambda: make_codec(spec).encode(x, np.random.default_rng(0)))
+    assert isinstance(compiled, CodecError) and isinstance(plain, CodecError)
+
+
+def test_the_random_stream_is_uniform_and_keyed() -> None:
+    u = bits.uniforms((12345, 678), 1 << 20)
+    assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
+    counts = np.histogram(u, bins=64, range=(0, 1))[0]
+    expected = len(u) / 64
+    assert ((counts - expected) ** 2 / expected).sum() < 120  # chi-square, 63 degrees of freedom: p < 1e-6
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01  # neighbours are not correlated
+    assert abs(np.corrcoef(u, bits.uniforms((12346, 678), 1 << 20))[0, 1]) < 0.01  # nor streams of next keys
