@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import statistics
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -70,7 +71,7 @@ def aggregate(
     data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
-    tau_eff = float(np.median([steps[d] for d in summed]))
+    tau_eff = float(statistics.median(steps[d] for d in summed))  # a few numbers: no numpy call per commit
     out = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
     for device, delta in summed.items():
         scale = np.float32(mixing * tau_eff * share[device] / steps[device])

@@ -102,6 +102,7 @@ class DeviceRegistry:
         self.allowed = allowed
         self.evicted: set[str] = set()  # removed by an operator: refused from then on
         self._devices: dict[str, DeviceRecord] = {}
+        self._active: frozenset[str] | None = None  # the online devices, until one comes or goes
 
     def permits(self, device: str) -> bool:
         return device not in self.evicted and (self.allowed is None or device in self.allowed)
@@ -158,6 +159,7 @@ class DeviceRegistry:
         if new:
             record.incarnation, record.seq_base, record.first_seq = incarnation, record.highest_seq, record.highest_seq
         was_online, record.online, record.samples = record.online, True, samples
+        self._active = None
         return not was_online, new
 
     def set_offline(self, device: str, incarnation: int | None = None) -> bool:
@@ -169,6 +171,7 @@ class DeviceRegistry:
         if incarnation is not None and incarnation != record.incarnation:
             return False
         record.online = False
+        self._active = None
         return True
 
     def devices(self) -> set[str]:
@@ -189,7 +192,10 @@ class DeviceRegistry:
         return min((self._devices[d].highest_seq for d in devices if d in self._devices), default=0)
 
     def active(self) -> frozenset[str]:
-        return frozenset(d for d, r in self._devices.items() if r.online)
+        """The online devices (asked several times per commit: kept until one comes or goes)."""
+        if self._active is None:
+            self._active = frozenset(d for d, r in self._devices.items() if r.online)
+        return self._active
 
     def check_seq(self, device: str, seq: int) -> str | None:
         """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
@@ -218,3 +224,4 @@ class DeviceRegistry:
     def load_state(self, state: dict[str, Any], now: float) -> None:
         self.evicted = {str(d) for d in state["evicted"]}
         self._devices = {str(d): DeviceRecord.from_state(r, now) for d, r in state["devices"].items()}
+        self._active = None

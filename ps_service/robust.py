@@ -23,6 +23,7 @@ Pure logic: updates and numbers in, sets out.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ def bounded_sizes(
     median of ``reference`` (the sizes the job's devices declared) and at most ``ceiling``."""
     cap = float(ceiling) if ceiling is not None else math.inf
     if reference:
-        cap = min(cap, factor * float(np.median(reference)))
+        cap = min(cap, factor * float(statistics.median(reference)))  # per commit: no numpy call for a few numbers
     return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
 
 
@@ -103,9 +104,12 @@ def per_step_norms(updates: list[Update], version: int) -> dict[str, float]:
     steps: dict[str, int] = {}
     for u in updates:
         weight = staleness_weight(version - u.base_version)
-        into = sums.setdefault(u.device, {name: np.zeros(v.shape, np.float64) for name, v in u.delta.items()})
-        for name, values in u.delta.items():
-            into[name] += weight * values.astype(np.float64)
+        weighted = {name: weight * values.astype(np.float64) for name, values in u.delta.items()}
+        if u.device in sums:
+            for name, values in weighted.items():
+                sums[u.device][name] += values
+        else:  # a device's first commit of the aggregate (all of them under asp): no zeros to add it to
+            sums[u.device] = weighted
         steps[u.device] = steps.get(u.device, 0) + u.steps
     return {
         device: float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device]

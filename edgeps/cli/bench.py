@@ -87,7 +87,16 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
-    report = run_bench_load(args.devices, args.seconds, args.rate, args.flood, args.json)
+    if args.capacity:
+        from edgeps.bench.capacity import bench_capacity, format_capacity
+        from edgeps.bench.common import show
+
+        seconds = 8.0 if args.seconds is None else args.seconds
+        capacity = bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint)
+        show(capacity, format_capacity(capacity), args.json)
+        return 0
+    report = run_bench_load(args.devices, 60.0 if args.seconds is None else args.seconds, args.rate, args.flood,
+                            args.json)  # fmt: skip
     return 0 if report["balanced"] else 1
 
 
@@ -180,9 +189,12 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
     load.add_argument("--devices", type=int, default=200, help="simulated devices committing")
-    load.add_argument("--seconds", type=float, default=60.0, help="how long to offer the load")
+    load.add_argument("--seconds", type=float, help="how long to offer the load (default: 60, or 8 with --capacity)")
     load.add_argument("--rate", type=float, default=1.0, help="commits per second per device")
     load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
+    load.add_argument("--capacity", action="store_true",
+                      help="the broker's raw rate for the commit payload and the server's apply rate, and their ratio")
+    load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 

@@ -1,0 +1,395 @@
+"""``edgeps bench load --capacity``: in one run, the broker's own rate for the job's commit payload
+and the server's sustained apply rate for the same payload, and their ratio.
+
+Both are driven by the same load generator, ``RawPublisher``: MQTT 3.1.1 QoS 1 publishes written
+straight to a socket, a window of them in flight, so that the generator costs little CPU next to
+what it measures (the machine's cores are shared by the broker, the generator and the consumer):
+
+* broker rate: the generator publishes N copies of the payload to a topic that one
+  ``mosquitto_sub`` (QoS 1) reads; the rate is N over the time from the first to the last
+  delivered message. Beside it, the same with ``mosquitto_pub --repeat`` as the publisher;
+* apply rate: the generator sends valid commits (each device's sequence numbers in order, CRCs
+  patched) to a real ``edgeps ps --pace asp`` process as fast as the broker takes them, yet at most
+  ``BACKLOG`` ahead of what the server has received, for S seconds; the rate is the growth of the
+  server's ``applied`` count over the last three quarters of those seconds by the server's own
+  clock (its metrics records, every 0.5 s, carry ``elapsed_s``).
+
+A load sent flat out instead swamps the broker, whose CPU is the server's too here: the server
+then applied 880 commits/s where it applies 2,150 with the backlog bounded.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgeps.bench.load import ROOT, _rss_mib
+from edgeps.tables import Table
+
+WINDOW = 64  # QoS 1 publishes in flight per generator connection
+#: Commits the load keeps sent and not yet received by the server: enough to keep it busy between two
+#: of its metrics records, few enough that the broker is not swamped queueing (its CPU is the
+#: server's too on a small machine) or dropping (max_queued_bytes) a flood the server cannot take.
+BACKLOG = 3000
+
+
+class RawPublisher:
+    """An MQTT 3.1.1 client that only publishes at QoS 1: CONNECT (clean session), then PUBLISH
+    packets written back to back with at most ``WINDOW`` unacknowledged, PUBACKs read as they come."""
+
+    def __init__(self, host: str, port: int, client_id: str) -> None:
+        self.sock = socket.create_connection((host, port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cid = client_id.encode()
+        body = b"\x00\x04MQTT\x04\x02\x00\x00" + struct.pack(">H", len(cid)) + cid  # clean session, no keepalive
+        self.sock.sendall(b"\x10" + _length(len(body)) + body)
+        if self._read(4) != b"\x20\x02\x00\x00":
+            raise ConnectionError(f"the broker refused {client_id}")
+        self.mid, self.inflight = 0, 0
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            data += chunk
+        return data
+
+    def publish(self, topic: bytes, payload: bytes | bytearray) -> None:
+        """Send one QoS 1 PUBLISH, first waiting for acknowledgements while the window is full."""
+        while self.inflight >= WINDOW:
+            self._take_acks(block=True)
+        self.mid = self.mid % 65535 + 1
+        head = struct.pack(">H", len(topic)) + topic + struct.pack(">H", self.mid)
+        self.sock.sendall(b"\x32" + _length(len(head) + len(payload)) + head + payload)
+        self.inflight += 1
+        self._take_acks(block=False)
+
+    def _take_acks(self, block: bool) -> None:
+        if not block and not select.select([self.sock], [], [], 0)[0]:
+            return
+        data = self.sock.recv(4 * self.inflight)  # PUBACKs are 4 bytes; finish a partial one
+        if not data:
+            raise ConnectionError("the broker closed the connection")
+        if len(data) % 4:
+            data += self._read(4 - len(data) % 4)
+        self.inflight -= len(data) // 4
+
+    def close(self) -> None:
+        """Wait for every acknowledgement, then DISCONNECT."""
+        while self.inflight:
+            self._take_acks(block=True)
+        self.sock.sendall(b"\xe0\x00")
+        self.sock.close()
+
+
+def _length(n: int) -> bytes:
+    """MQTT's variable-length integer."""
+    out = bytearray()
+    while True:
+        n, byte = n >> 7, n & 0x7F
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def commit_template(device: str) -> bytearray:
+    """The load's commit for ``device``: a small random update of the demo's model (MLP 64-64-10,
+    fp32, about 19 KB), sequence number 1; ``patch`` sets another."""
+    from learning.model import init_mlp
+    from schemas.frame import Frame, FrameKind, encode_frame
+
+    rng = np.random.default_rng(0)
+    shapes = {n: v.shape for n, v in init_mlp([64, 64, 10], seed=0).items()}
+    update = {n: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for n, shape in shapes.items()}
+    frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=device, seq=1, samples=10, steps=1)
+    return bytearray(encode_frame(frame))
+
+
+def patch(body: bytearray, seq: int) -> bytearray:
+    """``body`` (a commit frame) with sequence number ``seq`` and its CRC recomputed, in place."""
+    struct.pack_into("<Q", body, 20, seq)
+    struct.pack_into("<I", body, len(body) - 4, zlib.crc32(memoryview(body)[:-4]))
+    return body
+
+
+def _generator(
+    names: list[str], host: str, port: int, job: str, seconds: float, go: Any, allowed: Any, results: Any
+) -> None:
+    """One load process: valid commits for ``names`` in turn for ``seconds`` once ``go`` is set, as
+    fast as the broker takes them while fewer than ``allowed`` (shared, kept a backlog ahead of the
+    server) have been sent; puts the number sent on ``results``."""
+    from schemas.topics import Topics
+
+    topics = Topics(job)
+    publisher = RawPublisher(host, port, f"capacity-{names[0]}")
+    bodies = [commit_template(name) for name in names]
+    grads = [topics.grad(name).encode() for name in names]
+    go.wait()
+    sent, started, seq = 0, time.monotonic(), 1
+    while time.monotonic() - started < seconds:
+        if sent >= allowed.value:
+            time.sleep(0.001)
+            continue
+        seq += 1
+        for body, grad in zip(bodies, grads, strict=True):
+            publisher.publish(grad, patch(body, seq))
+            sent += 1
+    publisher.close()
+    results.put(sent)
+
+
+class _Deliveries:
+    """One ``mosquitto_sub`` (QoS 1) on ``topic``, printing a line per message: how many came, and when the
+    first and the last did."""
+
+    def __init__(self, host: str, port: int, topic: str) -> None:
+        tool = shutil.which("mosquitto_sub")
+        if tool is None:
+            raise RuntimeError("the broker rate needs mosquitto_sub (Debian's mosquitto-clients)")
+        self.sub = subprocess.Popen(
+            [tool, "-h", host, "-p", str(port), "-q", "1", "-t", topic, "-F", "."], stdout=subprocess.PIPE
+        )
+        assert self.sub.stdout is not None
+        self.fd = self.sub.stdout.fileno()
+        self.seen, self.first, self.last = 0, 0.0, 0.0
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Count what has arrived, waiting up to ``timeout`` for something; whether anything had."""
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return False
+        got = os.read(self.fd, 1 << 16).count(b"\n")
+        if got and not self.seen:
+            self.first = time.monotonic()
+        self.seen += got
+        self.last = time.monotonic()
+        return True
+
+    def rate(self, count: int) -> float:
+        """Messages a second once ``count`` came (RuntimeError if they stop coming)."""
+        while self.seen < count:
+            if not self.poll(10):
+                raise RuntimeError(f"mosquitto_sub received {self.seen} of {count}")
+        return (count - 1) / (self.last - self.first) if self.last > self.first else float("inf")
+
+    def close(self) -> None:
+        self.sub.terminate()
+        self.sub.wait(timeout=10)
+
+
+def _subscribed(host: str, port: int, topic: str) -> _Deliveries:
+    """A ``_Deliveries`` whose subscription is in place (a probe came through), its count at 0."""
+    deliveries = _Deliveries(host, port, topic)
+    probe = RawPublisher(host, port, "capacity-probe")
+    deadline = time.monotonic() + 30
+    while not deliveries.poll(0.1):
+        if time.monotonic() > deadline:
+            deliveries.close()
+            raise RuntimeError("mosquitto_sub received nothing")
+        probe.publish(topic.encode(), b"ready")
+    probe.close()
+    quiet = time.monotonic() + 0.5
+    while time.monotonic() < quiet:  # the other probes, out of the way
+        deliveries.poll(0.1)
+    deliveries.seen = 0
+    return deliveries
+
+
+def broker_rate(host: str, port: int, payload: bytes, count: int) -> float:
+    """Messages a second from one ``RawPublisher`` to one ``mosquitto_sub`` at QoS 1, ``payload``
+    each: ``count`` over the time from the first delivery to the last."""
+    deliveries = _subscribed(host, port, "capacity/raw")
+    try:
+        publisher = RawPublisher(host, port, "capacity-raw")
+        for _ in range(count):
+            publisher.publish(b"capacity/raw", payload)
+            while deliveries.poll():
+                pass
+        publisher.close()
+        return deliveries.rate(count)
+    finally:
+        deliveries.close()
+
+
+def mosquitto_pub_rate(host: str, port: int, payload: bytes, count: int, workdir: Path) -> float:
+    """The same with ``mosquitto_pub --repeat`` as the publisher (libmosquitto's pace, its 20 messages in
+    flight): the figure issue 18 started from."""
+    tool = shutil.which("mosquitto_pub")
+    if tool is None:
+        raise RuntimeError("the broker rate needs mosquitto_pub (Debian's mosquitto-clients)")
+    (workdir / "payload").write_bytes(payload)
+    deliveries = _subscribed(host, port, "capacity/pub")
+    try:
+        pub = subprocess.Popen([tool, "-h", host, "-p", str(port), "-q", "1", "-t", "capacity/pub", "-f",
+                                str(workdir / "payload"), "--repeat", str(count)])  # fmt: skip
+        rate = deliveries.rate(count)
+        pub.wait(timeout=60)
+        return rate
+    finally:
+        deliveries.close()
+
+
+def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float, generators: int,
+               checkpoint: bool, say: Any, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """A real ``edgeps ps`` (asp) under commits sent flat out for ``seconds``: its sustained apply rate.
+    ``profile``: run the server under cProfile, writing its statistics there."""
+    from broker.client import BrokerAddress, MqttTransport
+    from schemas.messages import Command, DeviceStatus, Metrics
+    from schemas.topics import Publish, Topics
+
+    job = "capacity-ckpt" if checkpoint else "capacity"
+    topics, address = Topics(job), BrokerAddress(host, port)
+    workdir.mkdir(parents=True, exist_ok=True)
+    profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    command = [sys.executable, *profiler, "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}", "--job", job,
+               "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1", "--metrics-interval", "0.5"]  # fmt: skip
+    if checkpoint:
+        command += ["--checkpoint", str(workdir / "state.ckpt")]
+    with open(workdir / "ps.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
+    watcher = MqttTransport(address, f"capacity-watcher-{job}", [topics.metrics], persistent=False)
+    names = [f"cap-{i:04d}" for i in range(devices)]
+    try:
+        watcher.wait_connected(10)
+        samples: list[tuple[float, int, int]] = []  # (server's elapsed_s, applied, commits) from its metrics
+
+        def read_metrics(timeout: float) -> Metrics | None:
+            latest = None
+            while (message := watcher.receive(timeout=timeout)) is not None:
+                latest = Metrics.from_bytes(message.payload)
+                samples.append((latest.elapsed_s, latest.applied, latest.commits))
+                timeout = 0.0
+            return latest
+
+        deadline = time.monotonic() + 60
+        while not samples and time.monotonic() < deadline and server.poll() is None:
+            read_metrics(0.2)
+        if not samples:
+            raise RuntimeError(f"the server did not start: see {workdir / 'ps.log'}")
+        for name in names:  # each device online (its retained status), as a real one says on connecting
+            online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
+            watcher.publish(Publish(topics.status(name), online, qos=1, retain=True))
+        online_by = time.monotonic() + 60
+        while (m := read_metrics(0.2)) is None or m.devices_online < devices:
+            if time.monotonic() > online_by:
+                raise RuntimeError(f"only {m.devices_online if m else 0} of {devices} devices came online")
+        context = multiprocessing.get_context("spawn")
+        go, results = context.Event(), context.Queue()
+        allowed = context.Value("q", BACKLOG // generators, lock=False)  # per generator
+        workers = [
+            context.Process(
+                target=_generator,
+                args=(names[k::generators], host, port, job, seconds, go, allowed, results),
+                daemon=True,
+            )
+            for k in range(generators)
+        ]
+        for worker in workers:
+            worker.start()
+        say(
+            f"  {devices} devices' commits for {seconds:g} s, {BACKLOG} ahead of the server"
+            + (", with --checkpoint" if checkpoint else "")
+        )
+        time.sleep(1.0)  # the generators connected and built their frames
+        read_metrics(0.0)
+        start_commits = samples[-1][2]
+        begun = samples[-1][0] + 0.5  # the server's clock (its elapsed_s) when the load starts, within a record
+        started = time.monotonic()
+        go.set()
+        rss = []
+        while time.monotonic() - started < seconds:
+            read_metrics(0.2)
+            allowed.value = (samples[-1][2] - start_commits + BACKLOG) // generators
+            rss.append(_rss_mib(server.pid) or 0.0)
+        sent = sum(results.get(timeout=60) for _ in workers)
+        late = time.monotonic() + 30  # the server's records of the load's seconds, delayed behind the backlog
+        while samples[-1][0] < begun + seconds and time.monotonic() < late:
+            read_metrics(0.5)
+        window = [s for s in samples if begun + seconds / 4 <= s[0] <= begun + seconds]
+        if len(window) < 2:
+            raise RuntimeError("too few metrics records from the server during the load")
+        (t0, a0, c0), (t1, a1, c1) = window[0], window[-1]
+        watcher.publish(Publish(topics.cmd, Command(cmd="stop", reason="capacity bench done").to_bytes(), qos=1))
+        for worker in workers:
+            worker.join(timeout=30)
+        return {
+            "sent": sent,
+            "offered_rate": round(sent / seconds, 1),
+            "apply_rate": round((a1 - a0) / (t1 - t0), 1),
+            "receive_rate": round((c1 - c0) / (t1 - t0), 1),
+            "server_rss_mib": [round(min(rss[len(rss) // 4 :]), 1), round(max(rss[len(rss) // 4 :]), 1)],
+        }
+    finally:
+        watcher.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=10)
+
+
+def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000, generators: int = 2,
+                   checkpoint: bool = False, say: Any = print) -> dict[str, Any]:  # fmt: skip
+    """The broker's raw rate and the server's apply rate for the same payload, in one run."""
+    from broker.launcher import start_broker
+
+    with tempfile.TemporaryDirectory(prefix="edgeps-capacity-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
+        payload = bytes(commit_template("cap-0000"))
+        say(f"broker: {count} QoS 1 publishes of the {len(payload):,}-byte commit payload to one mosquitto_sub ...")
+        raw = broker_rate(broker.host, broker.port, payload, count)
+        say(f"  {raw:,.0f} messages/s; the same from mosquitto_pub --repeat ...")
+        pub = mosquitto_pub_rate(broker.host, broker.port, payload, count // 4, Path(tmp))
+        say(f"  {pub:,.0f} messages/s")
+        say("server: edgeps ps --pace asp under the same payloads as commits ...")
+        plain = apply_rate(broker.host, broker.port, Path(tmp) / "ps", devices, seconds, generators, False, say)
+        say(f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s)")
+        report: dict[str, Any] = {
+            "payload_bytes": len(payload),
+            "broker_rate": round(raw, 1),
+            "broker_rate_mosquitto_pub": round(pub, 1),
+            "apply_rate": plain["apply_rate"],
+            "ratio": round(plain["apply_rate"] / raw, 3),
+            "ratio_mosquitto_pub": round(plain["apply_rate"] / pub, 3),
+            "server": plain,
+        }
+        if checkpoint:
+            saved = apply_rate(broker.host, broker.port, Path(tmp) / "ps-ckpt", devices, seconds, generators, True, say)
+            say(f"  {saved['apply_rate']:,.0f} commits applied/s with --checkpoint")
+            report.update(
+                apply_rate_checkpoint=saved["apply_rate"],
+                ratio_checkpoint=round(saved["apply_rate"] / raw, 3),
+                server_checkpoint=saved,
+            )
+    return report
+
+
+def format_capacity(report: dict[str, Any]) -> Table:
+    raw, pub = report["broker_rate"], report["broker_rate_mosquitto_pub"]
+    table = Table(["", "messages/s", "/ broker", "/ mosquitto_pub"],
+                  before=[f"{report['payload_bytes']:,}-byte commit payloads, QoS 1"])  # fmt: skip
+    table.add("broker: load generator -> mosquitto_sub", f"{raw:,.0f}", "1.00", f"{raw / pub:.2f}")
+    table.add("broker: mosquitto_pub --repeat -> mosquitto_sub", f"{pub:,.0f}", f"{pub / raw:.2f}", "1.00")
+    rows = [("server applies", report["server"], report["apply_rate"])]
+    if "apply_rate_checkpoint" in report:
+        rows.append(("server applies, --checkpoint", report["server_checkpoint"], report["apply_rate_checkpoint"]))
+    for name, server, rate in rows:
+        table.add(f"{name} (offered {server['offered_rate']:,.0f}/s)", f"{rate:,.0f}", f"{rate / raw:.3f}",
+                  f"{rate / pub:.2f}")  # fmt: skip
+    low, high = report["server"]["server_rss_mib"]
+    table.after.append(f"server RSS under the load: {low}..{high} MiB")
+    return table

@@ -1,0 +1,39 @@
+"""``edgeps bench load --capacity`` end to end: the broker's raw rate and the server's apply rate
+for the same commit payload, through a real Mosquitto and a real ``edgeps ps``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="needs Mosquitto's clients"),
+]
+
+
+def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
+    from edgeps.bench.capacity import bench_capacity
+
+    report = bench_capacity(devices=10, seconds=2.0, count=2000, generators=1, checkpoint=True, say=lambda *a: None)
+    assert report["payload_bytes"] > 19_000  # the demo model's fp32 commit
+    assert report["broker_rate"] > 0 and report["broker_rate_mosquitto_pub"] > 0
+    for rate, ratio, server in (("apply_rate", "ratio", "server"),
+                                ("apply_rate_checkpoint", "ratio_checkpoint", "server_checkpoint")):  # fmt: skip
+        assert 0 < report[rate] <= report[server]["offered_rate"] * 1.5  # the server applied the load's commits
+        assert report[ratio] == pytest.approx(report[rate] / report["broker_rate"], abs=1e-3)
+
+
+def test_the_cli_writes_the_json_keys_the_issue_names(tmp_path) -> None:
+    out = tmp_path / "cap.json"
+    command = [sys.executable, "-m", "edgeps.cli", "bench", "load", "--capacity", "--devices", "8", "--seconds", "2",
+               "--json", str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert {"broker_rate", "apply_rate", "ratio"} <= set(report)
+    assert "server applies" in done.stdout
