@@ -192,8 +192,11 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     load.add_argument("--seconds", type=float, help="how long to offer the load (default: 60, or 8 with --capacity)")
     load.add_argument("--rate", type=float, default=1.0, help="commits per second per device")
     load.add_argument("--flood", action="store_true", help="one device sends 250 commits/s (rate limiting)")
-    load.add_argument("--capacity", action="store_true",
-                      help="the broker's raw rate for the commit payload and the server's apply rate, and their ratio")
+    load.add_argument(
+        "--capacity",
+        action="store_true",
+        help="the broker's raw rate for the commit payload and the server's apply rate, and their ratio",
+    )
     load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
