@@ -93,8 +93,9 @@ def run_device(
             for message in core.step():
                 transport.publish(message)
             elapsed = clock() - started
-            if core.trained:  # a step at the cap of uncommitted work only commits
-                time.sleep(max(0.0, profile.step_time(elapsed) - elapsed))
+            pause = profile.step_time(elapsed) - elapsed if core.trained else 0.0  # a step at the cap only commits
+            if pause > 0:  # never sleep(0): on a busy machine it gives the CPU away for a whole time slice
+                time.sleep(pause)
             for message in core.timed_step(clock() - started) if core.trained else []:
                 transport.publish(message)
         now = clock()

@@ -129,6 +129,17 @@ def cmd_bench_embedded(args: argparse.Namespace) -> int:
     return 0 if report["qemu_ok"] else 1
 
 
+def cmd_bench_latency(args: argparse.Namespace) -> int:
+    from edgeps.bench.common import show
+    from edgeps.bench.latency import bench_latency, format_latency
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = bench_latency(args.rounds, args.devices, args.pace)
+    show(report, format_latency(report), args.json)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
@@ -221,6 +232,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     embedded.add_argument("--devices", type=int, default=8, help="device processes in each real job")
     embedded.add_argument("--json", help="write the report as JSON here")
     embedded.set_defaults(func=cmd_bench_embedded)
+
+    latency = bench.add_parser("latency", help="where each version's wall time goes: devices' share, server's share")
+    latency.add_argument("--rounds", type=int, default=100, help="versions the job makes")
+    latency.add_argument("--devices", type=int, default=8, help="device processes")
+    latency.add_argument("--pace", default="bsp", choices=["bsp", "acbsp", "ssp", "asp"], help="the job's pace")
+    latency.add_argument("--json", help="write the report as JSON here")
+    latency.set_defaults(func=cmd_bench_latency)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",

@@ -1,5 +1,6 @@
-"""``edgeps bench load --capacity`` end to end: the broker's raw rate and the server's apply rate
-for the same commit payload, through a real Mosquitto and a real ``edgeps ps``."""
+"""The performance benches end to end, through a real Mosquitto and a real ``edgeps ps``:
+``bench load --capacity`` (the broker's raw rate and the server's apply rate for the same commit
+payload) and ``bench latency`` (each version's time, split between devices and server)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,13 @@ def test_the_cli_writes_the_json_keys_the_issue_names(tmp_path) -> None:
     report = json.loads(out.read_text())
     assert {"broker_rate", "apply_rate", "ratio"} <= set(report)
     assert "server applies" in done.stdout
+
+
+def test_latency_splits_each_version_between_devices_and_server() -> None:
+    from edgeps.bench.latency import bench_latency
+
+    report = bench_latency(rounds=12, devices=2, say=lambda *a: None)
+    assert report["versions_measured"] >= 10  # every version but the last has both ends seen
+    for row in report["versions"]:  # by construction: parameters -> last commit -> parameters
+        assert row["round_s"] == pytest.approx(row["device_s"] + row["server_s"])
+    assert report["round_ms"] > 0 and report["server_ms"] > 0 and report["best"] > 0.5
