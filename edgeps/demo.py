@@ -122,8 +122,10 @@ def run_local_job(
     quiet: bool = True,
     c_device: Path | None = None,
     dashboard_broker: str | None = None,
+    device_address: BrokerAddress | None = None,
 ) -> JobResult:
-    """Run the parameter server and one process per device against ``address`` until the job ends."""
+    """Run the parameter server and one process per device against ``address`` until the job ends
+    (the devices against ``device_address`` where given: a relay to the same broker)."""
     logs.mkdir(parents=True, exist_ok=True)
     job = settings.server.job
     topics = Topics(job)
@@ -136,6 +138,8 @@ def run_local_job(
     try:
         watcher.wait_connected(10)
         common = ["--broker", f"{address.host}:{address.port}", "--job", settings.server.job]
+        devices_at = device_address or address
+        device_common = ["--broker", f"{devices_at.host}:{devices_at.port}", "--job", settings.server.job]
         server_report = logs / f"{settings.server.job}-metrics.json"
         server_args = [
             "ps", *common, *to_flags(settings.server, ("job", "min_devices"), PROCESS_DEFAULTS),
@@ -162,13 +166,13 @@ def run_local_job(
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
             if c_device is not None and i >= settings.devices - settings.embedded_devices:  # the C SDK's device
-                device = [*common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
+                device = [*device_common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
                           str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
                 devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device)
                 processes.append(devices[name])
                 continue
             device = [
-                "client", *common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
+                "client", *device_common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
                 "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
                 "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name), *task,
             ]  # fmt: skip
@@ -218,8 +222,11 @@ def run_local_job(
     return JobResult(history, statuses)
 
 
-def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Run the whole job; return the report (also written to OUT/report.json and OUT/curves.png)."""
+def run_demo(
+    settings: DemoSettings, json_path: str | None = None, quiet: bool = False, device_broker: str | None = None
+) -> dict[str, Any]:
+    """Run the whole job; return the report (also written to OUT/report.json and OUT/curves.png).
+    ``device_broker``: where the devices connect, if not where the server does (a relay)."""
     started = time.monotonic()
     out = settings.out
     logs = out / "logs"  # made once the settings are known to be good
@@ -280,8 +287,9 @@ def run_demo(settings: DemoSettings, json_path: str | None = None, quiet: bool =
             say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
                 f"&broker={dashboard_broker}")  # fmt: skip
     try:
+        devices_at = BrokerAddress.parse(device_broker) if device_broker else None
         result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device,
-                               dashboard_broker=dashboard_broker)  # fmt: skip
+                               dashboard_broker=dashboard_broker, device_address=devices_at)  # fmt: skip
     finally:
         if broker is not None:
             broker.stop()

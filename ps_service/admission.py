@@ -59,7 +59,7 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
         core.round.reach_quorum(now)  # the job's clock starts with its quorum
         core.events.info("start quorum of %d devices reached", core.config.min_devices)
         out += core.advance(now)
-    return [*out, core.barrier()]
+    return [*out, *core.barrier(now)]
 
 
 def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
@@ -102,7 +102,7 @@ def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retaine
     core.pace.add(update)
     if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
         core.events.info("device %s rejoins the barrier", device)
-    return core.advance(now) or [core.barrier()]
+    return core.advance(now) or core.barrier(now)
 
 
 def flooding(core: ServerCore, device: str, over: str, seq: int | None, now: float) -> list[Publish]:

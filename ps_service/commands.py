@@ -54,18 +54,18 @@ def reply_address(topics: Topics, payload: bytes) -> tuple[str | None, str | Non
     return reply_topic(topics, body.get("reply_to")), correlation[:128] if isinstance(correlation, str) else None
 
 
-def pause(core: ServerCore) -> list[Publish]:
+def pause(core: ServerCore, now: float) -> list[Publish]:
     """Stop making versions (commits are still accepted and buffered)."""
     if not core.finished:
         core.round.state = JobState.PAUSED
-    return [core.barrier()]
+    return core.barrier(now)
 
 
 def resume_aggregation(core: ServerCore, now: float) -> list[Publish]:
     """Make versions again after ``pause``."""
     if core.paused:
         core.round.state = JobState.RUNNING
-    return core.advance(now) or [core.barrier()]
+    return core.advance(now) or core.barrier(now)
 
 
 def set_codec(core: ServerCore, codec: str) -> list[Publish]:
@@ -84,7 +84,7 @@ def set_pace(core: ServerCore, spec: str, now: float) -> list[Publish]:
         pace.add(update)
     core.pace = pace
     controls = [core.control(device) for device in sorted(core.registry.active())]
-    return [*controls, *(core.advance(now) or [core.barrier()])]
+    return [*controls, *(core.advance(now) or core.barrier(now))]
 
 
 def evict(core: ServerCore, device: str, now: float) -> list[Publish]:
@@ -125,7 +125,7 @@ def execute(core: ServerCore, command: Command, now: float) -> tuple[list[Publis
     if cmd == "status":
         return [], ""
     if cmd == "pause":
-        return pause(core), "aggregation paused"
+        return pause(core, now), "aggregation paused"
     if cmd == "resume":
         return resume_aggregation(core, now), "aggregation resumed"
     if cmd == "set_codec" and command.codec is not None:

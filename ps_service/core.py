@@ -10,6 +10,7 @@ round (ps_service.round), the pace, aggregation and broadcast, the operator's co
 
 from __future__ import annotations
 
+import math
 import secrets
 import traceback
 from typing import Any
@@ -38,6 +39,9 @@ from schemas.messages import (
     RejectReason,
 )
 from schemas.topics import Publish, Topics
+
+#: How often at most the barrier goes out for changes no device acts on (ServerCore.barrier).
+BARRIER_DETAIL_S = 1.0
 
 
 def new_run() -> int:
@@ -91,6 +95,9 @@ class ServerCore:
         self.unbroadcast = 0  # versions applied since the last parameter broadcast
         self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
         self.last_broadcast: list[Publish] = []  # the newest version's parameter messages
+        self._barrier_sent: tuple[Any, ...] | None = None  # what the last barrier said that devices act on
+        self._barrier_at = -math.inf  # when the last barrier went out
+        self._barrier_due: float | None = None  # when a barrier with changes no device acts on goes out
 
     # ----------------------------------------------------------------- views
     @property
@@ -134,7 +141,7 @@ class ServerCore:
         artifact, the newest version's parameter messages, the barrier, the metrics), in case
         the crash came between the checkpoint and those messages leaving."""
         model = [Publish(self.topics.model, self.artifact or b"", qos=1, retain=True)]
-        return [*model, *self.last_broadcast, self.barrier(), reporting.metrics(self, now)]
+        return [*model, *self.last_broadcast, *self.barrier(now, force=True), reporting.metrics(self, now)]
 
     def to_state(self, now: float) -> dict[str, Any]:
         """What a checkpoint holds (ps_service.state)."""
@@ -191,23 +198,25 @@ class ServerCore:
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
-        none went out for ``metrics_interval_s`` (so that traffic shows between versions)."""
+        none went out for ``metrics_interval_s`` (so that traffic shows between versions), and a
+        barrier that waited (``barrier``)."""
         for device in self.registry.unmute_due(now):
             self.events.info("listening to device %s again", device)
         duration = self.config.duration_s
         if duration is not None and self.round.quorum and not self.finished and now - self.round.started >= duration:
             self.events.info("job %s reached its duration of %.1f s", self.config.job, duration)
             return self.finish(now)
+        out = self.barrier(now) if self._barrier_due is not None and now >= self._barrier_due else []
         interval = self.config.metrics_interval_s
         if interval is not None and not self.finished and now - self.report.metrics_at >= interval:
-            return [reporting.metrics(self, now), *drop_late(self, now)]
-        return drop_late(self, now)
+            return [*out, reporting.metrics(self, now), *drop_late(self, now)]
+        return [*out, *drop_late(self, now)]
 
     def next_deadline(self) -> float | None:
         """When ``on_tick`` next has something to do, on the core's clock (None: nothing timed in
         force): the open round's deadline, a mute that ends, metrics due on their interval, the
-        job's duration. A driver sleeps until then unless a message comes first."""
-        times = [self.registry.next_unmute(), round_due(self)]
+        job's duration, a barrier that waited. A driver sleeps until then unless a message comes first."""
+        times = [self.registry.next_unmute(), round_due(self), self._barrier_due]
         if not self.finished:
             interval, duration = self.config.metrics_interval_s, self.config.duration_s
             times.append(None if interval is None else self.report.metrics_at + interval)
@@ -222,7 +231,7 @@ class ServerCore:
         self.round.state = JobState.FINISHED
         if self.unbroadcast:  # the retained snapshot must be the final model
             return self.broadcast_version(now)
-        return [self.barrier(), reporting.metrics(self, now)]
+        return [*self.barrier(now), reporting.metrics(self, now)]
 
     # -------------------------------------------------------------- internals
     def reassign(self) -> list[Publish]:
@@ -239,7 +248,7 @@ class ServerCore:
         self.membership.forget(device)
         self.frequency.forget(device)
         self.events.info("device %s offline: it leaves the barrier", device)
-        return self.advance(now) or [self.barrier()]
+        return self.advance(now) or self.barrier(now)
 
     def advance(self, now: float) -> list[Publish]:
         """Make versions while the pace is ready (ps_service.versions)."""
@@ -277,9 +286,25 @@ class ServerCore:
         )
         return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
 
-    def barrier(self) -> Publish:
+    def barrier(self, now: float, force: bool = False) -> list[Publish]:
+        """The barrier (retained), when it has news: at once when it changes what a device does or may
+        act on (the run, the state, the pace, who left, and under ssp the slowest clock), else at most
+        every ``BARRIER_DETAIL_S`` (its version, who is waiting or committed: news for operators;
+        ``on_tick`` sends what waited). It always says how things stand now. Under load this makes a handful of barrier
+        messages a second instead of one per commit (docs/PROTOCOL.md §4)."""
+        message = self._barrier_message()
+        clock = message.slowest_clock if self.pace.name.startswith("ssp") else None
+        acted_on = (message.run, message.state, message.pace, tuple(message.left), clock)
+        if force or acted_on != self._barrier_sent or now >= self._barrier_at + BARRIER_DETAIL_S:
+            self._barrier_sent, self._barrier_at, self._barrier_due = acted_on, now, None
+            return [Publish(self.topics.barrier, message.to_bytes(), qos=1, retain=True)]
+        if self._barrier_due is None:
+            self._barrier_due = self._barrier_at + BARRIER_DETAIL_S
+        return []
+
+    def _barrier_message(self) -> Barrier:
         barrier_set = self.barrier_set()
-        barrier = Barrier(
+        return Barrier(
             run=self.run,
             round=self.store.version,
             version=self.store.version,
@@ -290,4 +315,3 @@ class ServerCore:
             left=sorted(self.membership.left),
             slowest_clock=self.registry.slowest_clock(barrier_set),
         )
-        return Publish(self.topics.barrier, barrier.to_bytes(), qos=1, retain=True)

@@ -86,7 +86,7 @@ def drop_late(core: ServerCore, now: float) -> list[Publish]:
         return []
     core.membership.missed(late)
     core.events.warning("round %d deadline passed: %s leave the barrier", core.store.version, ", ".join(late))
-    return core.advance(now) or [core.barrier()]
+    return core.advance(now) or core.barrier(now)
 
 
 def release_slow(core: ServerCore, now: float) -> list[Publish]:

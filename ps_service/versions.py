@@ -56,7 +56,7 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
         if last or core.unbroadcast >= core.pace.broadcast_every(len(core.barrier_set())):
             out += core.broadcast_version(now)
         else:
-            out.append(core.barrier())
+            out += core.barrier(now)
     return out
 
 
@@ -94,7 +94,7 @@ def broadcast(core: ServerCore, now: float) -> list[Publish]:
     changed = [] if core.finished else core.reassign()
     if core.pace.rounds and not core.finished:  # the new round waits only for those it should
         core.membership.release(core.frequency.released(sorted(core.registry.active())))
-    out = [*messages, *changed, core.barrier(), metrics]
+    out = [*messages, *changed, *core.barrier(now), metrics]
     if core.finished:
         core.events.info("job %s finished at version %d", core.config.job, core.store.version)
     return out

@@ -140,6 +140,17 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_wire(args: argparse.Namespace) -> int:
+    from edgeps.bench.common import show
+    from edgeps.bench.wire import bench_wire, format_wire
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = bench_wire(args.codec, args.pull_codec, args.rounds)
+    show(report, format_wire(report), args.json)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
@@ -239,6 +250,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     latency.add_argument("--pace", default="bsp", choices=["bsp", "acbsp", "ssp", "asp"], help="the job's pace")
     latency.add_argument("--json", help="write the report as JSON here")
     latency.set_defaults(func=cmd_bench_latency)
+
+    wire = bench.add_parser("wire", help="bytes on the devices' links by topic and direction (a counting relay)")
+    wire.add_argument("--codec", default="sign", help="the commits' codec")
+    wire.add_argument("--pull-codec", default="ternary", help="the parameters' codec")
+    wire.add_argument("--rounds", type=int, default=100, help="versions the job makes")
+    wire.add_argument("--json", help="write the report as JSON here")
+    wire.set_defaults(func=cmd_bench_wire)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",

@@ -16,8 +16,11 @@ def test_a_hostile_device_costs_the_job_its_data_and_little_time() -> None:
     assert {"retained", "outlier"} <= set(hostile["rejected"])  # the poison and the bombs were refused
     assert hostile["final_accuracy"] >= alone["final_accuracy"] - 0.02  # what the two honest devices reach alone
     assert hostile["final_accuracy"] >= clean["final_accuracy"] - 0.05
-    assert report["speed_ratio"] >= 0.4  # 1.0: 0.03 / 4.4; measured 0.57-0.68 over 100 rounds (docs/OPERATIONS.md)
+    # It costs the job a few round deadlines (1.0: 0.03 versions/s against 4.4), not a share of its speed: the
+    # clean job makes 60 versions in about 0.6 s, and the ratio of the two speeds says more about that than
+    # about the attack (docs/OPERATIONS.md).
+    assert hostile["elapsed_s"] <= clean["elapsed_s"] + 3 * 1.0
     # A flood of junk commits (1.0: 0.13 versions/s while the rate limit held): the server stops
     # listening to the flooder, and the broker drops what it sends meanwhile.
     assert flood["versions"] == 60 and flood["hostile_commits"] > 2 * sum(flood["rejected"].values())
-    assert report["flood_speed_ratios"][flood["run"]] >= 0.5
+    assert flood["elapsed_s"] <= alone["elapsed_s"] + 3.0

@@ -48,3 +48,14 @@ def test_latency_splits_each_version_between_devices_and_server() -> None:
     for row in report["versions"]:  # by construction: parameters -> last commit -> parameters
         assert row["round_s"] == pytest.approx(row["device_s"] + row["server_s"])
     assert report["round_ms"] > 0 and report["server_ms"] > 0 and report["best"] > 0.5
+
+
+def test_the_devices_links_carry_little_besides_frames() -> None:
+    """sign commits and ternary pulls through a counting relay: at most 1.25x the frame bytes (the
+    barrier went out after every commit and made it 1.37x)."""
+    from edgeps.bench.wire import bench_wire
+
+    report = bench_wire("sign", "ternary", rounds=15, say=lambda *a: None)
+    assert report["connections"] >= 8  # every device went through the relay
+    assert sum(row["bytes"] for row in report["by_kind"]) == report["link_bytes"]
+    assert report["frame_bytes"] > 0 and report["overhead"] <= 1.25

@@ -227,6 +227,9 @@ def test_next_deadline_names_when_the_core_has_something_timed_to_do() -> None:
     assert server.next_deadline() == 3.0  # no quorum yet: only the metrics interval
     hello(server, "a", now=1.0)
     hello(server, "b", now=1.0)  # quorum at 1.0: the round's deadline and the duration count from there
+    assert server.next_deadline() == 2.0  # b joining changed who the round waits for: the barrier says so by 2.0
+    [barrier] = server.on_tick(2.0)
+    assert barrier.topic == server.topics.barrier and Barrier.from_bytes(barrier.payload).waiting_for == ["a", "b"]
     assert server.next_deadline() == 3.0
     assert server.on_tick(2.9) == []
     server.on_tick(3.0)  # metrics go out, next due at 6.0; the round deadline is 1.0 + 5.0
@@ -466,3 +469,36 @@ def test_the_log_of_an_operator_command_shows_its_arguments() -> None:
     server.on_message(server.topics.cmd, Command(cmd="set_codec", codec="sign", reason="save bytes").to_bytes(), 1.0)
     logged = next(e.message for e in server.events.take())
     assert logged == "operator command: set_codec codec=sign (reason: save bytes)"
+
+
+def barriers(messages, server) -> list[Barrier]:
+    return [Barrier.from_bytes(m.payload) for m in messages if m.topic == server.topics.barrier]
+
+
+def test_the_barrier_goes_out_at_once_only_when_devices_act_on_the_change() -> None:
+    """bsp: a commit changes only who has committed (operators' news): one barrier a second at most, saying how
+    things stand when it goes; the end of the job (state) at once. ssp: a new slowest clock at once."""
+    server = small_server(pace="bsp", rounds=1000)
+    server.start(0.0)
+    for device in ("a", "b", "c"):
+        hello(server, device, now=0.0)
+    out = server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1), 2.0)  # a second after the last
+    assert [b.committed for b in barriers(out, server)] == [["a"]]
+    out = server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 2.1)
+    assert barriers(out, server) == [] and server.next_deadline() == 3.0
+    assert barriers(server.on_tick(2.99), server) == []
+    [late] = barriers(server.on_tick(3.0), server)
+    assert late.committed == ["a", "b"] and late.waiting_for == ["c"]  # the newest state, not b's moment
+    out = server.on_message(server.topics.cmd, Command(cmd="stop").to_bytes(), 3.1)
+    assert [b.state for b in barriers(out, server)] == ["finished"]
+
+    ssp = small_server(pace="ssp:2", rounds=1000)
+    ssp.start(0.0)
+    for device in ("a", "b"):
+        hello(ssp, device, now=0.0)
+    clocks = []
+    for seq, now in ((1, 0.1), (1, 0.2), (2, 0.3)):  # a then b: the slowest clock moves at b's first commit
+        device = "a" if now != 0.2 else "b"
+        out = ssp.on_message(ssp.topics.grad(device), commit_bytes(ssp, device, seq), now)
+        clocks += [b.slowest_clock for b in barriers(out, ssp)]
+    assert 1 in clocks  # went out at once, well inside the second

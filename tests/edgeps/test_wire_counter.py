@@ -1,0 +1,49 @@
+"""The counting relay's packet reader (edgeps/bench/wire.py): whole packets by topic kind, payload
+bytes of frame topics, MQTT 3.1.1 and 5, packets split anywhere across reads."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edgeps.bench.wire import PacketCounter
+
+
+def _length(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, byte = n >> 7, n & 0x7F
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def publish(topic: str, payload: bytes, mqtt5: bool) -> bytes:
+    name = topic.encode()
+    body = len(name).to_bytes(2, "big") + name + b"\x00\x07" + (b"\x03\x23\x00\x01" if mqtt5 else b"") + payload
+    return b"\x32" + _length(len(body)) + body  # QoS 1; MQTT 5: 3 bytes of properties (a topic alias)
+
+
+CONNECT5 = b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00"
+
+
+@given(cuts=st.lists(st.integers(0, 400), max_size=6), mqtt5=st.booleans())
+def test_packets_are_counted_whole_however_the_stream_is_cut(cuts, mqtt5) -> None:
+    totals: Counter = Counter()
+    frames: Counter = Counter()
+    protocol = [4]
+    stream = (CONNECT5 if mqtt5 else b"") + publish("edgeps/j/grad/d1", b"F" * 300, mqtt5)
+    stream += publish("edgeps/j/barrier", b"{}", mqtt5) + b"\x40\x02\x00\x07" + b"\xc0\x00"
+    counter = PacketCounter("up", totals, frames, threading.Lock(), protocol)
+    last = 0
+    for cut in sorted({c for c in cuts if c < len(stream)}):
+        counter.feed(stream[last:cut])
+        last = cut
+    counter.feed(stream[last:])
+    assert sum(totals.values()) == len(stream)
+    assert frames["up"] == 300  # the grad payload only, headers and properties left out
+    assert totals[("up", "barrier")] > 0 and totals[("up", "PUBACK")] == 4 and totals[("up", "PINGREQ")] == 2
+    assert protocol[0] == (5 if mqtt5 else 4)
