@@ -97,6 +97,7 @@ class ServerCore:
         self.last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._barrier_sent: tuple[Any, ...] | None = None  # what the last barrier said that devices act on
         self._barrier_at = -math.inf  # when the last barrier went out
+        self._barrier_bytes = b""  # and what it said
         self._barrier_due: float | None = None  # when a barrier with changes no device acts on goes out
 
     # ----------------------------------------------------------------- views
@@ -290,14 +291,18 @@ class ServerCore:
         """The barrier (retained), when it has news: at once when it changes what a device does or may
         act on (the run, the state, the pace, who left, and under ssp the slowest clock), else at most
         every ``BARRIER_DETAIL_S`` (its version, who is waiting or committed: news for operators;
-        ``on_tick`` sends what waited). It always says how things stand now. Under load this makes a handful of barrier
-        messages a second instead of one per commit (docs/PROTOCOL.md §4)."""
-        message = self._barrier_message()
-        clock = message.slowest_clock if self.pace.name.startswith("ssp") else None
-        acted_on = (message.run, message.state, message.pace, tuple(message.left), clock)
+        ``on_tick`` sends what waited). It always says how things stand now, and never the same twice.
+        Under load this makes a barrier message a second instead of one per commit (docs/PROTOCOL.md
+        §3), and the full message (lists of the fleet's devices) is built only when it goes out."""
+        clock = self.registry.slowest_clock(self.barrier_set()) if self.pace.name.startswith("ssp") else None
+        acted_on = (self.run, self.round.state, self.pace.name, frozenset(self.membership.left), clock)
         if force or acted_on != self._barrier_sent or now >= self._barrier_at + BARRIER_DETAIL_S:
-            self._barrier_sent, self._barrier_at, self._barrier_due = acted_on, now, None
-            return [Publish(self.topics.barrier, message.to_bytes(), qos=1, retain=True)]
+            payload = self._barrier_message().to_bytes()
+            self._barrier_due = None
+            if payload == self._barrier_bytes and not force:
+                return []
+            self._barrier_sent, self._barrier_at, self._barrier_bytes = acted_on, now, payload
+            return [Publish(self.topics.barrier, payload, qos=1, retain=True)]
         if self._barrier_due is None:
             self._barrier_due = self._barrier_at + BARRIER_DETAIL_S
         return []

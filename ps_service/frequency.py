@@ -241,7 +241,8 @@ class FrequencyController:
 
     def push_every(self, device: str) -> int:
         """The push_every ``device`` was told (the base value for one not told yet)."""
-        return self.assigned.get(device, self.base)
+        told = self.assigned.get(device)
+        return self.base if told is None else told  # the base only when needed: asked for every device often
 
     def tell(self, device: str) -> int:
         """The push_every to tell ``device`` in a control message, remembered as told."""

@@ -151,6 +151,19 @@ def cmd_bench_wire(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from edgeps.bench.common import show
+    from edgeps.bench.scale import bench_scale, format_scale
+
+    if not args.verbose:
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    fleets = tuple(int(n) for n in args.fleets.split(","))
+    report = bench_scale(fleets, rounds=args.rounds, out=Path(args.out))
+    show(report, format_scale(report), args.json)
+    print(f"plots: {Path(args.out) / 'scale-fleet.png'}, {Path(args.out) / 'scale-model.png'}")
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
@@ -257,6 +270,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     wire.add_argument("--rounds", type=int, default=100, help="versions the job makes")
     wire.add_argument("--json", help="write the report as JSON here")
     wire.set_defaults(func=cmd_bench_wire)
+
+    scale = bench.add_parser("scale", help="cost curves against the fleet and the model size (simulated), log-log")
+    scale.add_argument("--fleets", default="16,64,256,1024", help="fleet sizes to run, comma-separated")
+    scale.add_argument("--rounds", type=int, default=3, help="bsp versions in each job")
+    scale.add_argument("--out", default="edgeps-scale", help="folder for the plots")
+    scale.add_argument("--json", help="write the report as JSON here")
+    scale.set_defaults(func=cmd_bench_scale)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
     codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",

@@ -104,3 +104,16 @@ def test_bench_pace_over_seeds_reports_means_of_the_per_seed_runs(tmp_path, caps
 def test_cli_refuses_seeds_with_real_runs(caplog) -> None:
     assert main(["bench", "pace", "--seeds", "2", "--real"]) == 2
     assert "--seeds runs the default comparison in the simulator" in caplog.text
+
+
+def test_bench_scale_fits_exponents_and_draws_both_sweeps(tmp_path) -> None:
+    from edgeps.bench.scale import bench_scale, exponent
+
+    assert exponent([1, 10, 100], [3, 30, 300]) == 1.0 and exponent([1, 10], [5, 5]) == 0.0
+    report = bench_scale(fleets=(4, 16), models=((16,), (64,)), rounds=2, out=tmp_path, say=lambda *a, **k: None)
+    assert [r["devices"] for r in report["fleet"]] == [4, 16] and all(r["versions"] == 2 for r in report["fleet"])
+    # Each device sends a commit and receives the parameters every round: bytes grow with the fleet, about linearly.
+    assert 0.8 <= report["fleet_exponents"]["bytes_per_round"] <= 1.2
+    assert report["model"][1]["params"] > report["model"][0]["params"]
+    assert report["model_exponents"]["checkpoint_bytes"] > 0.5  # the checkpoint holds the model
+    assert (tmp_path / "scale-fleet.png").stat().st_size > 10_000 and (tmp_path / "scale-model.png").exists()
