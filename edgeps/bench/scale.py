@@ -142,12 +142,15 @@ def plot_scale(rows: list[dict[str, Any]], x_key: str, x_label: str, path: Path)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4))
+    columns = math.ceil(len(METRICS) / 2)
+    fig, grid = plt.subplots(2, columns, figsize=(4 * columns, 6.4))
     xs = [r[x_key] for r in rows]
-    for ax, (key, (label, unit)) in zip(axes, METRICS.items(), strict=True):
+    for ax, (key, (label, unit)) in zip(grid.flat, METRICS.items(), strict=False):
         ys = [r[key] for r in rows]
         slope = exponent(xs, ys)
         ax.loglog(xs, ys, "o-")
+        if max(ys) < 1.5 * min(ys):  # about flat: a decade around it, not a zoom into float noise
+            ax.set_ylim(min(ys) / 3, max(ys) * 3)
         ax.set_title(f"{label}\n(exponent {slope})", fontsize=9)
         ax.set_xlabel(x_label, fontsize=8)
         ax.set_ylabel(unit, fontsize=8)
