@@ -45,8 +45,8 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
         core.frequency.balancer.on_report(device, status.step_s)
     first, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
     if not first and not rebooted:  # already online: a speed report
-        if status.step_s is None:
-            return []
+        if status.step_s is None or not core.frequency.balancer.reacts_to_speed:
+            return []  # (recomputing every device's push_every for a report costs O(fleet))
         return core.reassign() + release_slow(core, now)
     if rebooted and not first:
         core.events.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,

@@ -47,6 +47,9 @@ class Balancer:
     else what its commits show; until either is known it is treated as a fast one."""
 
     mode = "off"
+    #: Whether a device's step rate can change what this balancer decides (push_every values, releases);
+    #: if not, a speed report changes nothing and the server does not go over the fleet for it.
+    reacts_to_speed = False
 
     def __init__(self) -> None:
         self.rates: dict[str, StepRate] = {}
@@ -105,6 +108,7 @@ class StepsBalancer(Balancer):
     control message every round."""
 
     mode = "steps"
+    reacts_to_speed = True
 
     def __init__(self, tolerance: float = 0.25) -> None:
         super().__init__()
@@ -132,6 +136,7 @@ class ReleaseBalancer(Balancer):
     stretched to the round's step count by the aggregation."""
 
     mode = "release"
+    reacts_to_speed = True
 
     def __init__(self, factor: float = 2.0) -> None:
         super().__init__()
