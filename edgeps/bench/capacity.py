@@ -56,7 +56,7 @@ class RawPublisher:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         cid = client_id.encode()
         body = b"\x00\x04MQTT\x04\x02\x00\x00" + struct.pack(">H", len(cid)) + cid  # clean session, no keepalive
-        self.sock.sendall(b"\x10" + _length(len(body)) + body)
+        self.sock.sendall(b"\x10" + mqtt_length(len(body)) + body)
         if self._read(4) != b"\x20\x02\x00\x00":
             raise ConnectionError(f"the broker refused {client_id}")
         self.mid, self.inflight = 0, 0
@@ -76,7 +76,7 @@ class RawPublisher:
             self._take_acks(block=True)
         self.mid = self.mid % 65535 + 1
         head = struct.pack(">H", len(topic)) + topic + struct.pack(">H", self.mid)
-        self.sock.sendall(b"\x32" + _length(len(head) + len(payload)) + head + payload)
+        self.sock.sendall(b"\x32" + mqtt_length(len(head) + len(payload)) + head + payload)
         self.inflight += 1
         self._take_acks(block=False)
 
@@ -98,8 +98,8 @@ class RawPublisher:
         self.sock.close()
 
 
-def _length(n: int) -> bytes:
-    """MQTT's variable-length integer."""
+def mqtt_length(n: int) -> bytes:
+    """MQTT's variable-length integer (a packet's remaining length)."""
     out = bytearray()
     while True:
         n, byte = n >> 7, n & 0x7F

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ps_service.paces import make_pace
 
@@ -89,11 +91,10 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
     if args.capacity:
         from edgeps.bench.capacity import bench_capacity, format_capacity
-        from edgeps.bench.common import show
 
         seconds = 8.0 if args.seconds is None else args.seconds
-        capacity = bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint)
-        show(capacity, format_capacity(capacity), args.json)
+        _shown(args, lambda: bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint),
+               format_capacity)  # fmt: skip
         return 0
     report = run_bench_load(args.devices, 60.0 if args.seconds is None else args.seconds, args.rate, args.flood,
                             args.json)  # fmt: skip
@@ -129,37 +130,35 @@ def cmd_bench_embedded(args: argparse.Namespace) -> int:
     return 0 if report["qemu_ok"] else 1
 
 
-def cmd_bench_latency(args: argparse.Namespace) -> int:
+def _shown(args: argparse.Namespace, run: Callable[[], dict], table: Callable[[dict], Any]) -> dict:
+    """A bench's run with edgeps' own logs at warnings (unless -v), then its table and, with --json, its report."""
     from edgeps.bench.common import show
-    from edgeps.bench.latency import bench_latency, format_latency
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
-    report = bench_latency(args.rounds, args.devices, args.pace)
-    show(report, format_latency(report), args.json)
+    report = run()
+    return show(report, table(report), args.json)
+
+
+def cmd_bench_latency(args: argparse.Namespace) -> int:
+    from edgeps.bench.latency import bench_latency, format_latency
+
+    _shown(args, lambda: bench_latency(args.rounds, args.devices, args.pace), format_latency)
     return 0
 
 
 def cmd_bench_wire(args: argparse.Namespace) -> int:
-    from edgeps.bench.common import show
     from edgeps.bench.wire import bench_wire, format_wire
 
-    if not args.verbose:
-        logging.getLogger("edgeps").setLevel(logging.WARNING)
-    report = bench_wire(args.codec, args.pull_codec, args.rounds)
-    show(report, format_wire(report), args.json)
+    _shown(args, lambda: bench_wire(args.codec, args.pull_codec, args.rounds), format_wire)
     return 0
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
-    from edgeps.bench.common import show
     from edgeps.bench.scale import bench_scale, format_scale
 
-    if not args.verbose:
-        logging.getLogger("edgeps").setLevel(logging.WARNING)
     fleets = tuple(int(n) for n in args.fleets.split(","))
-    report = bench_scale(fleets, rounds=args.rounds, out=Path(args.out))
-    show(report, format_scale(report), args.json)
+    _shown(args, lambda: bench_scale(fleets, rounds=args.rounds, out=Path(args.out)), format_scale)
     print(f"plots: {Path(args.out) / 'scale-fleet.png'}, {Path(args.out) / 'scale-model.png'}")
     return 0
 

@@ -9,22 +9,14 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edgeps.bench.capacity import mqtt_length
 from edgeps.bench.wire import PacketCounter
-
-
-def _length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, byte = n >> 7, n & 0x7F
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def publish(topic: str, payload: bytes, mqtt5: bool) -> bytes:
     name = topic.encode()
     body = len(name).to_bytes(2, "big") + name + b"\x00\x07" + (b"\x03\x23\x00\x01" if mqtt5 else b"") + payload
-    return b"\x32" + _length(len(body)) + body  # QoS 1; MQTT 5: 3 bytes of properties (a topic alias)
+    return b"\x32" + mqtt_length(len(body)) + body  # QoS 1; MQTT 5: 3 bytes of properties (a topic alias)
 
 
 CONNECT5 = b"\x10\x0d\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00"
