@@ -26,6 +26,7 @@ def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
     for rate, ratio, server in (("apply_rate", "ratio", "server"),
                                 ("apply_rate_checkpoint", "ratio_checkpoint", "server_checkpoint")):  # fmt: skip
         assert 0 < report[rate] <= report[server]["offered_rate"] * 1.5  # the server applied the load's commits
+        assert report[rate] >= 0.9 * report[server]["receive_rate"]  # valid commits, none refused (rate limits)
         assert report[ratio] == pytest.approx(report[rate] / report["broker_rate"], abs=1e-3)
 
 
