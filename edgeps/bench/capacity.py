@@ -247,8 +247,8 @@ def mosquitto_pub_rate(host: str, port: int, payload: bytes, count: int, workdir
 
 def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float, generators: int,
                checkpoint: bool, say: Any, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """A real ``edgeps ps`` (asp) under commits sent flat out for ``seconds``: its sustained apply rate.
-    ``profile``: run the server under cProfile, writing its statistics there."""
+    """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``BACKLOG`` ahead of it: its
+    sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there."""
     from broker.client import BrokerAddress, MqttTransport
     from schemas.messages import Command, DeviceStatus, Metrics
     from schemas.topics import Publish, Topics
@@ -257,9 +257,10 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
     topics, address = Topics(job), BrokerAddress(host, port)
     workdir.mkdir(parents=True, exist_ok=True)
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    # its ingest is measured, not its per-device rate limit (--max-commit-rate)
     command = [sys.executable, *profiler, "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}", "--job", job,
                "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1", "--metrics-interval", "0.5",
-               "--max-commit-rate", "1e6"]  # fmt: skip  # its ingest, not its per-device rate limit
+               "--max-commit-rate", "1e6"]  # fmt: skip
     if checkpoint:
         command += ["--checkpoint", str(workdir / "state.ckpt")]
     with open(workdir / "ps.log", "wb") as log:
@@ -346,8 +347,10 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
 
 
 def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000, generators: int = 2,
-                   checkpoint: bool = False, say: Any = print) -> dict[str, Any]:  # fmt: skip
-    """The broker's raw rate and the server's apply rate for the same payload, in one run."""
+                   checkpoint: bool = False, say: Any = print,
+                   profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """The broker's raw rate and the server's apply rate for the same payload, in one run; with ``profile``,
+    the server's cProfile statistics (of the run without a checkpoint) there."""
     from broker.launcher import start_broker
 
     with tempfile.TemporaryDirectory(prefix="edgeps-capacity-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
@@ -358,7 +361,8 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
         pub = mosquitto_pub_rate(broker.host, broker.port, payload, count // 4, Path(tmp))
         say(f"  {pub:,.0f} messages/s")
         say("server: edgeps ps --pace asp under the same payloads as commits ...")
-        plain = apply_rate(broker.host, broker.port, Path(tmp) / "ps", devices, seconds, generators, False, say)
+        plain = apply_rate(broker.host, broker.port, Path(tmp) / "ps", devices, seconds, generators, False, say,
+                           profile)  # fmt: skip
         say(f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s)")
         report: dict[str, Any] = {
             "payload_bytes": len(payload),

@@ -93,8 +93,11 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
         from edgeps.bench.capacity import bench_capacity, format_capacity
 
         seconds = 8.0 if args.seconds is None else args.seconds
-        _shown(args, lambda: bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint),
-               format_capacity)  # fmt: skip
+        profile = Path(args.profile).resolve() if args.profile else None
+        _shown(args, lambda: bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint,
+                                            profile=profile), format_capacity)  # fmt: skip
+        if profile:
+            print(f"the server's profile: {profile} (python -m pstats {profile})")
         return 0
     report = run_bench_load(args.devices, 60.0 if args.seconds is None else args.seconds, args.rate, args.flood,
                             args.json)  # fmt: skip
@@ -232,6 +235,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="the broker's raw rate for the commit payload and the server's apply rate, and their ratio",
     )
     load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
+    load.add_argument("--profile", help="with --capacity: run the server under cProfile, its statistics to this file")
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 
