@@ -120,8 +120,10 @@ def format_seeds_table(means: list[dict[str, Any]]) -> Table:
     return table
 
 
-def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) -> dict[str, Any]:
-    """Run each pace as a real job (server + device processes) over a Mosquitto it starts."""
+def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print, links: bool = False) -> dict[str, Any]:
+    """Run each pace as a real job (server + device processes) over a Mosquitto it starts. With
+    ``links``, the devices connect through a relay that gives each of them the scenario's link (its
+    bandwidth each way and latency, as the simulator models it) instead of loopback's."""
     from broker.client import BrokerAddress
     from broker.launcher import start_broker
     from edgeps.demo import DemoSettings, run_local_job
@@ -137,6 +139,14 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
     with start_broker(workdir=out / "broker") as broker:
         address = BrokerAddress(broker.host, broker.port)
         say(f"broker: {broker.kind} on {broker.host}:{broker.port}; slow devices: {sorted(slow)}")
+        devices_at = None
+        if links:
+            from edgeps.bench.wire import CountingRelay
+
+            relay = CountingRelay((broker.host, broker.port), (scenario.up_bps, scenario.down_bps, scenario.latency_s))
+            devices_at = BrokerAddress("127.0.0.1", relay.port)
+            say(f"devices' links: {scenario.up_bps / 1e6:g} Mbit/s up, {scenario.down_bps / 1e6:g} down, "
+                f"{1e3 * scenario.latency_s:g} ms (a shaping relay)")  # fmt: skip
         for n, pace in enumerate(paces, 1):
             say(f"[{n}/{len(paces)}] {pace}: {scenario.duration_s:.0f} s over MQTT ...", end="", flush=True)
             job_name = f"bench-{pace.replace(':', '-')}"
@@ -151,7 +161,7 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
                 step_time=scenario.step_s,
                 out=out,
             )
-            job = run_local_job(settings, address, shards, out / "logs")
+            job = run_local_job(settings, address, shards, out / "logs", device_address=devices_at)
             last = job.history[-1]
             result = RunResult(
                 pace=pace,
@@ -168,6 +178,8 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print) 
             runs.append(summary)
             curves[pace] = result.curve
             say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f}")
+        if links:
+            relay.close()
     return {"mode": "mosquitto", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
@@ -180,12 +192,13 @@ def run_bench_pace(
     out: Path | None = None,
     codecs: list[str] | None = None,
     seeds: int = 1,
+    links: bool = False,
 ) -> dict[str, Any]:
     """Run, print the table, write the PNG (and JSON); return the report. ``seeds`` > 1 (simulator
     only): every pace on that many seeds, the table of means and the mean curves."""
     if real:
         with tempfile.TemporaryDirectory(prefix="edgeps-bench-") as tmp:
-            report = bench_pace_real(scenario, paces, out or Path(tmp))
+            report = bench_pace_real(scenario, paces, out or Path(tmp), links=links)
     elif seeds > 1:
         report = bench_pace_seeds(scenario, paces, seeds)
     else:

@@ -14,9 +14,11 @@ protocol's overhead on the link.
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import tempfile
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -90,11 +92,53 @@ class PacketCounter:
                 self.frames[self.direction] += payload
 
 
-class CountingRelay:
-    """A TCP relay on loopback to ``broker``, counting the MQTT packets of every connection."""
+class Shaper:
+    """One direction of one link: what goes in leaves at most ``bps`` bits a second, each byte
+    ``latency`` seconds after its last bit was serialised (a link as the simulator models one). A
+    thread sends on the schedule; reading stops while more than ``MAX_QUEUED_S`` is queued."""
 
-    def __init__(self, broker: tuple[str, int]) -> None:
-        self.broker = broker
+    MAX_QUEUED_S = 2.0
+
+    def __init__(self, dst: socket.socket, bps: float, latency: float) -> None:
+        self.dst, self.bps, self.latency = dst, bps, latency
+        self.free = 0.0  # when the link has sent all that was queued
+        self.queue: queue.Queue[tuple[float, bytes | None]] = queue.Queue()
+        threading.Thread(target=self._send, daemon=True).start()
+
+    def put(self, data: bytes) -> float:
+        """Queue ``data``; return when it will be sent."""
+        now = time.monotonic()
+        if self.free - now > self.MAX_QUEUED_S:  # back-pressure: the sender's TCP window fills instead
+            time.sleep(self.free - now - self.MAX_QUEUED_S)
+        self.free = max(time.monotonic(), self.free) + len(data) * 8 / self.bps
+        self.queue.put((self.free + self.latency, data))
+        return self.free + self.latency
+
+    def end(self) -> None:
+        self.queue.put((0.0, None))
+
+    def _send(self) -> None:
+        while True:
+            due, data = self.queue.get()
+            if data is None:
+                with contextlib.suppress(OSError):
+                    self.dst.shutdown(socket.SHUT_RDWR)
+                return
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                self.dst.sendall(data)
+            except OSError:
+                return
+
+
+class CountingRelay:
+    """A TCP relay on loopback to ``broker``, counting the MQTT packets of every connection; with
+    ``link`` (up bits/s, down bits/s, latency s), each connection's two directions shaped to it."""
+
+    def __init__(self, broker: tuple[str, int], link: tuple[float, float, float] | None = None) -> None:
+        self.broker, self.link = broker, link
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.totals: Counter[tuple[str, str]] = Counter()
@@ -116,20 +160,30 @@ class CountingRelay:
             protocol = [4]
             for src, dst, direction in ((device, upstream, "up"), (upstream, device, "down")):
                 counter = PacketCounter(direction, self.totals, self.frames, self.lock, protocol)
-                threading.Thread(target=self._pump, args=(src, dst, counter), daemon=True).start()
+                shaper = None
+                if self.link is not None:
+                    up, down, latency = self.link
+                    shaper = Shaper(dst, up if direction == "up" else down, latency)
+                threading.Thread(target=self._pump, args=(src, dst, counter, shaper), daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, counter: PacketCounter) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, counter: PacketCounter, shaper: Shaper | None) -> None:
         try:
             while data := src.recv(1 << 16):
                 counter.feed(data)
-                dst.sendall(data)
+                if shaper is not None:
+                    shaper.put(data)
+                else:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            if shaper is not None:  # its thread closes the other side once what is queued has gone
+                shaper.end()
+            else:
+                for sock in (src, dst):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self.server.close()

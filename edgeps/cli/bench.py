@@ -47,7 +47,10 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if args.seeds > 1 and (args.real or args.codec):
         raise ValueError("--seeds runs the default comparison in the simulator; drop --real and --codec")
-    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec, seeds=args.seeds)
+    if args.links and not args.real:
+        raise ValueError("--links shapes the devices' links of a real run; add --real")
+    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec, seeds=args.seeds,
+                   links=args.links)  # fmt: skip
     return 0
 
 
@@ -206,6 +209,12 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pace.add_argument("--json", help="write the report as JSON here")
     pace.add_argument("--plot", default="bench-pace.png", help="PNG of accuracy against time")
     pace.add_argument("--out", help="real runs: keep data, logs and broker files here")
+    pace.add_argument(
+        "--links",
+        action="store_true",
+        help="real runs: give each device the scenario's link (2 Mbit/s "
+        "each way, 20 ms) through a shaping relay, as the simulator models it, instead of loopback's",
+    )
     pace.set_defaults(func=cmd_bench_pace)
 
     freq = bench.add_parser("freq", help="push_every policies fixed, adacomm and trend on the pace scenario (acbsp)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -39,3 +40,24 @@ def test_packets_are_counted_whole_however_the_stream_is_cut(cuts, mqtt5) -> Non
     assert frames["up"] == 300  # the grad payload only, headers and properties left out
     assert totals[("up", "barrier")] > 0 and totals[("up", "PUBACK")] == 4 and totals[("up", "PINGREQ")] == 2
     assert protocol[0] == (5 if mqtt5 else 4)
+
+
+def test_a_shaped_link_schedules_bytes_at_its_bandwidth_after_its_latency() -> None:
+    """What goes in leaves at most bps bits a second, latency seconds after it was serialised; the
+    sender thread keeps that schedule (here: into a socket pair, read back whole and in order)."""
+    import socket
+    import time
+
+    from edgeps.bench.wire import Shaper
+
+    near, far = socket.socketpair()
+    shaper = Shaper(near, bps=8e6, latency=0.05)  # 1 MB a second
+    started = time.monotonic()
+    dues = [shaper.put(b"a" * 100_000), shaper.put(b"b" * 100_000)]
+    assert dues[1] - dues[0] == pytest.approx(0.1, abs=0.01)  # the second waits for the first's 0.1 s
+    assert dues[0] - started == pytest.approx(0.15, abs=0.02)  # 0.1 s to serialise, then 0.05 s of latency
+    shaper.end()
+    got = b""
+    while chunk := far.recv(1 << 16):
+        got += chunk
+    assert got == b"a" * 100_000 + b"b" * 100_000
