@@ -116,6 +116,18 @@ def flat(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
 
 
+def non_finite(what: str) -> CodecError:
+    """The error of an encoder given NaN or Inf (int8, ternary, qsgd and topk refuse them)."""
+    return CodecError(f"{what} cannot encode non-finite values")
+
+
+def finite(payload: bytes | None, what: str) -> bytes:
+    """A compiled encoder's payload: it returns None where it met a non-finite value."""
+    if payload is None:
+        raise non_finite(what)
+    return payload
+
+
 def expect(payload: bytes | memoryview, size: int, what: str) -> None:
     """CodecError unless ``payload`` has ``size`` bytes."""
     if len(payload) != size:

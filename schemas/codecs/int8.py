@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.codecs import bits
-from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
+from schemas.codecs.base import Codec, count, expect, finite, flat, non_finite, register
 from schemas.codecs.bits import BUCKET, bucket_reduce, buckets, inverse, scale_buckets
 
 
@@ -20,13 +20,10 @@ class Int8(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = flat(values)
         if bits.kernels is not None:
-            payload: bytes | None = bits.kernels.int8_encode(x, BUCKET)
-            if payload is None:
-                raise CodecError("int8 cannot encode non-finite values")
-            return payload
+            return finite(bits.kernels.int8_encode(x, BUCKET), "int8")
         scales = bucket_reduce(x, "max") / np.float32(127)
         if not np.isfinite(scales).all():
-            raise CodecError("int8 cannot encode non-finite values")
+            raise non_finite("int8")
         scaled = scale_buckets(x, inverse(scales), out=np.empty_like(x))
         np.rint(scaled, out=scaled)
         return scales.astype("<f4").tobytes() + scaled.astype(np.int8).tobytes()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from schemas.codecs import bits
-from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
+from schemas.codecs.base import Codec, CodecError, count, expect, finite, flat, non_finite, register
 from schemas.codecs.bits import (
     BUCKET,
     bucket_reduce,
@@ -59,13 +59,10 @@ class Qsgd(Codec):
         x = flat(values)
         n, key = len(x), stream_key(rng or np.random.default_rng())
         if bits.kernels is not None:
-            payload: bytes | None = bits.kernels.qsgd_encode(x, *key, self.levels, self.bits, BUCKET)
-            if payload is None:
-                raise CodecError(f"{self.spec} cannot encode non-finite values")
-            return payload
+            return finite(bits.kernels.qsgd_encode(x, *key, self.levels, self.bits, BUCKET), self.spec)
         norms = bucket_reduce(x, "l2")
         if not np.isfinite(norms).all():
-            raise CodecError(f"{self.spec} cannot encode non-finite values")
+            raise non_finite(self.spec)
         scaled = scale_buckets(np.abs(x), inverse(norms, self.levels))
         scaled += uniforms(key, n)
         # min(): float rounding can put |x| * s / norm a hair above s

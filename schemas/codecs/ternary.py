@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from schemas.codecs import bits
-from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
+from schemas.codecs.base import Codec, CodecError, count, expect, finite, flat, non_finite, register
 from schemas.codecs.bits import (
     BUCKET,
     bit_plane,
@@ -31,15 +31,11 @@ class Ternary(Codec):
     def encode(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
         x = flat(values)
         n, key = len(x), stream_key(rng or np.random.default_rng())
-        payload: bytes | None = None
         if bits.kernels is not None:
-            payload = bits.kernels.ternary_encode(x, *key, BUCKET)
-            if payload is None:
-                raise CodecError("ternary cannot encode non-finite values")
-            return payload
+            return finite(bits.kernels.ternary_encode(x, *key, BUCKET), "ternary")
         scales = bucket_reduce(x, "max")
         if not np.isfinite(scales).all():
-            raise CodecError("ternary cannot encode non-finite values")
+            raise non_finite("ternary")
         kept = uniforms(key, n) < scale_buckets(np.abs(x), inverse(scales))
         negative = x < 0
         return (

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from schemas.codecs import bits
-from schemas.codecs.base import Codec, CodecError, count, expect, flat, register
+from schemas.codecs.base import Codec, CodecError, count, expect, finite, flat, non_finite, register
 
 
 @register
@@ -55,13 +55,10 @@ class TopK(Codec):
         n = len(x)
         k = self.keep(n)
         if k and bits.kernels is not None:  # the same bytes as below, with a radix select rather than a partition
-            payload: bytes | None = bits.kernels.topk_encode(x, k)
-            if payload is None:
-                raise CodecError("topk cannot encode non-finite values")
-            return payload
+            return finite(bits.kernels.topk_encode(x, k), "topk")
         key = x.view(np.uint32) & np.uint32(0x7FFFFFFF)  # |x| as bits: their order is the values' order
         if k and key.max() >= 0x7F800000:
-            raise CodecError("topk cannot encode non-finite values")
+            raise non_finite("topk")
         keep = np.zeros(n, bool)
         if k:  # the k largest keys, ties going to the lower index
             threshold = np.partition(key, n - k)[n - k]
