@@ -159,7 +159,8 @@ class DeviceRegistry:
         if new:
             record.incarnation, record.seq_base, record.first_seq = incarnation, record.highest_seq, record.highest_seq
         was_online, record.online, record.samples = record.online, True, samples
-        self._active = None
+        if not was_online:  # a speed report from a device online already changes nothing here
+            self._active = None
         return not was_online, new
 
     def set_offline(self, device: str, incarnation: int | None = None) -> bool:
