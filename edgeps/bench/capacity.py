@@ -25,20 +25,15 @@ import multiprocessing
 import os
 import select
 import shutil
-import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from edgeps.bench.load import ROOT, _rss_mib
+from edgeps.bench.load import BenchServer, _rss_mib, commit_template, patch
 from edgeps.tables import Table
 
 WINDOW = 64  # QoS 1 publishes in flight per generator connection
@@ -107,26 +102,6 @@ def mqtt_length(n: int) -> bytes:
         out.append(byte | (0x80 if n else 0))
         if not n:
             return bytes(out)
-
-
-def commit_template(device: str) -> bytearray:
-    """The load's commit for ``device``: a small random update of the demo's model (MLP 64-64-10,
-    fp32, about 19 KB), sequence number 1; ``patch`` sets another."""
-    from learning.model import init_mlp
-    from schemas.frame import Frame, FrameKind, encode_frame
-
-    rng = np.random.default_rng(0)
-    shapes = {n: v.shape for n, v in init_mlp([64, 64, 10], seed=0).items()}
-    update = {n: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for n, shape in shapes.items()}
-    frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=device, seq=1, samples=10, steps=1)
-    return bytearray(encode_frame(frame))
-
-
-def patch(body: bytearray, seq: int) -> bytearray:
-    """``body`` (a commit frame) with sequence number ``seq`` and its CRC recomputed, in place."""
-    struct.pack_into("<Q", body, 20, seq)
-    struct.pack_into("<I", body, len(body) - 4, zlib.crc32(memoryview(body)[:-4]))
-    return body
 
 
 def _generator(
@@ -249,41 +224,28 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
                checkpoint: bool, say: Any, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``BACKLOG`` ahead of it: its
     sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there."""
-    from broker.client import BrokerAddress, MqttTransport
-    from schemas.messages import Command, DeviceStatus, Metrics
-    from schemas.topics import Publish, Topics
+    from schemas.messages import DeviceStatus, Metrics
+    from schemas.topics import Publish
 
     job = "capacity-ckpt" if checkpoint else "capacity"
-    topics, address = Topics(job), BrokerAddress(host, port)
-    workdir.mkdir(parents=True, exist_ok=True)
-    profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
-    # its ingest is measured, not its per-device rate limit (--max-commit-rate)
-    command = [sys.executable, *profiler, "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}", "--job", job,
-               "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1", "--metrics-interval", "0.5",
-               "--max-commit-rate", "1e6"]  # fmt: skip
+    flags = ["--max-commit-rate", "1e6"]  # its ingest is measured, not its per-device rate limit
     if checkpoint:
-        command += ["--checkpoint", str(workdir / "state.ckpt")]
-    with open(workdir / "ps.log", "wb") as log:
-        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
-    watcher = MqttTransport(address, f"capacity-watcher-{job}", [topics.metrics], persistent=False)
+        flags += ["--checkpoint", str(workdir / "state.ckpt")]
+    profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
+    server = BenchServer(host, port, job, workdir, *flags, python=profiler)
+    topics, watcher = server.topics, server.watcher
     names = [f"cap-{i:04d}" for i in range(devices)]
     try:
-        watcher.wait_connected(10)
         samples: list[tuple[float, int, int]] = []  # (server's elapsed_s, applied, commits) from its metrics
 
-        def read_metrics(timeout: float) -> Metrics | None:
-            latest = None
-            while (message := watcher.receive(timeout=timeout)) is not None:
-                latest = Metrics.from_bytes(message.payload)
-                samples.append((latest.elapsed_s, latest.applied, latest.commits))
-                timeout = 0.0
-            return latest
+        def take(records: list[Metrics]) -> Metrics | None:
+            samples.extend((m.elapsed_s, m.applied, m.commits) for m in records)
+            return records[-1] if records else None
 
-        deadline = time.monotonic() + 60
-        while not samples and time.monotonic() < deadline and server.poll() is None:
-            read_metrics(0.2)
-        if not samples:
-            raise RuntimeError(f"the server did not start: see {workdir / 'ps.log'}")
+        def read_metrics(timeout: float) -> Metrics | None:
+            return take(server.records(timeout))
+
+        take(server.first_records())
         for name in names:  # each device online (its retained status), as a real one says on connecting
             online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
             watcher.publish(Publish(topics.status(name), online, qos=1, retain=True))
@@ -318,7 +280,7 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         while time.monotonic() - started < seconds:
             read_metrics(0.2)
             allowed.value = (samples[-1][2] - start_commits + BACKLOG) // generators
-            rss.append(_rss_mib(server.pid) or 0.0)
+            rss.append(_rss_mib(server.process.pid) or 0.0)
         sent = sum(results.get(timeout=60) for _ in workers)
         late = time.monotonic() + 30  # the server's records of the load's seconds, delayed behind the backlog
         while samples[-1][0] < begun + seconds and time.monotonic() < late:
@@ -327,7 +289,6 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         if len(window) < 2:
             raise RuntimeError("too few metrics records from the server during the load")
         (t0, a0, c0), (t1, a1, c1) = window[0], window[-1]
-        watcher.publish(Publish(topics.cmd, Command(cmd="stop", reason="capacity bench done").to_bytes(), qos=1))
         for worker in workers:
             worker.join(timeout=30)
         return {
@@ -338,12 +299,7 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
             "server_rss_mib": [round(min(rss[len(rss) // 4 :]), 1), round(max(rss[len(rss) // 4 :]), 1)],
         }
     finally:
-        watcher.close()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=10)
+        server.stop("capacity bench done")
 
 
 def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000, generators: int = 2,

@@ -35,6 +35,77 @@ def _rss_mib(pid: int) -> float | None:
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
+class BenchServer:
+    """A real ``edgeps ps`` (asp, endless, metrics every 0.5 s) for a load bench, its log in
+    ``workdir/ps.log``, and a client on its metrics topic; ``stop`` ends both."""
+
+    def __init__(self, host: str, port: int, job: str, workdir: Path, *flags: str, python: list[str] | None = None):
+        from broker.client import BrokerAddress, MqttTransport
+        from schemas.topics import Topics
+
+        self.topics, self.log = Topics(job), workdir / "ps.log"
+        workdir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, *(python or []), "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}",
+                   "--job", job, "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1",
+                   "--metrics-interval", "0.5", *flags]  # fmt: skip
+        with open(self.log, "wb") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
+        self.watcher = MqttTransport(BrokerAddress(host, port), f"{job}-watcher", [self.topics.metrics],
+                                     persistent=False)  # fmt: skip
+        self.watcher.wait_connected(10)
+
+    def records(self, timeout: float) -> list[Any]:
+        """The metrics records received (``schemas.messages.Metrics``), waiting up to ``timeout`` for the first."""
+        from schemas.messages import Metrics
+
+        out = []
+        while (message := self.watcher.receive(timeout=0.0 if out else timeout)) is not None:
+            out.append(Metrics.from_bytes(message.payload))
+        return out
+
+    def first_records(self, timeout: float = 60.0) -> list[Any]:
+        """Its first metrics records: it is connected and subscribed (RuntimeError, naming its log, if not)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if records := self.records(0.2):
+                return records
+        raise RuntimeError(f"the server did not start: see {self.log}")
+
+    def stop(self, reason: str) -> None:
+        """The stop command, then SIGTERM if it has not ended within 30 s."""
+        from schemas.messages import Command
+        from schemas.topics import Publish
+
+        try:
+            self.watcher.publish(Publish(self.topics.cmd, Command(cmd="stop", reason=reason).to_bytes(), qos=1))
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=10)
+        finally:
+            self.watcher.close()
+
+
+def commit_template(device: str) -> bytearray:
+    """The load's commit for ``device``: a small random update of the demo's model (MLP 64-64-10,
+    fp32, about 19 KB), sequence number 1; ``patch`` sets another."""
+    from learning.model import init_mlp
+    from schemas.frame import Frame, FrameKind, encode_frame
+
+    rng = np.random.default_rng(0)
+    shapes = {n: v.shape for n, v in init_mlp([64, 64, 10], seed=0).items()}
+    update = {n: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for n, shape in shapes.items()}
+    frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=device, seq=1, samples=10, steps=1)
+    return bytearray(encode_frame(frame))
+
+
+def patch(body: bytearray, seq: int) -> bytearray:
+    """``body`` (a commit frame) with sequence number ``seq`` and its CRC recomputed, in place."""
+    struct.pack_into("<Q", body, 20, seq)
+    struct.pack_into("<I", body, len(body) - 4, zlib.crc32(memoryview(body)[:-4]))
+    return body
+
+
 def _sender(
     names: list[str], host: str, port: int, job: str, rate: float, seconds: float, flood: bool, go, results
 ) -> None:
@@ -43,15 +114,10 @@ def _sender(
     the number sent on ``results``. Frames are encoded once: each commit patches its sequence
     number and CRC, so that the load is not bound by this process's encoding."""
     from broker.client import BrokerAddress, MqttTransport
-    from learning.model import init_mlp
-    from schemas.frame import Frame, FrameKind, encode_frame
     from schemas.messages import DeviceStatus
     from schemas.topics import Publish, Topics
 
     topics, address = Topics(job), BrokerAddress(host, port)
-    rng = np.random.default_rng(0)
-    shapes = {name: values.shape for name, values in init_mlp([64, 64, 10], seed=0).items()}
-    update = {name: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for name, shape in shapes.items()}
     clients, templates = [], []
     for name in names:
         online = DeviceStatus(device=name, state="online", incarnation=1, samples=10).to_bytes()
@@ -65,8 +131,7 @@ def _sender(
                 hello=Publish(topics.status(name), online, retain=True),
             )
         )
-        frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=name, seq=1, samples=10, steps=1)
-        templates.append(bytearray(encode_frame(frame)))
+        templates.append(commit_template(name))
     for client in clients:
         client.wait_connected(60)
     go.wait()
@@ -78,10 +143,7 @@ def _sender(
         k = i % len(names)
         for _ in range(250 if flood and k == 0 else 1):  # 250/s: over the default limit of 100/s
             seq[k] += 1
-            body = templates[k]
-            struct.pack_into("<Q", body, 20, seq[k])
-            struct.pack_into("<I", body, len(body) - 4, zlib.crc32(memoryview(body)[:-4]))
-            clients[k].publish(Publish(topics.grad(names[k]), bytes(body), qos=1))
+            clients[k].publish(Publish(topics.grad(names[k]), bytes(patch(templates[k], seq[k])), qos=1))
             sent += 1
         i += 1
         time.sleep(max(0.0, started + i * interval - time.monotonic()))
@@ -94,40 +156,29 @@ def bench_load(
     devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print, senders: int = 4
 ) -> dict[str, Any]:
     """Run the load; return the report."""
-    from broker.client import BrokerAddress, MqttTransport
+    from broker.client import BrokerAddress
     from broker.launcher import start_broker
-    from schemas.messages import Command, Metrics
-    from schemas.topics import Publish, Topics
 
     if not 1 <= devices <= MAX_DEVICES or not 0 < seconds <= MAX_SECONDS:
         raise ValueError(f"the load is bounded: 1..{MAX_DEVICES} devices, up to {MAX_SECONDS:.0f} s")
-    job, topics = "load", Topics("load")
+    job = "load"
     senders = max(1, min(senders, devices))
     with tempfile.TemporaryDirectory(prefix="edgeps-load-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         address = BrokerAddress(broker.host, broker.port)
         report_path = Path(tmp) / "metrics.json"
-        with open(Path(tmp) / "ps.log", "wb") as log:  # the child keeps its own descriptor
-            server = subprocess.Popen(
-                [sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{broker.host}:{broker.port}", "--job", job,
-                 "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1", "--metrics-interval", "0.5",
-                 "--report", str(report_path)],
-                stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
-            )  # fmt: skip
-        watcher = MqttTransport(address, "load-watcher", [topics.metrics], persistent=False)
-        watcher.wait_connected(10)
+        bench = BenchServer(broker.host, broker.port, job, Path(tmp), "--report", str(report_path))
+        server = bench.process
         latest: dict[str, Any] = {}
 
-        def read_metrics(timeout: float = 0.05) -> None:
-            while (message := watcher.receive(timeout=timeout)) is not None:
-                metrics = Metrics.from_bytes(message.payload)
+        def take(records: list[Any]) -> None:
+            for metrics in records:
                 if metrics.commits >= latest.get("commits", -1):
                     latest.update(metrics.model_dump())
 
-        deadline = time.monotonic() + 60
-        while not latest and time.monotonic() < deadline and server.poll() is None:
-            read_metrics(0.2)  # its first metrics: the server is connected and subscribed
-        if not latest:
-            raise RuntimeError(f"the server did not start: see {Path(tmp) / 'ps.log'}")
+        def read_metrics(timeout: float = 0.05) -> None:
+            take(bench.records(timeout))
+
+        take(bench.first_records())
         say(f"server pid {server.pid} is up; connecting {devices} device clients in {senders} processes ...")
         names = [f"load-{i:04d}" for i in range(devices)]
         context = multiprocessing.get_context("spawn")
@@ -163,15 +214,9 @@ def bench_load(
             rss.append((round(time.monotonic() - started, 2), _rss_mib(server.pid) or 0.0))
         drain_s = time.monotonic() - started - load_s
         peak = max(r for _, r in rss)
-        watcher.publish(Publish(topics.cmd, Command(cmd="stop", reason="load bench done").to_bytes(), qos=1))
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=10)
+        bench.stop("load bench done")
         for worker in workers:
             worker.join(timeout=30)
-        watcher.close()
         final = read_report(report_path)["metrics"][-1] if report_path.exists() else latest
     rejected = final.get("rejected", {})
     quarter = [r for t, r in rss if load_s / 4 <= t <= load_s]
