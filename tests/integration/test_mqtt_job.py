@@ -76,7 +76,10 @@ def test_bsp_job_over_mosquitto_trains_digits(mosquitto, tmp_path) -> None:
     server, devices = run_job(mosquitto, tmp_path, 4, job="it", rounds=25, lr=0.2)
     assert server.finished and server.store.version == 25
     assert max(m.accuracy for m in server.history) > 0.85
-    assert server.traffic.applied == 4 * 25 and dict(server.traffic.rejected) == {}
+    # bsp: every round took one commit of each device, nothing before the end was refused; a commit that
+    # crossed the last version on its way is refused as `finished` (docs/PROTOCOL.md, Notice reasons), as devices learn
+    # of the end from the barrier that follows the last parameters
+    assert server.traffic.applied == 4 * 25 and set(server.traffic.rejected) <= {"finished"}
     assert all(d.finished for d in devices)
 
 
@@ -245,7 +248,9 @@ def test_compressed_job_over_mosquitto_keeps_replicas_bit_identical(mosquitto, t
     config = {"job": "zip", "rounds": 20, "codec": "sign", "pull_codec": "ternary", "min_devices": 3}
     server, devices = run_job(mosquitto, tmp_path, 3, **config)
     assert server.finished and server.store.version == 20
-    assert dict(server.traffic.rejected) == {} and max(m.accuracy for m in server.history) > 0.8
+    # nothing refused but commits that crossed the last version (`finished`, as above): every round's applied
+    assert server.traffic.applied == 3 * 20 and set(server.traffic.rejected) <= {"finished"}
+    assert max(m.accuracy for m in server.history) > 0.8
     view = server.broadcaster.view
     for device in devices:  # whoever holds the last version holds exactly the server's broadcast view
         if device.server_version == server.broadcaster.view_version:
