@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ps_service import reporting
-from ps_service.aggregate import norms_hold
+from ps_service.aggregate import norm_kept, norms_hold
 from ps_service.robust import bounded_sizes
 from ps_service.round import JobState
 from ps_service.store import NonFinite
@@ -40,7 +40,9 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
             continue
         try:
             weights, version = sizes(core, updates), core.store.version
-            result = core.pace.aggregate(updates, version, weights, core.config.extrapolation, steady(core))
+            result = core.pace.aggregate(
+                updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec)
+            )
             core.store.apply(result.delta)
             core.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model

@@ -66,12 +66,20 @@ class Pace(ABC):
         return 1
 
     def aggregate(
-        self, updates: list[Update], version: int, sizes: dict[str, int], extrapolation: float | None, steady: bool
+        self,
+        updates: list[Update],
+        version: int,
+        sizes: dict[str, int],
+        extrapolation: float | None,
+        steady: bool,
+        kept: float = 1.0,
     ) -> Aggregate:
         """One version's change from ``updates`` (weighted by ``sizes``). ``extrapolation``: the
         job's cap on the server step, if it sets one; ``steady``: whether the local work per round
-        and the codecs' noise leave the norms that FedExP compares meaningful."""
-        return aggregate(updates, version, sizes, self.mixing, self.step_cap(version, extrapolation, steady))
+        and the codecs' noise leave the norms that FedExP compares meaningful; ``kept``: the share
+        of an update's squared norm its codec delivers (``norm_kept``)."""
+        cap = self.step_cap(version, extrapolation, steady)
+        return aggregate(updates, version, sizes, self.mixing, cap, kept)
 
     def step_cap(self, version: int, extrapolation: float | None, steady: bool) -> float:
         """How far the aggregate made at ``version`` may be extrapolated (1: plain averaging)."""

@@ -15,7 +15,7 @@ are meant to be used with error feedback (``ErrorFeedback``).
 from schemas.codecs import floats, int8, qsgd, sign, ternary, topk  # noqa: F401  (each registers its codecs)
 from schemas.codecs.base import Codec, CodecError, UnknownCodecId, codec_from_header, known, make_codec, register
 from schemas.codecs.bits import BUCKET, compiled, pack_bits, packed_size, unpack_bits
-from schemas.codecs.error import relative_error, typical_error
+from schemas.codecs.error import relative_error, typical_energy, typical_error
 from schemas.codecs.feedback import ErrorFeedback
 from schemas.codecs.floats import Fp16, Fp32
 from schemas.codecs.int8 import Int8
@@ -48,6 +48,7 @@ __all__ = [
     "packed_size",
     "register",
     "relative_error",
+    "typical_energy",
     "typical_error",
     "unpack_bits",
 ]

@@ -121,6 +121,27 @@ def test_extrapolation_is_fedexp_step_when_devices_disagree() -> None:
     np.testing.assert_allclose(aggregate(updates, 0, {"a": 10, "b": 10}).delta["w"], [1.0, 1.0])  # off by default
 
 
+def test_a_biased_codecs_step_is_read_through_the_norm_it_keeps() -> None:
+    # The example above with norms that a codec keeping 0.6 of the squared norm delivered: FedExP's
+    # step 4.5 / 0.6 = 7.5, halfway 4.25, capped at 3; devices that agree stay at 1 whatever kept is.
+    contributions, share = {"a": vec(5, 1), "b": vec(-3, 1)}, {"a": 0.5, "b": 0.5}
+    assert extrapolation(contributions, share, vec(1, 1), kept=0.6) == pytest.approx(7.5)
+    assert extrapolation({"a": vec(1, 2), "b": vec(1, 2)}, share, vec(1, 2), kept=0.6) == 1.0  # 0.5 / 0.6 < 1
+    updates = [Update("a", 1, 0, 10, 1, vec(5, 1)), Update("b", 1, 0, 10, 1, vec(-3, 1))]
+    assert aggregate(updates, 0, {"a": 10, "b": 10}, max_extrapolation=5.0, kept=0.6).step == pytest.approx(4.25)
+
+
+def test_norm_kept_is_a_biased_codecs_energy_and_one_otherwise() -> None:
+    from ps_service.aggregate import norm_kept
+    from schemas.codecs import typical_energy
+
+    assert norm_kept("sign") == pytest.approx(2 / np.pi, abs=0.02)  # mean |x| of normal values: sqrt(2/pi)
+    assert 0.05 < norm_kept("topk:0.01") < 0.12  # the top 1% of normal values hold about 8% of the energy
+    assert norm_kept("fp32") == 1.0 and norm_kept("ternary") == 1.0 and norm_kept("qsgd:16") == 1.0
+    assert norm_kept("fp16") == pytest.approx(1.0, abs=1e-4) and norm_kept("int8") == pytest.approx(1.0, abs=1e-2)
+    assert typical_energy("ternary") > 2  # an unbiased codec's noise adds to the norm
+
+
 def test_extrapolation_of_a_zero_mean_is_one() -> None:
     assert extrapolation({"a": vec(1, 1), "b": vec(-1, -1)}, {"a": 0.5, "b": 0.5}, vec(0, 0)) == 1.0
 
