@@ -95,9 +95,27 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Environment variables by which a user sets the BLAS threads themselves (one_blas_thread leaves them be).
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_blas_thread() -> None:
+    """One BLAS thread per edgeps process, unless the environment sets a count. A job's matrices are
+    small (a batch of 32, a held-out set of hundreds) and its processes (server, broker, devices)
+    share the cores: OpenBLAS's threads then spin for work, and the server's evaluation took 7x the
+    CPU (0.5 ms against 0.07 ms a version) and its share of a version 7 ms against 4
+    (docs/PERFORMANCE.md)."""
+    if any(name in os.environ for name in BLAS_THREAD_VARIABLES):
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
+
+
 def main(argv: list[str] | None = None) -> int:
     from edgeps.settings import apply
 
+    one_blas_thread()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
