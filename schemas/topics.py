@@ -90,6 +90,11 @@ class Topics:
         ``+`` gives the wildcard for ACLs."""
         return f"{self.prefix}/reply/{client if client == '+' else check_name(client, 'reply client')}"
 
+    def site(self, site: str) -> str:
+        """site broker -> operators, retained: its bridge to the core is up (``1``) or not (``0``);
+        ``+`` gives the wildcard for ACLs."""
+        return f"{self.prefix}/site/{site if site == '+' else check_name(site, 'site name')}"
+
     @property
     def model(self) -> str:
         """PS -> devices, retained: the model artifact (the devices' TFLite trainer)."""

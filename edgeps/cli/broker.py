@@ -33,19 +33,24 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
     from broker.secure import init_secure_broker
+    from broker.sites import bridge_account
 
-    if not args.directory or not args.devices:
-        raise ValueError("edgeps broker init DIR --devices dev-00,dev-01,... [--job J] [--operators op]")
+    sites = parse_sites(args.site or [])
+    if not args.directory or not (args.devices or sites):
+        raise ValueError("edgeps broker init DIR --devices dev-00,dev-01,... [--site S=dev-02,dev-03] [--job J] "
+                         "[--operators op]")  # fmt: skip
     setup = init_secure_broker(
         Path(args.directory),
         job=args.job,
-        devices=args.devices.split(","),
+        devices=args.devices.split(",") if args.devices else [],
         operators=args.operators.split(","),
         server=args.server,
         port=args.port if args.port != 1883 else 8883,
         host=args.host if args.host != "127.0.0.1" else "0.0.0.0",
         hostnames=tuple(args.hostnames.split(",")),
         client_certs=args.client_certs,
+        sites=sites,
+        core_address=args.core_address,
     )
     d, creds = setup.directory, setup.credentials_dir
     print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
@@ -56,9 +61,23 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
     password = creds / f"{setup.server}.password"
     print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file {password} "
           f"--tls-ca {setup.ca_cert} --devices {','.join(setup.devices)} ...")  # fmt: skip
+    for site, members in setup.sites.items():
+        print(f"site {site} ({', '.join(members)}): mosquitto -c {setup.site_config(site)}   (its devices connect "
+              f"there; it bridges to the core as {bridge_account(site)})")  # fmt: skip
     print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
           f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0
+
+
+def parse_sites(values: list[str]) -> dict[str, list[str]]:
+    """``--site NAME=DEV,DEV`` values as {site: devices}; ValueError, naming the value, otherwise."""
+    sites: dict[str, list[str]] = {}
+    for value in values:
+        name, _, devices = value.partition("=")
+        if not name or not devices or name in sites:
+            raise ValueError(f"--site {value!r}: give each site once, as NAME=DEV,DEV,...")
+        sites[name] = devices.split(",")
+    return sites
 
 
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,4 +99,8 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker.add_argument("--server", default="ps", help="init: the parameter server's account")
     broker.add_argument("--hostnames", default="localhost,127.0.0.1", help="init: names in the broker's certificate")
     broker.add_argument("--client-certs", action="store_true", help="init: issue and require client certificates")
+    broker.add_argument("--site", action="append", metavar="NAME=DEV,DEV", help="init: a site broker for these "
+                        "devices, bridged to this one (repeatable; docs/SCALING.md)")  # fmt: skip
+    broker.add_argument("--core-address", metavar="HOST:PORT", help="init: where site brokers reach this one "
+                        "(default: the first of --hostnames, and the port)")  # fmt: skip
     broker.set_defaults(func=cmd_broker)

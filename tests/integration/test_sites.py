@@ -1,0 +1,160 @@
+"""Sites: two site brokers bridged to a core broker (three Mosquitto processes, TLS, accounts and
+ACLs from ``edgeps broker init --site``), devices on each site, the server on the core."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker.client import BrokerAddress, MqttTransport
+from broker.launcher import BrokerProcess, free_port, start_broker
+from broker.secure import SecureSetup, init_secure_broker
+from broker.sites import bridge_account, core_acl
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from learning.data import Dataset, load_digits
+from learning.model import init_mlp
+from learning.prepare import prepare_shards
+from ps_service.config import ServerConfig
+from ps_service.core import ServerCore
+from ps_service.evaluator import Evaluator
+from ps_service.mqtt import connect_server, serve
+from schemas.topics import Publish, Topics
+from tests.helpers import next_message, wait_until
+
+pytestmark = pytest.mark.integration
+
+JOB = "sites"
+SITES = {"a": ["dev-0", "dev-1"], "b": ["dev-2", "dev-3"]}
+DEVICES = [d for members in SITES.values() for d in members]
+ROUNDS = 15
+
+
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory):
+    """The setup, the core broker and one broker per site, bridged; torn down after the module."""
+    root = tmp_path_factory.mktemp("sites")
+    core_port = free_port()
+    setup = init_secure_broker(root / "setup", JOB, devices=[], operators=["op"], sites=SITES,
+                               core_address=f"127.0.0.1:{core_port}")  # fmt: skip
+    brokers = [start_broker(port=core_port, workdir=root / "core", embedded=False, template=setup.config)]
+    try:
+        for site in SITES:
+            brokers.append(start_broker(workdir=root / site, embedded=False, template=setup.site_config(site)))
+        core, *sites = brokers
+        watcher = account(setup, core, "op", [Topics(JOB).site("+")])
+        try:  # each bridge announces itself on the core (retained) once it is up
+            up = {}
+            while len(up) < len(SITES):
+                message = next_message(watcher, timeout=15)
+                up[message.topic] = message.payload
+            assert up == {Topics(JOB).site(site): b"1" for site in SITES}
+        finally:
+            watcher.close()
+        yield setup, core, dict(zip(SITES, sites, strict=True))
+    finally:
+        for broker in brokers:
+            broker.stop()
+
+
+def address(setup: SecureSetup, broker: BrokerProcess, name: str) -> BrokerAddress:
+    return BrokerAddress(broker.host, broker.port, name, setup.passwords[name], tls_ca=str(setup.ca_cert))
+
+
+def account(setup: SecureSetup, broker: BrokerProcess, name: str, subscriptions: list[str]) -> MqttTransport:
+    transport = MqttTransport(address(setup, broker, name), f"test-{name}", subscriptions, persistent=False)
+    transport.wait_connected(5)
+    return transport
+
+
+def run_job(tmp: Path, server_address: BrokerAddress, device_addresses: dict[str, BrokerAddress]) -> ServerCore:
+    """A bsp job of the four devices (seeded: the same shards, model and batches every time)."""
+    shards = prepare_shards(load_digits(), tmp / "data", devices=len(DEVICES), alpha=0.5, seed=0)
+    holdout = Dataset.load(shards.holdout)
+    config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES))
+    core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
+    transport = connect_server(core, server_address)
+    server = threading.Thread(target=serve, args=(core, transport), daemon=True)
+    server.start()
+    runners = []
+    for i, (name, shard) in enumerate(zip(DEVICES, shards.devices, strict=True)):
+        device = DeviceCore(JOB, name, Dataset.load(shard), NumpyTrainer(), seed=i)
+        runner = threading.Thread(target=run_device, args=(device, connect_device(device, device_addresses[name])))
+        runner.start()
+        runners.append(runner)
+    try:
+        wait_until(lambda: core.finished, timeout=90, what="the job")
+    finally:
+        server.join(timeout=10)
+        for runner in runners:
+            runner.join(timeout=10)
+        transport.close()
+    return core
+
+
+def best(core: ServerCore) -> float:
+    return max(m.accuracy for m in core.history if m.accuracy is not None)
+
+
+def test_a_job_over_two_bridged_sites_trains_as_on_one_broker(topology, tmp_path) -> None:
+    setup, core_broker, sites = topology
+    site_of = {device: site for site, members in SITES.items() for device in members}
+    bridged = run_job(
+        tmp_path / "bridged",
+        address(setup, core_broker, "ps"),
+        {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+    )
+    assert bridged.store.version == ROUNDS and bridged.traffic.applied == ROUNDS * len(DEVICES)
+    assert not bridged.traffic.rejected
+    local = start_broker(workdir=tmp_path / "one", embedded=False)  # the same job on one broker
+    try:
+        plain = BrokerAddress(local.host, local.port)
+        direct = run_job(tmp_path / "direct", plain, dict.fromkeys(DEVICES, plain))
+    finally:
+        local.stop()
+    assert direct.store.version == ROUNDS
+    assert abs(best(bridged) - best(direct)) <= 0.01, (best(bridged), best(direct))
+
+
+def test_only_a_sites_own_traffic_crosses_its_bridge(topology) -> None:
+    setup, core_broker, sites = topology
+    t = Topics(JOB)
+    spy = account(setup, core_broker, "op", [t.status("+")])
+    device = account(setup, sites["a"], "dev-0", [])
+    try:
+        device.publish(Publish(t.status("dev-2"), b"forged", qos=1))  # b's device: site a's ACL drops it
+        device.publish(Publish(t.status("dev-0"), b"mine", qos=1))
+        wait_until(lambda: drained(spy).get(t.status("dev-0")) == b"mine", timeout=10, what="dev-0's status")
+        assert drained(spy).get(t.status("dev-2")) != b"forged"
+    finally:
+        device.close()
+        spy.close()
+    # A site's device has no account on the core, nor on another site.
+    for broker in (core_broker, sites["b"]):
+        refused = MqttTransport(address(setup, broker, "dev-0"), "dev-0", [], persistent=False)
+        with pytest.raises(ConnectionError):
+            refused.wait_connected(3)
+
+
+SEEN: dict[str, bytes] = {}
+
+
+def drained(transport: MqttTransport) -> dict[str, bytes]:
+    """What ``transport`` received so far, by topic (newest payload)."""
+    while (message := transport.receive(timeout=0.05)) is not None:
+        SEEN[message.topic] = message.payload
+        transport.ack(message)
+    return SEEN
+
+
+def test_the_core_acl_names_each_sites_devices_for_its_bridge() -> None:
+    acl = core_acl(JOB, "a", SITES["a"])
+    t = Topics(JOB)
+    assert f"user {bridge_account('a')}" in acl
+    assert f"topic write {t.grad('dev-0')}" in acl and f"topic write {t.status('dev-1')}" in acl
+    assert "dev-2" not in acl and "+" not in acl  # no wildcard: nothing of another site
+    assert f"topic read {t.ctrl('dev-0')}" in acl and f"topic read {t.params}" in acl
+    assert t.cmd not in acl and t.metrics not in acl
