@@ -62,18 +62,7 @@ def aggregate(
     eta is 1 unless ``max_extrapolation`` > 1: then halfway (``DAMPING``) from 1 to FedExP's
     step (``extrapolation``, divided by ``kept``: ``norm_kept``), at most ``max_extrapolation``.
     """
-    if not updates:
-        raise ValueError("nothing to aggregate")
-    summed: dict[str, Params] = {}
-    steps: dict[str, int] = defaultdict(int)
-    for u in updates:
-        weight = np.float32(staleness_weight(version - u.base_version))
-        into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
-        for name, values in u.delta.items():
-            into[name] += weight * values
-        steps[u.device] += u.steps
-    # A device whose data size is unknown counts as holding the samples it trained on.
-    data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
+    summed, steps, data = _per_device(updates, version, sizes)
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
     tau_eff = float(statistics.median(steps[d] for d in summed))  # a few numbers: no numpy call per commit
@@ -92,6 +81,65 @@ def aggregate(
     return Aggregate({name: np.float32(eta) * values for name, values in out.items()}, eta)
 
 
+def _per_device(
+    updates: list[Update], version: int, sizes: dict[str, int]
+) -> tuple[dict[str, Params], dict[str, int], dict[str, int]]:
+    """Each device's updates summed (each scaled by its staleness weight), its local steps, and its
+    data size (``sizes``; a device whose size is unknown counts as holding the samples it trained on)."""
+    if not updates:
+        raise ValueError("nothing to aggregate")
+    summed: dict[str, Params] = {}
+    steps: dict[str, int] = defaultdict(int)
+    for u in updates:
+        weight = np.float32(staleness_weight(version - u.base_version))
+        into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
+        for name, values in u.delta.items():
+            into[name] += weight * values
+        steps[u.device] += u.steps
+    data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
+    return summed, steps, data
+
+
+class Partial(NamedTuple):
+    """Part of one aggregate, summed where its devices are (a site's aggregator): with the other
+    parts, what the server needs to finish the aggregate as ``aggregate`` would over every update
+    (``combine``). With d_i a device's staleness-weighted updates per local step and n_i its data:"""
+
+    weighted: Params  # sum_i n_i d_i
+    data: float  # sum_i n_i
+    steps: tuple[int, ...]  # each device's local steps: the aggregate's tau_eff is their median
+    spread: float  # sum_i n_i |d_i|^2: FedExP's spread before the step length
+
+
+def partial(updates: list[Update], version: int, sizes: dict[str, int]) -> Partial:
+    """The ``Partial`` of ``updates`` (some devices' updates of the aggregate made at ``version``)."""
+    summed, steps, data = _per_device(updates, version, sizes)
+    weighted = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
+    spread = 0.0
+    for device, delta in summed.items():
+        per_step = {name: values / np.float32(steps[device]) for name, values in delta.items()}
+        for name, values in per_step.items():
+            weighted[name] += np.float32(data[device]) * values
+        spread += data[device] * _squared_norm(per_step)
+    return Partial(weighted, float(sum(data.values())), tuple(steps[d] for d in summed), spread)
+
+
+def combine(parts: list[Partial], mixing: float = 1.0, max_extrapolation: float = 1.0, kept: float = 1.0) -> Aggregate:
+    """The aggregate of the updates behind ``parts`` (each device in one part): ``aggregate``'s delta
+    and step, to float rounding (the sums run in another order)."""
+    if not parts:
+        raise ValueError("nothing to aggregate")
+    total = sum(p.data for p in parts)
+    tau_eff = float(statistics.median(s for p in parts for s in p.steps))
+    scale = np.float32(mixing * tau_eff / total)
+    out = {name: scale * np.sum([p.weighted[name] for p in parts], axis=0) for name in parts[0].weighted}
+    if max_extrapolation <= 1:
+        return Aggregate(out, 1.0)
+    spread = (mixing * tau_eff) ** 2 * sum(p.spread for p in parts) / total
+    eta = min(max_extrapolation, 1.0 + DAMPING * (fedexp_step(spread, _squared_norm(out), kept) - 1.0))
+    return Aggregate({name: np.float32(eta) * values for name, values in out.items()}, eta)
+
+
 def extrapolation(contributions: dict[str, Params], share: dict[str, float], mean: Params, kept: float = 1.0) -> float:
     """FedExP's server step (Jhunjhunwala et al., 2023): ``max(1, sum_i p_i |D_i|^2 / (2 |D|^2))``
     for device contributions D_i and their weighted mean D, divided by ``kept`` inside the max.
@@ -102,7 +150,11 @@ def extrapolation(contributions: dict[str, Params], share: dict[str, float], mea
     server steps further along D; the server goes halfway to this step (``DAMPING``; measured in
     docs/PACES.md)."""
     spread = sum(share[d] * _squared_norm(c) for d, c in contributions.items())
-    length = _squared_norm(mean)
+    return fedexp_step(spread, _squared_norm(mean), kept)
+
+
+def fedexp_step(spread: float, length: float, kept: float = 1.0) -> float:
+    """``max(1, spread / (2 length kept))``; 1 for a zero (or non-finite) mean."""
     if not length > 0:
         return 1.0
     return max(1.0, spread / (2.0 * length * kept))

@@ -1,0 +1,67 @@
+"""Hierarchical aggregation: sites' partial sums give the server the aggregate it makes from every update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps_service.aggregate import aggregate, combine, partial
+from ps_service.update import Update
+
+SHAPES = {"w": (3, 2), "b": (2,)}
+
+
+@st.composite
+def rounds(draw):
+    """(updates of one aggregate, its version, data sizes, a site for each device)."""
+    version = draw(st.integers(0, 6))
+    devices = draw(st.integers(1, 7))
+    updates = []
+    for d in range(devices):
+        for c in range(draw(st.integers(1, 3))):  # a device may bring several commits
+            delta = {name: draw(st.lists(st.floats(-5, 5, width=32), min_size=int(np.prod(shape)),
+                                         max_size=int(np.prod(shape))))
+                     for name, shape in SHAPES.items()}  # fmt: skip
+            updates.append(Update(f"d{d}", c + 1, draw(st.integers(max(0, version - 4), version)),
+                                  draw(st.integers(1, 64)), draw(st.integers(1, 30)),
+                                  {n: np.float32(v).reshape(SHAPES[n]) for n, v in delta.items()}))  # fmt: skip
+    sizes = {f"d{d}": draw(st.integers(1, 500)) for d in range(devices) if draw(st.booleans())}  # some unknown
+    sites = [draw(st.integers(0, 2)) for _ in range(devices)]
+    return updates, version, sizes, sites
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=rounds(), mixing=st.sampled_from([1.0, 0.5]), cap=st.sampled_from([1.0, 3.0]),
+       kept=st.sampled_from([1.0, 0.65]))  # fmt: skip
+def test_sites_partial_sums_combine_to_the_direct_aggregate(case, mixing, cap, kept) -> None:
+    updates, version, sizes, sites = case
+    direct = aggregate(updates, version, sizes, mixing, cap, kept)
+    by_site: dict[int, list[Update]] = {}
+    for u in updates:
+        by_site.setdefault(sites[int(u.device[1:])], []).append(u)
+    parts = [partial(site_updates, version, sizes) for site_updates in by_site.values()]
+    combined = combine(parts, mixing, cap, kept)
+    assert combined.step == pytest.approx(direct.step, rel=1e-4)
+    scale = max(1.0, max(float(np.abs(v).max()) for v in direct.delta.values()))
+    for name, values in direct.delta.items():
+        np.testing.assert_allclose(combined.delta[name], values, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_one_site_holding_every_device_is_the_direct_aggregate() -> None:
+    rng = np.random.default_rng(0)
+    updates = [
+        Update(f"d{i}", 1, 3, 32, 5 + i, {"w": rng.standard_normal((4, 4)).astype(np.float32)}) for i in range(5)
+    ]
+    direct = aggregate(updates, 4, {"d0": 100}, max_extrapolation=3.0)
+    combined = combine([partial(updates, 4, {"d0": 100})], max_extrapolation=3.0)
+    np.testing.assert_allclose(combined.delta["w"], direct.delta["w"], rtol=1e-5, atol=1e-6)
+    assert combined.step == pytest.approx(direct.step)
+
+
+def test_nothing_to_combine_is_refused() -> None:
+    with pytest.raises(ValueError):
+        combine([])
+    with pytest.raises(ValueError):
+        partial([], 0, {})
