@@ -71,7 +71,7 @@ class ServerConfig(BaseModel):
         description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
     )
     max_commit_rate: float | None = Field(
-        100.0,
+        1000.0,
         gt=0,
         description="commits per second a device may send, sustained (0: no limit); in bytes, as many as that "
         "many of the largest accepted commits",

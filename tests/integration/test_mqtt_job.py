@@ -393,7 +393,10 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     ]
     from edge_client.profile import DeviceProfile
 
-    profile = DeviceProfile(step_s=0.004)  # slow enough for the kills to land mid-job
+    # Slow enough for the kills to land mid-job: 60 rounds of 10 steps of 20 ms, 12 s. With 4 ms steps the
+    # job took 2.8 s, and the watcher here (one thread among the devices' in this process) once saw
+    # version 10 only after the job had ended: the kill then hit a finished server.
+    profile = DeviceProfile(step_s=0.02)
     runners = [
         threading.Thread(target=run_device, args=(d, connect_device(d, address), profile), daemon=True) for d in cores
     ]
