@@ -99,6 +99,7 @@ class DeviceCore:
         self.last_loss = float("nan")
         self.notices: list[Notice] = []
         self.fatal: str | None = None  # why this device cannot take part in the job
+        self._fits: tuple[object, ...] | None = None  # (trainer, loss, model shapes) judged fit (_unfit)
         self.busy_s = 0.0
         self.idle_s = 0.0
         self.speed = SpeedMeter()  # step times, and the one last reported to the server
@@ -201,10 +202,16 @@ class DeviceCore:
         ends (``fatal``) rather than failing on its first step. Judged once the Control is held."""
         if self.control is None or self.fatal is not None:
             return self.fatal is not None
+        shapes = None if replica is None else tuple((name, values.shape) for name, values in replica.items())
+        judged = (self.backend.trainer, self.control.loss, shapes)
+        if judged == self._fits:  # every version: the labels were checked once for this model and loss
+            return False
         problem = self.backend.use_loss(self.control.loss)
         problem = problem or (None if replica is None else self.backend.mismatch(replica, self.data))
         if problem is not None:
             self._end(problem)
+        else:
+            self._fits = judged
         return problem is not None
 
     def _end(self, why: str) -> None:

@@ -56,18 +56,20 @@ class Loss:
         return None
 
 
+# The ufuncs' own reductions (np.maximum.reduce for .max, np.add.reduce for .sum and .mean): the
+# same arithmetic without numpy's Python wrappers, which cost a device a third of its step.
 def _log_softmax(z: np.ndarray) -> np.ndarray:
-    shifted = z - z.max(axis=1, keepdims=True)
-    out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    shifted = z - np.maximum.reduce(z, axis=1, keepdims=True)
+    out: np.ndarray = shifted - np.log(np.add.reduce(np.exp(shifted), axis=1, keepdims=True))
     return out
 
 
 def _cross_entropy(z: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    n, labels = len(y), y.astype(np.int64)
+    n, rows, labels = len(y), np.arange(len(y)), y.astype(np.int64, copy=False)
     logp = _log_softmax(z)
     delta = np.exp(logp)
-    delta[np.arange(n), labels] -= 1.0
-    return float(-logp[np.arange(n), labels].mean()), delta / n
+    delta[rows, labels] -= 1.0
+    return float(-(np.add.reduce(logp[rows, labels]) / n)), delta / n
 
 
 def _bce(z: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:

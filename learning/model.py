@@ -148,8 +148,8 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cr
     value, delta = get_loss(loss).value_and_delta(h, y)
     grads: Params = {}
     for i in range(last, -1, -1):
-        grads[f"dense{i}.w"] = (activations[i].T @ delta).astype(np.float32)
-        grads[f"dense{i}.b"] = delta.sum(axis=0).astype(np.float32)
+        grads[f"dense{i}.w"] = (activations[i].T @ delta).astype(np.float32, copy=False)
+        grads[f"dense{i}.b"] = np.add.reduce(delta, axis=0).astype(np.float32, copy=False)
         if i > 0:
             delta = (delta @ params[f"dense{i}.w"].T) * (activations[i] > 0)
     if cnn:  # back through the flattening, the ReLU and the patch product
