@@ -193,6 +193,11 @@ def test_a_model_the_data_does_not_fit_ends_the_device_with_one_line_instead_of_
     fits.on_message(f"{T}/ctrl/d1", control(wait=False))
     fits.on_message(f"{T}/params", params_bytes(0, init_mlp([8, 16, 3], seed=0)))
     assert fits.fatal is None and fits.replica is not None
+    # Judged once per model and loss, not at every version; a model of other shapes is judged again.
+    fits.on_message(f"{T}/params", params_bytes(1, init_mlp([8, 16, 3], seed=1)))
+    assert fits.fatal is None and fits.server_version == 1
+    fits.on_message(f"{T}/params", params_bytes(2, init_mlp([8, 16, 2], seed=0)))
+    assert fits.fatal == "the job's model (2 outputs, loss cross_entropy): label 2 (row 2) is not a class of 0..1"
 
 
 def test_the_device_trains_the_loss_its_control_names_and_stops_on_one_it_does_not_know() -> None:
