@@ -40,6 +40,7 @@ class Sent:
     tensors: Params  # what the server would have added: decoded for a biased codec, else the delta
     steps: int
     samples: int
+    message: Publish  # the commit as published (resend)
 
 
 class DeviceCore:
@@ -368,9 +369,21 @@ class DeviceCore:
             steps=self.steps,
             codec=self.control.codec,
         )
-        self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples)
+        message = Publish(self.topics.grad(self.device), encode_frame(frame, payloads=payloads), qos=1)
+        self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples, message)
         self.steps = self.samples = self.since_commit = 0
         self.committed_on = self.base_version
         self._anchor = {name: values.copy() for name, values in self._local.items()}
         self.waiting = self.control.wait_for_params
-        return Publish(self.topics.grad(self.device), encode_frame(frame, payloads=payloads), qos=1)
+        return message
+
+    def resend(self) -> list[Publish]:
+        """The newest commit again, the same bytes, while the device waits on it (for parameters,
+        or, under one commit per version, for the next version). A commit the server never received
+        (dropped by the broker while the server was not listening to this device, say) would
+        otherwise hold the device for good, and a job it is alone in. A copy of a commit the server
+        holds is counted as ``replayed`` and not noticed (docs/PROTOCOL.md §6): sending it twice
+        applies it once. The driver calls this after ``RESEND_S`` without news."""
+        if self.sent is None or self.finished or not (self.waiting or self.holding):
+            return []
+        return [self.sent.message]

@@ -31,6 +31,7 @@ def connect_device(core: DeviceCore, broker: BrokerAddress, timeout: float = 10.
 
 
 WAIT_NOTE_S = 15.0  # while the device cannot train, say what it waits for this often
+RESEND_S = 30.0  # a commit that brought no new version in this long goes out again (DeviceCore.resend)
 
 
 def awaited(core: DeviceCore) -> str:
@@ -53,6 +54,7 @@ def run_device(
     profile: DeviceProfile | None = None,
     stop: threading.Event | None = None,
     cache: Path | None = None,
+    resend_s: float = RESEND_S,
 ) -> None:
     """Train until the server says the job is finished (or ``stop`` is set), then leave cleanly.
 
@@ -60,7 +62,8 @@ def run_device(
     ``max(its measured time, profile.step_s) * profile.slowdown`` seconds. Time spent unable to train (waiting for
     parameters or the staleness bound) is counted in ``core.idle_s``, training in
     ``core.busy_s``; both go out in the final offline status. With ``cache``, verified model
-    artifacts are kept there and the newest one that still verifies is used at start.
+    artifacts are kept there and the newest one that still verifies is used at start. A commit the
+    device waits on that brought no new version within ``resend_s`` is sent again, the same bytes.
     """
     profile = profile or DeviceProfile()
     if cache is not None and core.use_artifact:
@@ -69,8 +72,16 @@ def run_device(
                 break
     cached = core.backend.artifact
     clock = time.perf_counter
-    mark = noted = clock()
+    mark = noted = since = clock()
+    progress = (core.server_version, core.seq)  # a new version or a new commit restarts the resend clock
     while not core.finished and not (stop is not None and stop.is_set()):
+        if (core.server_version, core.seq) != progress:
+            progress, since = (core.server_version, core.seq), clock()
+        elif clock() - since >= resend_s and (again := core.resend()):
+            since = clock()
+            log.info("commit %d brought no new version in %g s: sending it again", core.seq, resend_s)
+            for message in again:
+                transport.publish(message)
         training = core.ready  # the time until the next mark counts as busy or idle by this
         if training:
             noted = clock()

@@ -231,3 +231,20 @@ def test_a_device_whose_training_diverges_stops_with_one_line_instead_of_committ
     assert sent == [] and device.finished
     assert device.fatal is not None and device.fatal.startswith("local training diverged (loss ")
     assert device.fatal.endswith("the job's learning rate 5.0 is too high for this model and data")
+
+
+def test_a_commit_the_device_waits_on_can_be_sent_again_as_the_same_bytes() -> None:
+    device = small_device("d1")
+    device.on_message(f"{T}/ctrl/d1", control(wait=True, push_every=2))
+    device.on_message(f"{T}/params", params_frame(0))
+    assert device.resend() == []  # nothing sent yet
+    device.step()
+    (commit,) = device.step()
+    assert device.waiting and device.resend() == [commit]  # the same topic and bytes: the server drops a copy
+    device.on_message(f"{T}/params", params_frame(1))  # the version it waited for
+    assert not device.waiting and device.resend() == []
+    device.step()
+    (second,) = device.step()
+    refused = Notice(device="d1", seq=decode_frame(second.payload).seq, reason=RejectReason.RATE_LIMITED, detail="")
+    device.on_message(f"{T}/notice/d1", refused.to_bytes())  # refused: its work goes into the next commit
+    assert device.resend() == []

@@ -524,3 +524,29 @@ def test_commands_over_mqtt5_carry_their_reply_address_as_properties(mosquitto) 
         operator.close()
         stop.set()
         thread.join(timeout=10)
+
+
+def test_a_lone_device_muted_for_its_rate_resends_the_commit_the_broker_dropped(mosquitto, tmp_path) -> None:
+    """A device over its commit rate is refused and not listened to for a while; the commit it sends
+    meanwhile goes to a broker with no subscriber for it. Alone in a bsp job it used to wait for
+    parameters for good; it now sends that commit again (the same bytes) when no version came, and the
+    job runs to its end with every round applied once."""
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=1, alpha=0.5, seed=0)
+    rounds = 6
+    server, thread, stop = start_server(
+        address, Dataset.load(shards.holdout), job="mute", pace="bsp", rounds=rounds, min_devices=1,
+        max_commit_rate=20.0, max_commit_burst=2,
+    )  # fmt: skip
+    device = DeviceCore("mute", "dev-0", Dataset.load(shards.devices[0]), NumpyTrainer(), seed=0)
+    runner = threading.Thread(target=run_device, args=(device, connect_device(device, address)),
+                              kwargs={"resend_s": 0.5}, daemon=True)  # fmt: skip
+    runner.start()
+    try:
+        wait_until(lambda: server.finished, timeout=60, what="the job's end")
+        assert server.traffic.rejected["rate_limited"] >= 1  # the limit did bite
+        assert server.store.version == rounds and server.traffic.applied == rounds  # no round lost or doubled
+    finally:
+        stop.set()
+        stop_devices([device], [runner])
+        thread.join(timeout=10)
