@@ -151,14 +151,21 @@ def test_the_core_acl_names_each_sites_devices_for_its_bridge() -> None:
     assert t.cmd not in acl and t.metrics not in acl
 
 
-def test_a_core_restart_loses_no_commit_a_site_accepted(tmp_path) -> None:
-    """The site broker queues what its bridge could not forward (QoS 1, persistent bridge session) and
-    delivers it once the core is back; the server's persistent session on the core survives too."""
-    core_port, t = free_port(), Topics(JOB)
+def one_site(tmp_path: Path) -> tuple[SecureSetup, BrokerProcess, BrokerProcess]:
+    """A core broker and one site's (site a, device dev-0), bridged: (setup, core, site)."""
+    core_port = free_port()
     setup = init_secure_broker(tmp_path / "setup", JOB, devices=[], sites={"a": ["dev-0"]},
                                core_address=f"127.0.0.1:{core_port}")  # fmt: skip
     core = start_broker(port=core_port, workdir=tmp_path / "core", embedded=False, template=setup.config)
-    site = start_broker(workdir=tmp_path / "a", embedded=False, template=setup.site_config("a"))
+    return setup, core, start_broker(workdir=tmp_path / "a", embedded=False, template=setup.site_config("a"))
+
+
+def test_a_core_restart_loses_no_commit_a_site_accepted(tmp_path) -> None:
+    """The site broker queues what its bridge could not forward (QoS 1, persistent bridge session) and
+    delivers it once the core is back; the server's persistent session on the core survives too."""
+    t = Topics(JOB)
+    setup, core, site = one_site(tmp_path)
+    core_port = core.port
     device = account(setup, site, "dev-0", [])
     try:
         server = MqttTransport(address(setup, core, "ps"), "ps", [t.all_grad], persistent=True)
@@ -190,11 +197,8 @@ def test_a_core_restart_loses_no_commit_a_site_accepted(tmp_path) -> None:
 def test_a_site_restart_gets_what_the_core_published_meanwhile(tmp_path) -> None:
     """The core queues what goes down for the bridge's persistent session; retained broadcasts come again
     on the bridge's resubscription (a device may read a snapshot twice: it ignores a version it holds)."""
-    core_port, t = free_port(), Topics(JOB)
-    setup = init_secure_broker(tmp_path / "setup", JOB, devices=[], sites={"a": ["dev-0"]},
-                               core_address=f"127.0.0.1:{core_port}")  # fmt: skip
-    core = start_broker(port=core_port, workdir=tmp_path / "core", embedded=False, template=setup.config)
-    site = start_broker(workdir=tmp_path / "a", embedded=False, template=setup.site_config("a"))
+    t = Topics(JOB)
+    setup, core, site = one_site(tmp_path)
     server = account(setup, core, "ps", [])
     try:
         site_port = site.port
