@@ -1,4 +1,4 @@
-/* edgeps device SDK: the wire contract of docs/PROTOCOL.md (version 1.1) in C99.
+/* edgeps device SDK: the wire contract of docs/PROTOCOL.md (version 1.3; not yet 1.4's resend) in C99.
  *
  * This part: the tensor frame (CRC-32, a bounds-checked reader, a writer into a caller's
  * buffer) and the codecs (every decoder; encoders for what a device commits). Pure logic: no
