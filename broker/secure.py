@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from broker.sites import bridge_account, bridge_config, core_acl
+from broker.sites import bridge_account, bridge_config, core_acl, split_address
 from schemas.topics import NAME_PATTERN, Topics
 
 PBKDF2_ITERATIONS = 101  # what mosquitto_passwd writes for $7$
@@ -328,17 +328,17 @@ def init_secure_broker(
         raise ValueError(f"every site needs devices: {', '.join(s for s, m in sites.items() if not m)} has none")
     subject_alt_names(list(hostnames))  # refuse a bad name before writing anything
     core = core_address or f"{hostnames[0]}:{port}"
-    if sites and (not core.rpartition(":")[0] or not core.rpartition(":")[2].isdigit()):
-        raise ValueError(f"--core-address: {core!r} is not HOST:PORT")
+    if sites:
+        split_address(core)  # refused before anything is written
     directory = directory.resolve()
     broker, ca, creds = directory / "broker", directory / "ca", directory / "credentials"
     for folder in (directory, broker, ca, creds, broker / "data"):
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700 if folder != directory else 0o755)
     passwords = {account: secrets.token_hex(16) for account in accounts}  # never starts with "-"
-    core_accounts = [server, *operators, *devices, *bridges]
-    write_password_file(broker / "passwd", {a: passwords[a] for a in core_accounts})
-    for account in [server, *operators, *devices, *sited]:  # a bridge's password is only in its site's config
+    provisioned = [server, *operators, *devices, *sited]  # a bridge's password is only in its site's config
+    write_password_file(broker / "passwd", {a: passwords[a] for a in [server, *operators, *devices, *bridges]})
+    for account in provisioned:
         _private(creds / f"{account}.password", passwords[account] + "\n")
     rules = acl_rules(job, server, devices, list(operators))  # a site's devices have their accounts there
     (broker / "acl").write_text(rules + "".join(f"\n{core_acl(job, site, members)}" for site, members in sites.items()))
@@ -347,7 +347,7 @@ def init_secure_broker(
     for target in (broker, creds):
         shutil.copyfile(ca / "ca.crt", target / "ca.crt")
     if client_certs:
-        for account in [server, *operators, *devices, *sited]:
+        for account in provisioned:
             make_certificate(creds, account, ca=ca)
     max_packet = max_commit_bytes + 64 * 1024
     config = broker / "mosquitto.conf"

@@ -34,6 +34,14 @@ def bridge_account(site: str) -> str:
     return f"{BRIDGE_PREFIX}{site}"
 
 
+def split_address(core: str) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port); ValueError naming ``--core-address`` otherwise."""
+    host, _, port = core.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--core-address: {core!r} is not HOST:PORT")
+    return host, int(port)
+
+
 def up_topics(job: str, devices: list[str]) -> list[str]:
     """What a site forwards to the core: its devices' commits and statuses."""
     t = Topics(job)
@@ -58,9 +66,7 @@ def core_acl(job: str, site: str, devices: list[str]) -> str:
 
 def bridge_config(job: str, site: str, devices: list[str], core: str, password: str, ca: Path) -> str:
     """The site broker's bridge section: to ``core`` (HOST:PORT, TLS verified against ``ca``)."""
-    host, _, port = core.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--core-address: {core!r} is not HOST:PORT")
+    host, port = split_address(core)
     account = bridge_account(site)
     lines = [
         "",

@@ -1,4 +1,4 @@
-"""How much a codec gets wrong: one round trip's relative error."""
+"""How much a codec gets wrong: one round trip's relative error, and the share of the norm it keeps."""
 
 from __future__ import annotations
 
@@ -12,8 +12,13 @@ from schemas.codecs.base import Codec, make_codec
 def relative_error(codec: Codec, values: np.ndarray, rng: np.random.Generator | None = None) -> float:
     """``|decode(encode(x)) - x| / |x|``: how much of a tensor one round trip through ``codec`` gets wrong."""
     values = np.asarray(values, np.float32)
-    decoded = codec.decode(codec.encode(values, rng), values.shape)
+    decoded = round_trip(codec, values, rng)
     return float(np.linalg.norm(decoded - values) / np.linalg.norm(values))
+
+
+def round_trip(codec: Codec, values: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """``decode(encode(values))`` under ``codec``."""
+    return codec.decode(codec.encode(values, rng), values.shape)
 
 
 @functools.cache
@@ -30,8 +35,7 @@ def typical_energy(spec: str) -> float:
     a tensor's squared norm one round trip keeps. A biased codec keeps less (sign about 2/pi, top-k
     its largest values' share), an unbiased one more (its noise adds)."""
     values, rng = _normal_values()
-    codec = make_codec(spec)
-    decoded = codec.decode(codec.encode(values, rng), values.shape)
+    decoded = round_trip(make_codec(spec), values, rng)
     return float(np.vdot(decoded, decoded) / np.vdot(values, values))
 
 
