@@ -37,6 +37,7 @@ class Inbound:
     response_topic: str | None = None  # MQTT 5: where the sender wants an answer
     correlation: bytes | None = None  # MQTT 5: echoed with the answer
     retain: bool = False  # the broker delivered a retained message (not one published live)
+    duplicate: bool = False  # the broker delivers it again (MQTT DUP): it may have been received before
 
 
 class Inbox:
@@ -296,8 +297,9 @@ class MqttTransport(Transport):
         response = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
         inbound = Inbound(
-            message.topic, bytes(message.payload), message.mid, message.qos, response, correlation, bool(message.retain)
-        )
+            message.topic, bytes(message.payload), message.mid, message.qos, response, correlation,
+            bool(message.retain), bool(message.dup),
+        )  # fmt: skip
         self._inbox.put(inbound)
 
     def publish(self, message: Publish) -> None:

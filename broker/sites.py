@@ -27,11 +27,17 @@ from pathlib import Path
 from schemas.topics import Topics
 
 BRIDGE_PREFIX = "site-"
+AGGREGATOR_PREFIX = "agg-"
 
 
 def bridge_account(site: str) -> str:
     """The site's bridge account on the core broker (also its client id there)."""
     return f"{BRIDGE_PREFIX}{site}"
+
+
+def aggregator_account(site: str) -> str:
+    """The site aggregator's account on its site broker (``--aggregators``)."""
+    return f"{AGGREGATOR_PREFIX}{site}"
 
 
 def split_address(core: str) -> tuple[str, int]:
@@ -42,10 +48,12 @@ def split_address(core: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def up_topics(job: str, devices: list[str]) -> list[str]:
-    """What a site forwards to the core: its devices' commits and statuses."""
+def up_topics(job: str, site: str, devices: list[str], aggregated: bool = False) -> list[str]:
+    """What a site forwards to the core: its devices' statuses, and their commits or, where the
+    site runs an aggregator (``aggregated``), its site commits instead."""
     t = Topics(job)
-    return [topic for device in devices for topic in (t.grad(device), t.status(device))]
+    statuses = [t.status(device) for device in devices]
+    return [t.part(site), *statuses] if aggregated else [*(t.grad(device) for device in devices), *statuses]
 
 
 def down_topics(job: str, devices: list[str]) -> list[str]:
@@ -56,15 +64,27 @@ def down_topics(job: str, devices: list[str]) -> list[str]:
     ]
 
 
-def core_acl(job: str, site: str, devices: list[str]) -> str:
+def core_acl(job: str, site: str, devices: list[str], aggregated: bool = False) -> str:
     """The core broker's ACL block for the site's bridge account."""
     lines = [f"user {bridge_account(site)}", f"topic write {Topics(job).site(site)}"]
-    lines += [f"topic write {topic}" for topic in up_topics(job, devices)]
+    lines += [f"topic write {topic}" for topic in up_topics(job, site, devices, aggregated)]
     lines += [f"topic read {topic}" for topic in down_topics(job, devices)]
     return "\n".join(lines) + "\n"
 
 
-def bridge_config(job: str, site: str, devices: list[str], core: str, password: str, ca: Path) -> str:
+def aggregator_acl(job: str, site: str) -> str:
+    """A site broker's ACL block for the site's aggregator: its devices' commits, statuses and
+    controls and the job's broadcasts in; its site commits and notices to its devices out.
+    Wildcards, as it subscribes: on its site's broker every device is the site's."""
+    t = Topics(job)
+    lines = ["", f"user {aggregator_account(site)}", f"topic write {t.part(site)}", f"topic write {t.notice('+')}"]
+    lines += [f"topic read {topic}" for topic in (t.all_grad, t.all_status, t.ctrl("+"), t.params, t.delta, t.barrier)]
+    return "\n".join(lines) + "\n"
+
+
+def bridge_config(
+    job: str, site: str, devices: list[str], core: str, password: str, ca: Path, aggregated: bool = False
+) -> str:
     """The site broker's bridge section: to ``core`` (HOST:PORT, TLS verified against ``ca``)."""
     host, port = split_address(core)
     account = bridge_account(site)
@@ -88,6 +108,6 @@ def bridge_config(job: str, site: str, devices: list[str], core: str, password: 
         "notifications_local_only false",
         f"notification_topic {Topics(job).site(site)}",
     ]
-    lines += [f"topic {topic} out 1" for topic in up_topics(job, devices)]
+    lines += [f"topic {topic} out 1" for topic in up_topics(job, site, devices, aggregated)]
     lines += [f"topic {topic} in 1" for topic in down_topics(job, devices)]
     return "\n".join(lines) + "\n"

@@ -80,6 +80,10 @@ def add_model_options(
             parser.add_argument(flag(name, info), dest=name, default=default, choices=choices, help=help_text)
             continue
         kind = _parser(info.annotation, optional, default)
+        if info.is_required() and name not in defaults:
+            help_text = help_text.replace(" (default: PydanticUndefined)", " (required)")
+            parser.add_argument(flag(name, info), dest=name, required=True, type=kind, metavar=metavar, help=help_text)
+            continue
         parser.add_argument(flag(name, info), dest=name, default=default, type=kind, metavar=metavar, help=help_text)
 
 

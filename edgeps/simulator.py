@@ -26,6 +26,7 @@ from edgeps.options import nest_fields
 from learning.data import Dataset, dirichlet_partition, load_digits, stratified_split
 from learning.losses import get_loss
 from learning.model import init_mlp
+from ps_service.aggregator import SiteAggregator, SiteConfig
 from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
@@ -55,6 +56,10 @@ class Scenario(BaseModel):
     up_bps: float = Field(2e6, gt=0)
     down_bps: float = Field(2e6, gt=0)
     latency_s: float = Field(0.02, ge=0)
+    sites: int = Field(0, ge=0, description="sites the devices are spread over, each with its aggregator (0: none)")
+    site_up_bps: float = Field(10e6, gt=0, description="each site's uplink to the core")
+    site_latency_s: float = Field(0.02, ge=0, description="between a site and the core, each way")
+    site_flush_s: float = Field(1.0, gt=0, description="the aggregators' flush_s")
     alpha: float = Field(0.5, gt=0, description="Dirichlet non-IID concentration")
     holdout: float = Field(0.2, gt=0, lt=1)
     hidden: tuple[int, ...] = (64,)
@@ -172,7 +177,8 @@ class Simulation:
     def __init__(self, scenario: Scenario, pace: str, data: tuple[Dataset, list[Dataset]] | None = None) -> None:
         holdout, shards = data or scenario_data(scenario)
         self.scenario = scenario
-        changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s}
+        changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s,
+                   "sites": frozenset(f"site-{k}" for k in range(scenario.sites)) or None}  # fmt: skip
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
         loss = get_loss(config.loss)
         sizes = [holdout.x.shape[1], *scenario.hidden, loss.outputs(holdout.classes if loss.classification else 1)]
@@ -206,6 +212,13 @@ class Simulation:
         self._curve: list[tuple[float, float]] = []
         self._traffic: list[tuple[int, int, float]] = []
         self.now = 0.0
+        # sites: device i talks to aggregator i % sites, which sends its site commits up its uplink
+        self.aggregators = [
+            SiteAggregator(SiteConfig(job=self.JOB, site=f"site-{k}", flush_s=scenario.site_flush_s))
+            for k in range(scenario.sites)
+        ]
+        self._site_free = [0.0] * scenario.sites
+        self._site_timer: list[float | None] = [None] * scenario.sites
 
     # ------------------------------------------------------------- plumbing
     def _at(self, when: float, action: Callable[[], None]) -> None:
@@ -220,6 +233,9 @@ class Simulation:
             for i, topics in enumerate(self._subscribed):
                 if message.topic in topics:
                     self._send_down(i, message)
+            for k in range(len(self.aggregators)):
+                if self._site_wants(k, message.topic):
+                    self._at(self.now + self.scenario.site_latency_s, lambda k=k, m=message: self._site_receives(k, m))
 
     def _send_down(self, i: int, message: Publish) -> None:
         profile = self.profiles[i]
@@ -232,7 +248,52 @@ class Simulation:
         for message in messages:
             start = max(self.now, self._up_free[i])
             self._up_free[i] = start + profile.transfer_s(len(message.payload), up=True)
-            self._at(self._up_free[i] + profile.latency_s, lambda m=message: self._server_receives(m))
+            arrives = self._up_free[i] + profile.latency_s
+            kind, _ = self.server.topics.parse(message.topic)
+            if self.aggregators and kind in ("grad", "status"):  # to the site broker, which the aggregator reads
+                self._at(arrives, lambda m=message: self._site_receives(i % len(self.aggregators), m))
+            if not self.aggregators or kind != "grad":  # commits cross to the core only as site commits
+                self._at(arrives + (self.scenario.site_latency_s if self.aggregators else 0.0),
+                         lambda m=message: self._server_receives(m))  # fmt: skip
+
+    def _site_of(self, device: str) -> int:
+        return int(device.rsplit("-", 1)[1]) % len(self.aggregators)
+
+    def _site_wants(self, k: int, topic: str) -> bool:
+        """What a site's aggregator subscribes to: the broadcasts, and its devices' controls and statuses."""
+        kind, device = self.server.topics.parse(topic)
+        return kind in ("params", "delta", "barrier") or (
+            kind in ("ctrl", "status") and device is not None and self._site_of(device) == k
+        )
+
+    def _site_receives(self, k: int, message: Publish) -> None:
+        aggregator = self.aggregators[k]
+        out = aggregator.on_message(message.topic, message.payload, self.now)
+        self._site_publishes(k, [*out, *aggregator.flush(self.now)])
+
+    def _site_publishes(self, k: int, messages: list[Publish]) -> None:
+        aggregator = self.aggregators[k]
+        for event in aggregator.events.take():
+            SERVER_LOG.log(event.level, event.message)
+        aggregator.settled()
+        for message in messages:
+            if message.topic == self.server.topics.part(aggregator.config.site):
+                start = max(self.now, self._site_free[k])
+                self._site_free[k] = start + len(message.payload) * 8 / self.scenario.site_up_bps
+                self._at(self._site_free[k] + self.scenario.site_latency_s, lambda m=message: self._server_receives(m))
+            else:  # a notice to one of its devices
+                _, device = self.server.topics.parse(message.topic)
+                assert device is not None
+                self._send_down(int(device.rsplit("-", 1)[1]), message)
+        due = aggregator.next_deadline()
+        if due is not None and self._site_timer[k] != due:
+            self._site_timer[k] = due
+            self._at(max(due, self.now), lambda: self._site_tick(k))
+
+    def _site_tick(self, k: int) -> None:
+        self._site_timer[k] = None
+        aggregator = self.aggregators[k]
+        self._site_publishes(k, [*aggregator.on_tick(self.now), *aggregator.flush(self.now)])
 
     def _server_receives(self, message: Publish) -> None:
         self._server_publishes(self.server.on_message(message.topic, message.payload, self.now))

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ps_service.round import release_slow
+from ps_service.update import Partial, SiteUpdate
 from ps_service.validation import Rejection, validate_commit
-from schemas.frame import peek_seq
-from schemas.messages import DeviceStatus, MessageError, RejectReason
+from schemas.frame import FrameError, peek_seq
+from schemas.messages import MAX_JSON_BYTES, DeviceStatus, MessageError, RejectReason, SiteCommit, SiteEntry
+from schemas.sitecommit import parse_site_commit
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
@@ -103,6 +107,90 @@ def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retaine
     if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
         core.events.info("device %s rejoins the barrier", device)
     return core.advance(now) or core.barrier(now)
+
+
+def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
+    """A site commit on ``part/{site}`` (its aggregator's sum of its devices' commits): taken whole
+    or refused whole. Its bytes and tensors are checked as a commit's are, each entry as its
+    device's own commit would be (known, sequence number, version); a copy of a site commit the
+    server holds (a redelivery: every entry ``replayed``) is counted and dropped silently. A refused
+    one sends each device it names a notice: its own fault, or ``unprocessable`` naming another's."""
+    core.traffic.bytes_up += len(payload)
+    R = RejectReason
+    try:
+        if retained:
+            raise Rejection(R.RETAINED, "site commits must not be retained")
+        header, weighted = parse_site_commit(payload, core.store.shapes, core.commit_limit + MAX_JSON_BYTES + 4)
+        if header.site != site:
+            raise Rejection(R.DEVICE_MISMATCH, f"header says site {header.site!r}, topic says {site!r}")
+        if header.version > core.store.version:
+            raise Rejection(R.FUTURE_VERSION, f"made at version {header.version} > current {core.store.version}")
+        if not all(np.isfinite(values).all() for values in weighted.values()):
+            raise Rejection(R.NON_FINITE, "a tensor holds NaN or Inf")
+    except (FrameError, MessageError) as exc:
+        return _site_refused(core, site, None, Rejection(R.MALFORMED, str(exc)))
+    except Rejection as rejection:
+        return _site_refused(core, site, None, rejection)
+    if core.finished:
+        faults = {e.device: Rejection(R.FINISHED, "the job has finished", e.seq) for e in header.commits}
+    else:
+        faults = {e.device: fault for e in header.commits if (fault := _entry_fault(core, e)) is not None}
+    if faults:
+        copy = len(faults) == len(header.commits) and all(
+            f.reason is R.REPLAYED and core.registry.redelivered(d, f.seq) for d, f in faults.items()
+        )
+        if not copy:
+            return _site_refused(core, site, header, next(iter(faults.values())), faults)
+        core.traffic.commits += len(faults)  # the whole site commit again: the server holds it
+        for fault in faults.values():
+            core.count(fault)
+        return []
+    core.traffic.commits += len(header.commits)
+    for entry in header.commits:
+        core.registry.check_seq(entry.device, entry.seq)
+        core.frequency.balancer.on_commit(entry.device, entry.steps, now)
+        lag = core.store.version - entry.base_version
+        if entry.device in core.registry.active() and core.membership.on_commit(entry.device, lag):
+            core.events.info("device %s rejoins the barrier", entry.device)
+    part = Partial(weighted, header.data, tuple(e.steps for e in header.commits), header.spread)
+    core.pace.add(SiteUpdate(site, header.seq, header.version, tuple(header.commits), part))
+    return core.advance(now) or core.barrier(now)
+
+
+def _entry_fault(core: ServerCore, entry: SiteEntry) -> Rejection | None:
+    """What would refuse ``entry`` as its device's own commit (nothing recorded), or None."""
+    R = RejectReason
+    if not core.registry.known(entry.device) or not core.registry.permits(entry.device):
+        return Rejection(R.UNKNOWN_DEVICE, f"device {entry.device!r} has not announced itself online", entry.seq)
+    fault = core.registry.seq_fault(entry.device, entry.seq)
+    if fault is not None:
+        return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)
+    if entry.base_version > core.store.version:
+        return Rejection(R.FUTURE_VERSION, f"base version {entry.base_version} > current {core.store.version}",
+                         entry.seq)  # fmt: skip
+    return None
+
+
+def _site_refused(
+    core: ServerCore,
+    site: str,
+    header: SiteCommit | None,
+    first: Rejection,
+    faults: dict[str, Rejection] | None = None,
+) -> list[Publish]:
+    """A refused site commit: one counted rejection a commit it names (one in all when its header
+    could not be read), and a notice to each device it names."""
+    core.events.warning("site commit from %s refused: %s", site, first)
+    if header is None:
+        core.traffic.commits += 1
+        return core.count(first)
+    core.traffic.commits += len(header.commits)
+    out: list[Publish] = []
+    for entry in header.commits:
+        own = (faults or {}).get(entry.device)
+        why = own or Rejection(RejectReason.UNPROCESSABLE, f"site {site}'s commit was refused: {first}", entry.seq)
+        out += core.reject(entry.device, why)
+    return out
 
 
 def flooding(core: ServerCore, device: str, over: str, seq: int | None, now: float) -> list[Publish]:

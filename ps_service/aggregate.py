@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from learning.model import Params
-from ps_service.update import Update
+from ps_service.update import Contribution, Partial, SiteUpdate, Update
 from schemas.codecs import make_codec, typical_energy, typical_error
 
 
@@ -99,17 +99,6 @@ def _per_device(
     return summed, steps, data
 
 
-class Partial(NamedTuple):
-    """Part of one aggregate, summed where its devices are (a site's aggregator): with the other
-    parts, what the server needs to finish the aggregate as ``aggregate`` would over every update
-    (``combine``). With d_i a device's staleness-weighted updates per local step and n_i its data:"""
-
-    weighted: Params  # sum_i n_i d_i
-    data: float  # sum_i n_i
-    steps: tuple[int, ...]  # each device's local steps: the aggregate's tau_eff is their median
-    spread: float  # sum_i n_i |d_i|^2: FedExP's spread before the step length
-
-
 def partial(updates: list[Update], version: int, sizes: dict[str, int]) -> Partial:
     """The ``Partial`` of ``updates`` (some devices' updates of the aggregate made at ``version``)."""
     summed, steps, data = _per_device(updates, version, sizes)
@@ -136,6 +125,38 @@ def combine(parts: list[Partial], mixing: float = 1.0, max_extrapolation: float 
         return Aggregate(out, 1.0)
     spread = (mixing * tau_eff) ** 2 * sum(p.spread for p in parts) / total
     return stepped(out, fedexp_step(spread, _squared_norm(out), kept), max_extrapolation)
+
+
+def aggregate_all(
+    contributions: list[Contribution],
+    version: int,
+    sizes: dict[str, int],
+    mixing: float = 1.0,
+    max_extrapolation: float = 1.0,
+    kept: float = 1.0,
+) -> Aggregate:
+    """``aggregate`` over devices' commits and sites' summed commits together: the devices' own
+    commits become one more ``Partial`` (weighted by ``sizes``), each site's is taken as its
+    aggregator made it (weighted by its devices' declared sizes, bounded at the site), and
+    ``combine`` finishes the aggregate. Without site commits this is ``aggregate`` itself."""
+    updates = [c for c in contributions if isinstance(c, Update)]
+    sites = [c for c in contributions if isinstance(c, SiteUpdate)]
+    if not sites:
+        return aggregate(updates, version, sizes, mixing, max_extrapolation, kept)
+    parts = [partial(updates, version, sizes)] if updates else []
+    return combine([*parts, *(site_part(s, version) for s in sites)], mixing, max_extrapolation, kept)
+
+
+def site_part(site: SiteUpdate, version: int) -> Partial:
+    """A site commit's ``Partial`` as part of the aggregate made at ``version``. Its aggregator
+    weighted each commit's staleness at ``site.version``; a site commit that arrives versions later
+    (its site missed a round) is discounted once more, as a whole, by the versions it lags:
+    ``staleness_weight`` of the lag, which is 1 at a lag of one version or none."""
+    lag = np.float32(staleness_weight(version - site.version))
+    if lag == 1:
+        return site.part
+    weighted = {name: lag * values for name, values in site.part.weighted.items()}
+    return site.part._replace(weighted=weighted, spread=float(lag) ** 2 * site.part.spread)
 
 
 def stepped(mean: Params, fedexp: float, max_extrapolation: float) -> Aggregate:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 
 from schemas.codecs import make_codec
 from schemas.messages import Name
+from schemas.topics import check_name
 
 #: Where ``edgeps ps`` (a server process) departs from ServerConfig's defaults, which suit the
 #: simulator and tests: it publishes metrics at least every second, so that traffic shows
@@ -134,8 +135,19 @@ class ServerConfig(BaseModel):
         None, description="comma-separated device ids allowed in the job (default: any)",
         json_schema_extra={"flag": "devices"},
     )  # fmt: skip
+    sites: frozenset[str] | None = Field(
+        None, description="comma-separated sites whose aggregators' site commits the server takes (part/{site}; "
+        "default: none)",
+    )  # fmt: skip
 
-    @field_serializer("allowed_devices")
+    @field_validator("sites")
+    @classmethod
+    def _site_names(cls, sites: frozenset[str] | None) -> frozenset[str] | None:
+        for site in sites or ():
+            check_name(site, "site name")
+        return sites
+
+    @field_serializer("allowed_devices", "sites")
     def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:
         """Sorted, so that a configuration's JSON is the same on every run (a checkpoint compares it)."""
         return None if devices is None else sorted(devices)

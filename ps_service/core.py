@@ -179,6 +179,10 @@ class ServerCore:
         try:
             if kind == "grad" and device is not None:
                 return admission.on_commit(self, device, payload, now, retained)
+            if kind == "part" and device is not None:  # a site's name where a device's stands
+                if device not in (self.config.sites or ()):
+                    return self.count(Rejection(RejectReason.UNKNOWN_DEVICE, f"site {device!r} is not the job's"))
+                return admission.on_site_commit(self, device, payload, now, retained)
             if kind == "status" and device is not None:
                 return admission.on_status(self, device, payload, now)
             if kind == "cmd":
@@ -186,16 +190,18 @@ class ServerCore:
         except Exception as exc:  # a bug: never let one message stop the job
             self.events.error("failed on a message on %s: %s", topic, traceback.format_exc())
             rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
-            return self.reject(device, rejection) if device is not None and kind != "reply" else self.count(rejection)
+            sender = device if kind in ("grad", "status") else None
+            return self.count(rejection) if sender is None else self.reject(sender, rejection)
         return []
 
     def subscriptions(self) -> list[str]:
-        """The topics the server listens to now: statuses, commands, and the commit topic of each
-        device in ``DeviceRegistry.listening``. The driver makes them its subscriptions after every
-        batch, before publishing the batch's results (a device's control goes out after the
-        subscription to its commits)."""
+        """The topics the server listens to now: statuses, commands, the site commits of its
+        ``sites``, and the commit topic of each device in ``DeviceRegistry.listening``. The driver
+        makes them its subscriptions after every batch, before publishing the batch's results (a
+        device's control goes out after the subscription to its commits)."""
         t = self.topics
-        return [t.all_status, t.cmd, *(t.grad(device) for device in self.registry.listening())]
+        sites = [t.part(site) for site in sorted(self.config.sites or ())]
+        return [t.all_status, t.cmd, *sites, *(t.grad(device) for device in self.registry.listening())]
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when

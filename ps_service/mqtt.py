@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import BrokerAddress, Inbox, MqttTransport, Transport, connect
+from broker.client import BrokerAddress, Inbound, Inbox, MqttTransport, Transport, connect
+from ps_service.aggregator import SiteAggregator
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint
@@ -148,3 +149,51 @@ def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.
     the broker and the server's memory stays flat."""
     inbox = Inbox(INBOX_MESSAGES, INBOX_BYTES)
     return connect(broker, f"edgeps-ps-{core.config.job}", core.subscriptions(), timeout, inbox=inbox)
+
+
+#: How often a site aggregator logs what it forwarded (its devices are not visible at the core).
+SITE_REPORT_S = 30.0
+
+
+def serve_site(
+    aggregator: SiteAggregator, transport: MqttTransport, stop: threading.Event, report_s: float = SITE_REPORT_S
+) -> None:
+    """Drive a site aggregator until ``stop``. A device's commit is acknowledged to the site broker
+    only once the site commit holding it is acknowledged by the broker (or it was refused): an
+    aggregator that dies loses nothing, and the broker delivers what it held to the next one."""
+    clock = time.monotonic
+    unacked: list[Inbound] = []  # settled, waiting for the broker to take what was published with them
+    reported = clock()
+    while not stop.is_set():
+        due = aggregator.next_deadline()
+        inbound = transport.receive(timeout=IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
+        batch = []
+        while inbound is not None:
+            batch.append(inbound)
+            inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
+        out = aggregator.on_tick(clock())
+        for message in batch:
+            out += aggregator.on_message(message.topic, message.payload, clock(), message, message.duplicate)
+        out += aggregator.flush(clock())
+        for event in aggregator.events.take():
+            log.log(event.level, event.message)
+        for publish in out:
+            transport.publish(publish)
+        unacked += aggregator.settled()
+        if unacked and transport.wait_acknowledged(IDLE_S if out else 0.0):
+            for message in unacked:
+                transport.ack(message)
+            unacked = []
+        if clock() - reported >= report_s:
+            reported = clock()
+            log.info("site %s: %s", aggregator.config.site, site_report(aggregator))
+    log.info("site %s: %s", aggregator.config.site, site_report(aggregator))
+
+
+def site_report(aggregator: SiteAggregator) -> str:
+    """What a site aggregator did so far, in one line."""
+    stats = aggregator.stats
+    refused = {k.split(":", 1)[1]: v for k, v in sorted(stats.items()) if k.startswith("rejected:")}
+    received = f"{stats['commits']} commits received ({stats['bytes_in']} bytes)"
+    sent = f"{stats['forwarded']} forwarded in {stats['site_commits']} site commits ({stats['bytes_up']} bytes up)"
+    return f"{received}, {sent}; refused: {refused or 'none'}"

@@ -198,13 +198,21 @@ class DeviceRegistry:
             self._active = frozenset(d for d, r in self._devices.items() if r.online)
         return self._active
 
-    def check_seq(self, device: str, seq: int) -> str | None:
-        """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
+    def seq_fault(self, device: str, seq: int) -> str | None:
+        """``replayed`` or ``out_of_order`` if ``device`` may not use ``seq``, else None (nothing recorded)."""
         record = self._devices[device]
         if seq in record.recent_seqs or seq == record.highest_seq:
             return "replayed"
         if seq < record.highest_seq:
             return "out_of_order"
+        return None
+
+    def check_seq(self, device: str, seq: int) -> str | None:
+        """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
+        fault = self.seq_fault(device, seq)
+        if fault is not None:
+            return fault
+        record = self._devices[device]
         record.highest_seq = seq
         record.recent_seqs.append(seq)
         return None

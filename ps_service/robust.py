@@ -44,6 +44,17 @@ def bounded_sizes(
     return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
 
 
+def data_sizes(updates: list[Update], declared: dict[str, int], factor: float, ceiling: int | None) -> dict[str, int]:
+    """The data size each device of an aggregate is weighted by: what it ``declared`` (else the
+    samples its commits consumed), bounded against the median of the declared sizes (``bounded_sizes``)."""
+    claimed = {u.device: declared.get(u.device) or 0 for u in updates}
+    for u in updates:
+        if not declared.get(u.device):
+            claimed[u.device] += u.samples
+    reference = [size for size in declared.values() if size > 0]
+    return bounded_sizes(claimed, reference, factor, ceiling)
+
+
 @dataclass
 class NormBound:
     """Refuses the per-step updates far from the fleet's recent per-step norms (``outliers``).

@@ -16,7 +16,7 @@ from ps_service.paces import make_pace
 from ps_service.reporting import Traffic
 from ps_service.round import JobState
 from ps_service.store import ParameterStore
-from ps_service.update import Update
+from ps_service.update import from_state
 from schemas.messages import Metrics
 from schemas.topics import Publish
 
@@ -70,7 +70,7 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
     core.codec, core.previous_codec = str(state["codec"]), str(state["previous_codec"])
     core.pace = make_pace(str(state["pace"]["spec"]))
     for update in state["pace"]["buffer"]:
-        core.pace.add(Update.from_state(update))
+        core.pace.add(from_state(update))
     core.registry.load_state(state["registry"], now)
     core.membership.load_state(state["membership"])
     core.bound.load_state(state["bound"])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from learning.model import Params
+from schemas.messages import SiteEntry
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,11 @@ class Update:
     samples: int
     steps: int
     delta: Params
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The devices whose work this is (a pace's round counts them as committed)."""
+        return (self.device,)
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -36,3 +42,64 @@ class Update:
         delta = {str(name): np.asarray(values, np.float32) for name, values in state["delta"].items()}
         return cls(str(state["device"]), int(state["seq"]), int(state["base_version"]), int(state["samples"]),
                    int(state["steps"]), delta)  # fmt: skip
+
+
+class Partial(NamedTuple):
+    """Part of one aggregate, summed where its devices are (a site's aggregator): with the other
+    parts, what the server needs to finish the aggregate as ``aggregate`` would over every update
+    (ps_service.aggregate ``combine``). With d_i a device's staleness-weighted updates per local step
+    and n_i its data:"""
+
+    weighted: Params  # sum_i n_i d_i
+    data: float  # sum_i n_i
+    steps: tuple[int, ...]  # each device's local steps: the aggregate's tau_eff is their median
+    spread: float  # sum_i n_i |d_i|^2: FedExP's spread before the step length
+
+
+@dataclass(frozen=True)
+class SiteUpdate:
+    """A site commit as the server holds it: the ``Partial`` of the commits ``entries`` name, made
+    by the site's aggregator at ``version`` (its staleness weights), one entry a device."""
+
+    site: str
+    seq: int
+    version: int
+    entries: tuple[SiteEntry, ...]
+    part: Partial
+
+    @property
+    def device(self) -> str:
+        """What a pace that groups by sender (asp) groups it under: the site, never a device id."""
+        return f"site:{self.site}"
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(entry.device for entry in self.entries)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "seq": self.seq,
+            "version": self.version,
+            "entries": [entry.model_dump() for entry in self.entries],
+            "weighted": self.part.weighted,
+            "data": self.part.data,
+            "steps": list(self.part.steps),
+            "spread": self.part.spread,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SiteUpdate:
+        weighted = {str(name): np.asarray(values, np.float32) for name, values in state["weighted"].items()}
+        part = Partial(weighted, float(state["data"]), tuple(int(s) for s in state["steps"]), float(state["spread"]))
+        entries = tuple(SiteEntry.model_validate(entry) for entry in state["entries"])
+        return cls(str(state["site"]), int(state["seq"]), int(state["version"]), entries, part)
+
+
+#: What a pace buffers: a device's commit, or a site's commits summed.
+Contribution = Update | SiteUpdate
+
+
+def from_state(state: dict[str, Any]) -> Contribution:
+    """A buffered contribution from its checkpoint state (``to_state`` of either kind)."""
+    return SiteUpdate.from_state(state) if "site" in state else Update.from_state(state)

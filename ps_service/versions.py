@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ps_service import reporting
 from ps_service.aggregate import norm_kept, norms_hold
-from ps_service.robust import bounded_sizes
+from ps_service.robust import data_sizes
 from ps_service.round import JobState
 from ps_service.store import NonFinite
 from ps_service.update import Update
@@ -33,23 +33,25 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
     out: list[Publish] = []
     while core.round.aggregating and core.pace.ready(core.barrier_set()):
         taken = core.pace.take()
-        refused = core.bound.outliers(taken, core.store.version, core.store.norm())
-        updates = [u for u in taken if u.device not in refused]
-        out += [refuse_outlier(core, u) for u in taken if u.device in refused]
+        direct = [u for u in taken if isinstance(u, Update)]  # a site checked its own commits' norms
+        refused = core.bound.outliers(direct, core.store.version, core.store.norm())
+        updates = [u for u in taken if not (isinstance(u, Update) and u.device in refused)]
+        out += [refuse_outlier(core, u) for u in direct if u.device in refused]
         if not updates:
             continue
         try:
-            weights, version = sizes(core, updates), core.store.version
+            weights, version = sizes(core, [u for u in direct if u.device not in refused]), core.store.version
             result = core.pace.aggregate(
                 updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec)
             )
             core.store.apply(result.delta)
             core.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
-            core.events.error("aggregate of %d updates refused: %s", len(updates), exc)
-            core.traffic.rejected[RejectReason.NON_FINITE.value] += len(updates)
+            commits = sum(len(u.devices) for u in updates)
+            core.events.error("aggregate of %d commits refused: %s", commits, exc)
+            core.traffic.rejected[RejectReason.NON_FINITE.value] += commits
             continue
-        core.traffic.applied += len(updates)
+        core.traffic.applied += sum(len(u.devices) for u in updates)
         if core.pace.rounds:
             core.membership.round_closed(now - core.round.opened)
         core.round.opened = now
@@ -69,15 +71,8 @@ def refuse_outlier(core: ServerCore, update: Update) -> Publish:
 
 
 def sizes(core: ServerCore, updates: list[Update]) -> dict[str, int]:
-    """The data size each device of an aggregate is weighted by: what it declared (else the
-    samples its commits consumed), bounded against the job's median (ps_service.robust)."""
-    declared = core.registry.sizes()
-    claimed = {u.device: declared.get(u.device) or 0 for u in updates}
-    for u in updates:
-        if not declared.get(u.device):
-            claimed[u.device] += u.samples
-    reference = [size for size in declared.values() if size > 0]
-    return bounded_sizes(claimed, reference, core.config.samples_factor, core.config.max_device_samples)
+    """The data size each device of an aggregate is weighted by (ps_service.robust ``data_sizes``)."""
+    return data_sizes(updates, core.registry.sizes(), core.config.samples_factor, core.config.max_device_samples)
 
 
 def broadcast(core: ServerCore, now: float) -> list[Publish]:

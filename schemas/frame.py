@@ -39,6 +39,7 @@ class FrameKind(IntEnum):
     COMMIT = 1
     PARAMS = 2  # a full snapshot of version ``base_version``
     DELTA = 3  # version ``base_version`` = version ``seq`` + these tensors
+    PARTIAL = 4  # a site's commits summed (schemas/sitecommit.py): the weighted sums, fp32
 
 
 class FrameError(ValueError):

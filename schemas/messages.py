@@ -194,6 +194,42 @@ class Notice(Message):
     detail: str
 
 
+#: The most commits one site commit carries (its JSON header stays under ``MAX_JSON_BYTES``).
+MAX_SITE_COMMITS = 256
+
+
+class SiteEntry(Message):
+    """A device's commits a site commit covers (those since the site's last site commit, summed):
+    ``seq`` the newest one's, ``base_version`` the oldest one's, ``samples`` and ``steps`` summed."""
+
+    device: DeviceId
+    seq: int = Field(ge=1, le=MAX_SAFE_INT)
+    base_version: int = Field(ge=0, le=MAX_SAFE_INT)
+    samples: int = Field(ge=1, le=MAX_U32)
+    steps: int = Field(ge=1, le=MAX_U32)
+
+
+class SiteCommit(Message):
+    """The JSON header of a site commit (``part/{site}``, schemas/sitecommit.py): the commits its
+    aggregator summed, made at ``version``, and the two sums that travel beside the tensors.
+    ``data`` is the sum of the devices' data sizes n_i, ``spread`` the sum of n_i |d_i|^2 (d_i a
+    device's staleness-weighted update per local step; ps_service/aggregate.py ``Partial``)."""
+
+    site: Name
+    seq: int = Field(ge=1, le=MAX_SAFE_INT, description="the site's own count of its site commits")
+    version: int = Field(ge=0, le=MAX_SAFE_INT, description="the version the staleness weights were taken at")
+    data: float = Field(gt=0, description="sum of the devices' data sizes")
+    spread: float = Field(ge=0, description="sum of n_i |d_i|^2")
+    commits: list[SiteEntry] = Field(min_length=1, max_length=MAX_SITE_COMMITS)
+
+    @model_validator(mode="after")
+    def _one_commit_a_device(self) -> SiteCommit:
+        devices = [c.device for c in self.commits]
+        if len(set(devices)) != len(devices):
+            raise ValueError("a device appears twice: its commits are summed into one entry")
+        return self
+
+
 class Metrics(Message):
     """``metrics``: one record per new global version, for operators and reports."""
 

@@ -95,6 +95,11 @@ class Topics:
         ``+`` gives the wildcard for ACLs."""
         return f"{self.prefix}/site/{site if site == '+' else check_name(site, 'site name')}"
 
+    def part(self, site: str) -> str:
+        """site aggregator -> PS, QoS 1: site commits (its devices' commits summed); ``+`` gives the
+        wildcard."""
+        return f"{self.prefix}/part/{site if site == '+' else check_name(site, 'site name')}"
+
     @property
     def model(self) -> str:
         """PS -> devices, retained: the model artifact (the devices' TFLite trainer)."""
@@ -117,7 +122,7 @@ class Topics:
         parts = topic[len(head) :].split("/")
         if len(parts) == 1 and parts[0] in ("params", "delta", "barrier", "metrics", "cmd", "model"):
             return parts[0], None
-        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply"):
+        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply", "part"):
             return parts[0], check_name(parts[1], "device id")
         raise TopicError(f"topic {topic!r} is not part of the edgeps topic tree")
 

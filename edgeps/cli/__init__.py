@@ -1,4 +1,4 @@
-"""The ``edgeps`` command: one module per role (ps, client, broker, ctl, data, demo, bench, report), each
+"""The ``edgeps`` command: one module per role (ps, aggregator, client, broker, ctl, data, demo, bench, report), each
 adding its subcommand; ``main`` layers a role's TOML file and environment under its flags."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 
 from edgeps import __version__
-from edgeps.cli import bench, broker, client, ctl, data, demo, ps, report
+from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "processes inherit it)")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"edgeps {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for role in (demo, ps, client, broker, ctl):
+    for role in (demo, ps, aggregator, client, broker, ctl):
         role.add(sub)
     for name in LAYERED:
         _roles(parser)[name].add_argument("--config", help="a TOML file of this role's options (docs: edgeps config)")

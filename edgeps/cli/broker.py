@@ -33,7 +33,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
     from broker.secure import init_secure_broker
-    from broker.sites import bridge_account
+    from broker.sites import aggregator_account, bridge_account
 
     sites = parse_sites(args.site or [])
     if not args.directory or not (args.devices or sites):
@@ -51,6 +51,7 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         client_certs=args.client_certs,
         sites=sites,
         core_address=args.core_address,
+        aggregators=args.aggregators,
     )
     d, creds = setup.directory, setup.credentials_dir
     print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
@@ -64,6 +65,11 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
     for site, members in setup.sites.items():
         print(f"site {site} ({', '.join(members)}): mosquitto -c {setup.site_config(site)}   (its devices connect "
               f"there; it bridges to the core as {bridge_account(site)})")  # fmt: skip
+        if setup.aggregators:
+            account = aggregator_account(site)
+            print(f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --broker SITE-HOST:PORT "
+                  f"--username {account} --password-file {creds}/{account}.password "
+                  f"--tls-ca {setup.ca_cert}")  # fmt: skip
     print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
           f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0
@@ -103,4 +109,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "devices, bridged to this one (repeatable; docs/SCALING.md)")  # fmt: skip
     broker.add_argument("--core-address", metavar="HOST:PORT", help="init: where site brokers reach this one "
                         "(default: the first of --hostnames, and the port)")  # fmt: skip
+    broker.add_argument("--aggregators", action="store_true", help="init: each site runs `edgeps aggregator` "
+                        "(an account on its broker); its site commits cross to the core instead of its devices' "
+                        "commits")  # fmt: skip
     broker.set_defaults(func=cmd_broker)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ps_service.paces.base import Pace, register
-from ps_service.update import Update
+from ps_service.update import Contribution
 
 
 @register
@@ -26,7 +26,7 @@ class Asp(Pace):
     def ready(self, barrier: frozenset[str]) -> bool:
         return bool(self._buffer)
 
-    def take(self) -> list[Update]:
+    def take(self) -> list[Contribution]:
         """The oldest buffered update with every other one buffered from the same device (there is
         more than one only while aggregation is paused or a device floods): a device's batch makes
         one version, as one device's share, however many commits it sent."""

@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ps_service.aggregate import Aggregate, aggregate
-from ps_service.update import Update
+from ps_service.aggregate import Aggregate, aggregate_all
+from ps_service.update import Contribution, Update
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Pace(ABC):
     usage: str = ""  # how its spec is written, when it is not just ``name``
 
     def __init__(self) -> None:
-        self._buffer: list[Update] = []
+        self._buffer: list[Contribution] = []
 
     @classmethod
     def from_arg(cls, arg: str) -> Pace:
@@ -67,7 +67,7 @@ class Pace(ABC):
 
     def aggregate(
         self,
-        updates: list[Update],
+        updates: list[Contribution],
         version: int,
         sizes: dict[str, int],
         extrapolation: float | None,
@@ -79,7 +79,7 @@ class Pace(ABC):
         and the codecs' noise leave the norms that FedExP compares meaningful; ``kept``: the share
         of an update's squared norm its codec delivers (``norm_kept``)."""
         cap = self.step_cap(version, extrapolation, steady)
-        return aggregate(updates, version, sizes, self.mixing, cap, kept)
+        return aggregate_all(updates, version, sizes, self.mixing, cap, kept)
 
     def step_cap(self, version: int, extrapolation: float | None, steady: bool) -> float:
         """How far the aggregate made at ``version`` may be extrapolated (1: plain averaging)."""
@@ -90,29 +90,30 @@ class Pace(ABC):
         return self.max_extrapolation if self.max_extrapolation > 1 and steady else 1.0
 
     # ----------------------------------------------------------------- the buffer
-    def add(self, update: Update) -> None:
-        """Buffer an accepted update."""
+    def add(self, update: Contribution) -> None:
+        """Buffer an accepted update (a device's commit or a site's)."""
         self._buffer.append(update)
 
-    def take(self) -> list[Update]:
+    def take(self) -> list[Contribution]:
         """Hand over (and forget) the updates of one aggregate."""
         taken, self._buffer = self._buffer, []
         return taken
 
-    def take_all(self) -> list[Update]:
+    def take_all(self) -> list[Contribution]:
         """Hand over every buffered update (the pace is being replaced)."""
         taken, self._buffer = self._buffer, []
         return taken
 
     def drop(self, device: str) -> list[Update]:
-        """Forget (and return) the buffered updates of ``device`` (evicted by an operator)."""
-        dropped = [u for u in self._buffer if u.device == device]
-        self._buffer = [u for u in self._buffer if u.device != device]
+        """Forget (and return) the buffered commits of ``device`` (evicted by an operator). Its work
+        inside a site commit stays: a site's sum cannot be taken apart."""
+        dropped = [u for u in self._buffer if isinstance(u, Update) and u.device == device]
+        self._buffer = [u for u in self._buffer if not (isinstance(u, Update) and u.device == device)]
         return dropped
 
     def committed(self) -> list[str]:
         """Devices with a buffered update, sorted."""
-        return sorted({u.device for u in self._buffer})
+        return sorted({d for u in self._buffer for d in u.devices})
 
     def waiting_for(self, barrier: frozenset[str]) -> list[str]:
         """Devices of the barrier set the open round still waits for, sorted (none without rounds)."""
@@ -122,7 +123,7 @@ class Pace(ABC):
     def pending(self) -> int:
         return len(self._buffer)
 
-    def buffered(self) -> list[Update]:
+    def buffered(self) -> list[Contribution]:
         """The buffered updates, oldest first (for a checkpoint)."""
         return list(self._buffer)
 

@@ -3,6 +3,7 @@ ACLs from ``edgeps broker init --site``), devices on each site, the server on th
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -11,17 +12,18 @@ import pytest
 from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, free_port, start_broker
 from broker.secure import SecureSetup, init_secure_broker
-from broker.sites import bridge_account, core_acl
+from broker.sites import aggregator_account, bridge_account, core_acl
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards
+from ps_service.aggregator import SiteAggregator, SiteConfig
 from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
-from ps_service.mqtt import connect_server, serve
+from ps_service.mqtt import connect_server, serve, serve_site
 from schemas.topics import Publish, Topics
 from tests.helpers import next_message, wait_until
 
@@ -33,13 +35,12 @@ DEVICES = [d for members in SITES.values() for d in members]
 ROUNDS = 15
 
 
-@pytest.fixture(scope="module")
-def topology(tmp_path_factory):
-    """The setup, the core broker and one broker per site, bridged; torn down after the module."""
-    root = tmp_path_factory.mktemp("sites")
+@contextlib.contextmanager
+def bridged_brokers(root: Path, aggregators: bool):
+    """The setup, the core broker and one broker per site, bridged (each bridge up); stopped after."""
     core_port = free_port()
     setup = init_secure_broker(root / "setup", JOB, devices=[], operators=["op"], sites=SITES,
-                               core_address=f"127.0.0.1:{core_port}")  # fmt: skip
+                               core_address=f"127.0.0.1:{core_port}", aggregators=aggregators)  # fmt: skip
     brokers = [start_broker(port=core_port, workdir=root / "core", embedded=False, template=setup.config)]
     try:
         for site in SITES:
@@ -60,6 +61,20 @@ def topology(tmp_path_factory):
             broker.stop()
 
 
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory):
+    """Sites whose bridges carry their devices' commits."""
+    with bridged_brokers(tmp_path_factory.mktemp("sites"), aggregators=False) as brokers:
+        yield brokers
+
+
+@pytest.fixture(scope="module")
+def aggregated(tmp_path_factory):
+    """Sites that run an aggregator each: their bridges carry site commits instead."""
+    with bridged_brokers(tmp_path_factory.mktemp("aggregated"), aggregators=True) as brokers:
+        yield brokers
+
+
 def address(setup: SecureSetup, broker: BrokerProcess, name: str) -> BrokerAddress:
     return BrokerAddress(broker.host, broker.port, name, setup.passwords[name], tls_ca=str(setup.ca_cert))
 
@@ -70,15 +85,31 @@ def account(setup: SecureSetup, broker: BrokerProcess, name: str, subscriptions:
     return transport
 
 
-def run_job(tmp: Path, server_address: BrokerAddress, device_addresses: dict[str, BrokerAddress]) -> ServerCore:
-    """A bsp job of the four devices (seeded: the same shards, model and batches every time)."""
+def run_job(
+    tmp: Path,
+    server_address: BrokerAddress,
+    device_addresses: dict[str, BrokerAddress],
+    aggregators: dict[str, BrokerAddress] | None = None,
+) -> tuple[ServerCore, list[SiteAggregator]]:
+    """A bsp job of the four devices (seeded: the same shards, model and batches every time), with
+    an aggregator on each site of ``aggregators`` (site -> its account on the site's broker)."""
     shards = prepare_shards(load_digits(), tmp / "data", devices=len(DEVICES), alpha=0.5, seed=0)
     holdout = Dataset.load(shards.holdout)
-    config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES))
+    config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES),
+                          sites=frozenset(aggregators or ()) or None)  # fmt: skip
     core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
     transport = connect_server(core, server_address)
     server = threading.Thread(target=serve, args=(core, transport), daemon=True)
     server.start()
+    stop = threading.Event()
+    summing = []
+    for site, where in (aggregators or {}).items():
+        aggregator = SiteAggregator(SiteConfig(job=JOB, site=site))
+        link = MqttTransport(where, f"agg-{site}", aggregator.subscriptions())
+        link.wait_connected(5)
+        thread = threading.Thread(target=serve_site, args=(aggregator, link, stop), daemon=True)
+        thread.start()
+        summing.append((aggregator, link, thread))
     runners = []
     for i, (name, shard) in enumerate(zip(DEVICES, shards.devices, strict=True)):
         device = DeviceCore(JOB, name, Dataset.load(shard), NumpyTrainer(), seed=i)
@@ -91,18 +122,34 @@ def run_job(tmp: Path, server_address: BrokerAddress, device_addresses: dict[str
         server.join(timeout=10)
         for runner in runners:
             runner.join(timeout=10)
+        stop.set()
+        for _, link, thread in summing:
+            thread.join(timeout=10)
+            link.close()
         transport.close()
-    return core
+    return core, [aggregator for aggregator, _, _ in summing]
 
 
 def best(core: ServerCore) -> float:
     return max(m.accuracy for m in core.history if m.accuracy is not None)
 
 
+def on_one_broker(tmp: Path) -> ServerCore:
+    """The same job with every device on one broker."""
+    local = start_broker(workdir=tmp / "one", embedded=False)
+    try:
+        plain = BrokerAddress(local.host, local.port)
+        direct, _ = run_job(tmp / "direct", plain, dict.fromkeys(DEVICES, plain))
+    finally:
+        local.stop()
+    assert direct.store.version == ROUNDS
+    return direct
+
+
 def test_a_job_over_two_bridged_sites_trains_as_on_one_broker(topology, tmp_path) -> None:
     setup, core_broker, sites = topology
     site_of = {device: site for site, members in SITES.items() for device in members}
-    bridged = run_job(
+    bridged, _ = run_job(
         tmp_path / "bridged",
         address(setup, core_broker, "ps"),
         {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
@@ -110,14 +157,33 @@ def test_a_job_over_two_bridged_sites_trains_as_on_one_broker(topology, tmp_path
     assert bridged.store.version == ROUNDS and bridged.traffic.applied == ROUNDS * len(DEVICES)
     # A commit made after the last version is refused as finished (the protocol's end of a job), nothing else.
     assert set(bridged.traffic.rejected) <= {"finished"}
-    local = start_broker(workdir=tmp_path / "one", embedded=False)  # the same job on one broker
-    try:
-        plain = BrokerAddress(local.host, local.port)
-        direct = run_job(tmp_path / "direct", plain, dict.fromkeys(DEVICES, plain))
-    finally:
-        local.stop()
-    assert direct.store.version == ROUNDS
+    direct = on_one_broker(tmp_path)
     assert abs(best(bridged) - best(direct)) <= 0.01, (best(bridged), best(direct))
+
+
+def test_site_aggregators_cut_the_upstream_bytes_by_their_fan_in(aggregated, tmp_path) -> None:
+    """Each site's aggregator sums its two devices' commits into one site commit a round: the job
+    trains as on one broker, every commit applied once, and the bytes reaching the core halve."""
+    setup, core_broker, sites = aggregated
+    site_of = {device: site for site, members in SITES.items() for device in members}
+    summed, aggregators = run_job(
+        tmp_path / "aggregated",
+        address(setup, core_broker, "ps"),
+        {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+        {site: address(setup, sites[site], aggregator_account(site)) for site in SITES},
+    )
+    assert summed.store.version == ROUNDS and summed.traffic.applied == ROUNDS * len(DEVICES)
+    assert set(summed.traffic.rejected) <= {"finished"}
+    # One site commit a site a round, and at most two more: a site's first round may go up in two (its
+    # aggregator learns of a device with the device's hello) and a commit racing the job's end alone.
+    assert all(ROUNDS <= a.stats["site_commits"] <= ROUNDS + 2 for a in aggregators), [a.stats for a in aggregators]
+    direct = on_one_broker(tmp_path)
+    assert abs(best(summed) - best(direct)) <= 0.01, (best(summed), best(direct))
+    fan_in = len(DEVICES) / len(SITES)
+    ratio = summed.traffic.bytes_up / direct.traffic.bytes_up
+    print(f"upstream bytes at the core: {summed.traffic.bytes_up} with aggregators, {direct.traffic.bytes_up} "
+          f"on one broker: {ratio:.3f}x (fan-in {fan_in:g})")  # fmt: skip
+    assert ratio <= (ROUNDS + 2) / ROUNDS * 1.05 / fan_in, ratio  # 5%: the site commit's header
 
 
 def test_only_a_sites_own_traffic_crosses_its_bridge(topology) -> None:

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_service.aggregate import aggregate, combine, partial
-from ps_service.update import Update
+from ps_service.aggregate import aggregate, aggregate_all, combine, partial, site_part
+from ps_service.update import SiteUpdate, Update
+from schemas.messages import SiteEntry
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 
@@ -47,6 +48,39 @@ def test_sites_partial_sums_combine_to_the_direct_aggregate(case, mixing, cap, k
     scale = max(1.0, max(float(np.abs(v).max()) for v in direct.delta.values()))
     for name, values in direct.delta.items():
         np.testing.assert_allclose(combined.delta[name], values, rtol=1e-4, atol=1e-5 * scale)
+
+
+def site_update(site: str, updates: list[Update], version: int, sizes: dict[str, int]) -> SiteUpdate:
+    """What the server holds of ``updates`` summed by site ``site``'s aggregator at ``version``."""
+    entries = tuple(SiteEntry(device=u.device, seq=u.seq, base_version=u.base_version, samples=u.samples,
+                              steps=u.steps) for u in {u.device: u for u in updates}.values())  # fmt: skip
+    return SiteUpdate(site, 1, version, entries, partial(updates, version, sizes))
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=rounds(), cap=st.sampled_from([1.0, 3.0]))
+def test_the_server_aggregates_site_commits_beside_direct_commits_as_every_commit_directly(case, cap) -> None:
+    """Site 0's devices commit to the server directly, the others' through their sites' aggregators."""
+    updates, version, sizes, sites = case
+    direct = aggregate(updates, version, sizes, 0.5, cap)
+    own = [u for u in updates if sites[int(u.device[1:])] == 0]
+    summed = [site_update(f"s{k}", [u for u in updates if sites[int(u.device[1:])] == k], version, sizes)
+              for k in (1, 2) if any(sites[int(u.device[1:])] == k for u in updates)]  # fmt: skip
+    mixed = aggregate_all([*own, *summed], version, sizes, 0.5, cap)
+    assert mixed.step == pytest.approx(direct.step, rel=1e-4)
+    scale = max(1.0, max(float(np.abs(v).max()) for v in direct.delta.values()))
+    for name, values in direct.delta.items():
+        np.testing.assert_allclose(mixed.delta[name], values, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_a_site_commit_that_lags_is_discounted_as_a_whole() -> None:
+    rng = np.random.default_rng(1)
+    updates = [Update("d0", 1, 2, 10, 4, {"w": rng.standard_normal(3).astype(np.float32)})]
+    site = site_update("s", updates, 2, {})
+    assert site_part(site, 3) is site.part  # one version behind counts fully, as a device's commit
+    lagging = site_part(site, 6)  # four behind: 1/sqrt(4)
+    np.testing.assert_allclose(lagging.weighted["w"], site.part.weighted["w"] / 2, rtol=1e-6)
+    assert lagging.spread == pytest.approx(site.part.spread / 4)
 
 
 def test_one_site_holding_every_device_is_the_direct_aggregate() -> None:

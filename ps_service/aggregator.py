@@ -1,0 +1,259 @@
+"""The site aggregator (``edgeps aggregator --site S``): beside a site broker, it sums its devices'
+commits into site commits, one upstream message for many commits (docs/SCALING.md).
+
+Sans-IO like the server's core: messages in, messages to publish out, ``now`` given. It checks
+each commit as the server would (ps_service.validation: frame, device, sequence number, codec,
+shapes, values; ps_service.robust: the norm against the site's other devices), refuses with the
+same notices, and holds what it accepts. A site commit goes out when every device of the site in
+the round has committed (online, not left past the server's round deadline: the barrier's
+``left``), or ``flush_s`` after the first commit it holds: a straggler's commit then goes in a
+later one, and the server's round deadline treats it as it would treat the device itself.
+
+Each commit is *settled* (its driver may acknowledge it to the site broker) once it was refused,
+or once the site commit holding it was handed out: a driver acknowledges only after the broker
+took that site commit, so an aggregator that dies loses nothing, and what the broker delivers
+again (``duplicate``) goes up alone, one commit a site commit, so that the server can tell a
+copy of what it holds (dropped) from work it never got (taken).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ps_service.aggregate import partial
+from ps_service.registry import DeviceRegistry
+from ps_service.robust import NormBound, data_sizes
+from ps_service.update import Update
+from ps_service.validation import Rejection, validate_commit
+from schemas.events import Events
+from schemas.frame import FrameError, FrameKind, parse_frame, peek_seq
+from schemas.messages import (
+    MAX_SAFE_INT,
+    MAX_SITE_COMMITS,
+    Barrier,
+    Control,
+    DeviceStatus,
+    MessageError,
+    Name,
+    Notice,
+    RejectReason,
+    SiteCommit,
+    SiteEntry,
+)
+from schemas.sitecommit import encode_site_commit
+from schemas.topics import Publish, Topics
+
+#: How long a commit waits for what it is checked against (the parameters, its device's status and
+#: control): after an aggregator's restart the broker may deliver commits before those.
+WAIT_S = 10.0
+
+
+class SiteConfig(BaseModel):
+    """A site aggregator's options (``edgeps aggregator``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: Name = Field("job1", description="the job's name")
+    site: Name = Field(description="the site's name (its site commits go to edgeps/{job}/part/{site})")
+    flush_s: float = Field(
+        1.0, gt=0, description="a site commit goes out at the latest this many seconds after its first commit came"
+    )
+    outlier_factor: float = Field(8.0, ge=1, description="as the server's: a device's norm against the site's")
+    samples_factor: float = Field(2.0, ge=1, description="as the server's, against the site's median")
+    max_device_samples: int | None = Field(None, ge=1, description="as the server's")
+
+
+class SiteAggregator:
+    """One site's aggregator as a state machine; ``token``: whatever its driver acknowledges a
+    message by (an MQTT message id)."""
+
+    def __init__(self, config: SiteConfig) -> None:
+        self.config = config
+        self.topics = Topics(config.job)
+        self.registry = DeviceRegistry(None)
+        self.bound = NormBound(config.outlier_factor)
+        self.events = Events()
+        self.version = 0
+        self.shapes: dict[str, tuple[int, ...]] | None = None
+        self.commit_limit = 64 << 20
+        self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
+        self.left: frozenset[str] = frozenset()
+        self.finished = False  # the barrier said the job has finished: commits are refused here
+        self.held: list[tuple[Update, Any]] = []  # accepted, not yet sent up
+        self.alone: list[tuple[Update, Any]] = []  # delivered again: each goes up in a site commit of its own
+        self.waiting: list[tuple[str, bytes, float, bool, Any]] = []  # (device, payload, since, duplicate, token)
+        self.first_at: float | None = None
+        self.seq = 0
+        self._settled: list[Any] = []
+        self.stats: Counter[str] = Counter()  # commits, bytes_in, site_commits, bytes_up, rejected:{reason}
+
+    def subscriptions(self) -> list[str]:
+        t = self.topics
+        return [t.all_status, t.all_grad, t.params, t.delta, t.barrier, t.ctrl("+")]
+
+    # ----------------------------------------------------------------- events
+    def on_message(
+        self, topic: str, payload: bytes, now: float, token: Any = None, duplicate: bool = False
+    ) -> list[Publish]:
+        """One inbound message; never raises. Its token is settled at once unless it is a commit
+        held for a site commit."""
+        try:
+            kind, device = self.topics.parse(topic)
+        except ValueError as exc:
+            self.events.warning("ignored message on %s: %s", topic, exc)
+            self._settled.append(token)
+            return []
+        if kind == "grad" and device is not None:
+            self.stats["commits"] += 1
+            self.stats["bytes_in"] += len(payload)
+            self.waiting.append((device, payload, now, duplicate, token))
+            return self._admit(now)
+        try:
+            if kind == "status" and device is not None:
+                self._on_status(device, payload)
+            elif kind == "ctrl" and device is not None and payload:
+                control = Control.from_bytes(payload, tolerant=True)
+                self.codecs[device] = frozenset({control.codec, *self.codecs.get(device, ())})
+            elif kind == "barrier" and payload:
+                barrier = Barrier.from_bytes(payload, tolerant=True)
+                self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
+            elif kind in ("params", "delta") and payload:
+                self._on_params(payload)
+        except (MessageError, FrameError) as exc:
+            self.events.warning("ignored message on %s: %s", topic, exc)
+        self._settled.append(token)
+        return self._admit(now)
+
+    def on_tick(self, now: float) -> list[Publish]:
+        """Time passes: commits that waited ``WAIT_S`` for what they are checked against are refused."""
+        return self._admit(now)
+
+    def _on_status(self, device: str, payload: bytes) -> None:
+        if not payload:
+            self.registry.set_offline(device)
+            return
+        status = DeviceStatus.from_bytes(payload)
+        if status.device != device:
+            raise MessageError(f"status on {device!r} names {status.device!r}")
+        if status.state == "offline":
+            self.registry.set_offline(device, status.incarnation)
+            return
+        assert status.incarnation is not None
+        self.registry.set_online(device, status.samples, status.incarnation)
+
+    def _on_params(self, payload: bytes) -> None:
+        raw = parse_frame(payload)
+        if raw.kind == FrameKind.PARAMS:
+            self.shapes = raw.shapes
+            self.commit_limit = len(payload) + 64  # the model's fp32 commit with the longest device id
+        if raw.kind in (FrameKind.PARAMS, FrameKind.DELTA):
+            self.version = max(self.version, raw.base_version)
+
+    def _admit(self, now: float) -> list[Publish]:
+        """Check the commits that can be checked now; refuse those that waited too long."""
+        out: list[Publish] = []
+        still = []
+        for device, payload, since, duplicate, token in self.waiting:
+            ready = self.shapes is not None and self.registry.known(device) and device in self.codecs
+            if not ready and now - since < WAIT_S:
+                still.append((device, payload, since, duplicate, token))
+                continue
+            try:
+                if self.finished:  # as the server would: no bytes up for work no version will take
+                    raise Rejection(RejectReason.FINISHED, "the job has finished", peek_seq(payload))
+                if not ready:
+                    raise Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came",
+                                    peek_seq(payload))  # fmt: skip
+                assert self.shapes is not None
+                update = validate_commit(payload, device, self.registry, MAX_SAFE_INT, self.shapes,
+                                         self.commit_limit, self.codecs[device])  # fmt: skip
+            except Rejection as rejection:
+                out += self._refuse(device, rejection)
+                self._settled.append(token)
+                continue
+            if update.base_version > self.version:  # it saw the parameters before we did
+                self.version = update.base_version
+            (self.alone if duplicate else self.held).append((update, token))
+            if self.first_at is None:
+                self.first_at = now
+        self.waiting = still
+        return out
+
+    def _refuse(self, device: str, rejection: Rejection) -> list[Publish]:
+        self.stats[f"rejected:{rejection.reason.value}"] += 1
+        self.events.warning("refused a commit of %s: %s: %s", device, rejection.reason.value, rejection.detail)
+        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
+        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
+
+    # ----------------------------------------------------------------- flushing
+    def due(self, now: float) -> bool:
+        """Whether the commits held should go up now: every device the round expects has committed
+        (online, not left), ``MAX_SITE_COMMITS`` devices have, or ``flush_s`` has passed."""
+        if not self.held:
+            return False
+        committed = {u.device for u, _ in self.held}
+        expected = self.registry.active() - self.left
+        late = self.first_at is not None and now >= self.first_at + self.config.flush_s
+        return len(committed) >= MAX_SITE_COMMITS or expected <= committed or late
+
+    def next_deadline(self) -> float | None:
+        """When a site commit or a waiting commit's refusal is next due (None: nothing held)."""
+        times = [since + WAIT_S for _, _, since, _, _ in self.waiting]
+        if self.first_at is not None:
+            times.append(self.first_at + self.config.flush_s)
+        return min(times, default=None)
+
+    def flush(self, now: float) -> list[Publish]:
+        """The site commits due (each commit delivered again in one of its own; what is held when
+        ``due``, up to ``MAX_SITE_COMMITS`` devices' commits) and the notices of outliers; the
+        tokens of the commits in them are settled."""
+        out = [m for held in self.alone for m in self._site_commit([held])]
+        self.alone = []
+        if self.due(now):
+            devices = sorted({u.device for u, _ in self.held})[:MAX_SITE_COMMITS]
+            taken = [h for h in self.held if h[0].device in devices]
+            self.held = [h for h in self.held if h[0].device not in devices]
+            out += self._site_commit(taken)
+            self.first_at = now if self.held else None
+        return out
+
+    def _site_commit(self, held: list[tuple[Update, Any]]) -> list[Publish]:
+        """The site commit of ``held`` (and a notice to each outlier refused from it)."""
+        updates = [u for u, _ in held]
+        self._settled += [token for _, token in held]
+        refused = self.bound.outliers(updates, self.version, 0.0)
+        detail = "its update is far from the site's other devices' (ps_service.robust): not applied"
+        out = [n for u in updates if u.device in refused
+               for n in self._refuse(u.device, Rejection(RejectReason.OUTLIER, detail, u.seq))]  # fmt: skip
+        updates = [u for u in updates if u.device not in refused]
+        if not updates:
+            return out
+        c = self.config
+        sizes = data_sizes(updates, self.registry.sizes(), c.samples_factor, c.max_device_samples)
+        part = partial(updates, self.version, sizes)
+        entries = []
+        for device in dict.fromkeys(u.device for u in updates):
+            mine = [u for u in updates if u.device == device]
+            entries.append(SiteEntry(device=device, seq=max(u.seq for u in mine),
+                                     base_version=min(u.base_version for u in mine),
+                                     samples=sum(u.samples for u in mine),
+                                     steps=sum(u.steps for u in mine)))  # fmt: skip
+        self.seq += 1
+        header = SiteCommit(site=c.site, seq=self.seq, version=self.version, data=part.data,
+                            spread=part.spread, commits=entries)  # fmt: skip
+        weighted = {name: np.asarray(values, np.float32) for name, values in part.weighted.items()}
+        payload = encode_site_commit(header, weighted)
+        self.stats["site_commits"] += 1
+        self.stats["forwarded"] += len(updates)
+        self.stats["bytes_up"] += len(payload)
+        return [*out, Publish(self.topics.part(c.site), payload, qos=1)]
+
+    def settled(self) -> list[Any]:
+        """The tokens settled since the last call (to acknowledge, once what was published with
+        them is acknowledged by the broker)."""
+        taken, self._settled = self._settled, []
+        return taken
