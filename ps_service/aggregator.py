@@ -78,6 +78,8 @@ class SiteAggregator:
         self.bound = NormBound(config.outlier_factor)
         self.events = Events()
         self.version = 0
+        self.run: int | None = None  # the job's run the version belongs to (its parameters' and barrier's)
+        self.ended_runs: set[int] = set()  # runs a newer one replaced: their retained messages are ignored
         self.shapes: dict[str, tuple[int, ...]] | None = None
         self.commit_limit = 64 << 20
         self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
@@ -120,7 +122,8 @@ class SiteAggregator:
                 self.codecs[device] = frozenset({control.codec, *self.codecs.get(device, ())})
             elif kind == "barrier" and payload:
                 barrier = Barrier.from_bytes(payload, tolerant=True)
-                self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
+                if self._follow(barrier.run, barrier.version):
+                    self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
             elif kind in ("params", "delta") and payload:
                 self._on_params(payload)
         except (MessageError, FrameError) as exc:
@@ -147,11 +150,24 @@ class SiteAggregator:
 
     def _on_params(self, payload: bytes) -> None:
         raw = parse_frame(payload)
-        if raw.kind == FrameKind.PARAMS:
+        if raw.kind == FrameKind.PARAMS and self._follow(raw.seq, raw.base_version):  # a snapshot's seq: its run
             self.shapes = raw.shapes
             self.commit_limit = len(payload) + 64  # the model's fp32 commit with the longest device id
-        if raw.kind in (FrameKind.PARAMS, FrameKind.DELTA):
+        elif raw.kind == FrameKind.DELTA and self.run is not None:  # deltas follow the run's snapshot
             self.version = max(self.version, raw.base_version)
+
+    def _follow(self, run: int, version: int) -> bool:
+        """Take ``version`` of ``run`` as known; False for a run that ended (a retained message a site
+        broker kept from an earlier run of the job). A new run starts again from its own version."""
+        if run in self.ended_runs:
+            return False
+        if run != self.run:
+            if self.run is not None:
+                self.ended_runs.add(self.run)
+                self.events.info("run %d of job %s began: site commits follow it", run, self.config.job)
+            self.run, self.version = run, version
+        self.version = max(self.version, version)
+        return True
 
     def _admit(self, now: float) -> list[Publish]:
         """Check the commits that can be checked now; refuse those that waited too long."""

@@ -4,7 +4,11 @@ ACLs from ``edgeps broker init --site``), devices on each site, the server on th
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,13 +94,16 @@ def run_job(
     server_address: BrokerAddress,
     device_addresses: dict[str, BrokerAddress],
     aggregators: dict[str, BrokerAddress] | None = None,
+    during: Callable[[ServerCore, dict[str, DeviceCore]], None] | None = None,
+    sites: frozenset[str] | None = None,
 ) -> tuple[ServerCore, list[SiteAggregator]]:
     """A bsp job of the four devices (seeded: the same shards, model and batches every time), with
-    an aggregator on each site of ``aggregators`` (site -> its account on the site's broker)."""
+    an aggregator on each site of ``aggregators`` (site -> its account on the site's broker), site
+    commits taken from ``sites`` (default: those), and ``during`` run beside the job."""
     shards = prepare_shards(load_digits(), tmp / "data", devices=len(DEVICES), alpha=0.5, seed=0)
     holdout = Dataset.load(shards.holdout)
     config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES),
-                          sites=frozenset(aggregators or ()) or None)  # fmt: skip
+                          sites=sites or frozenset(aggregators or ()) or None)  # fmt: skip
     core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
     transport = connect_server(core, server_address)
     server = threading.Thread(target=serve, args=(core, transport), daemon=True)
@@ -110,14 +117,20 @@ def run_job(
         thread = threading.Thread(target=serve_site, args=(aggregator, link, stop), daemon=True)
         thread.start()
         summing.append((aggregator, link, thread))
-    runners = []
+    runners, devices = [], {}
     for i, (name, shard) in enumerate(zip(DEVICES, shards.devices, strict=True)):
-        device = DeviceCore(JOB, name, Dataset.load(shard), NumpyTrainer(), seed=i)
+        device = devices[name] = DeviceCore(JOB, name, Dataset.load(shard), NumpyTrainer(), seed=i)
         runner = threading.Thread(target=run_device, args=(device, connect_device(device, device_addresses[name])))
         runner.start()
         runners.append(runner)
+    beside = threading.Thread(target=during, args=(core, devices), daemon=True) if during is not None else None
+    if beside is not None:
+        beside.start()
     try:
         wait_until(lambda: core.finished, timeout=90, what="the job")
+        if beside is not None:
+            beside.join(timeout=30)
+            assert not beside.is_alive()
     finally:
         server.join(timeout=10)
         for runner in runners:
@@ -184,6 +197,56 @@ def test_site_aggregators_cut_the_upstream_bytes_by_their_fan_in(aggregated, tmp
     print(f"upstream bytes at the core: {summed.traffic.bytes_up} with aggregators, {direct.traffic.bytes_up} "
           f"on one broker: {ratio:.3f}x (fan-in {fan_in:g})")  # fmt: skip
     assert ratio <= (ROUNDS + 2) / ROUNDS * 1.05 / fan_in, ratio  # 5%: the site commit's header
+
+
+def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path) -> None:
+    """Site a's aggregator is an `edgeps aggregator` process, stopped and SIGKILLed three times mid-job,
+    each time with its devices' commits of the round delivered to it and not acknowledged, and started
+    again: its site broker delivers them again (its persistent session, MQTT DUP), each goes up alone
+    (a copy of one the server holds would be dropped as such), and the round goes on. Every commit is
+    applied once, the job ends, and nothing is refused but commits racing the job's end."""
+    setup, core_broker, sites = aggregated
+    site_of = {device: site for site, members in SITES.items() for device in members}
+    broker = sites["a"]
+    account = aggregator_account("a")
+    command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", "a",
+               "--broker", f"{broker.host}:{broker.port}", "--username", account,
+               "--password-file", str(setup.credentials_dir / f"{account}.password"),
+               "--tls-ca", str(setup.ca_cert)]  # fmt: skip
+    logs = tmp_path / "aggregator.log"
+    processes = [subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT)]
+    kills = []
+
+    def kill_and_restart(core: ServerCore, devices: dict[str, DeviceCore]) -> None:
+        for at in (3, 6, 9):
+            wait_until(lambda at=at: core.store.version >= at, timeout=60, what=f"version {at}")
+            processes[-1].send_signal(signal.SIGSTOP)  # it reads and acknowledges nothing from here on
+            # the site's devices commit on this version: the broker sends their commits to a process that
+            # will never acknowledge them
+            version = core.store.version
+            wait_until(lambda v=version: all(devices[d].committed_on == v for d in SITES["a"]), timeout=30,
+                       what="site a's devices to commit")  # fmt: skip
+            processes[-1].kill()  # SIGKILL
+            processes[-1].wait(timeout=10)
+            kills.append(core.store.version)
+            processes.append(subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT))
+
+    try:
+        summed, _ = run_job(
+            tmp_path / "killed",
+            address(setup, core_broker, "ps"),
+            {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+            {"b": address(setup, sites["b"], aggregator_account("b"))},
+            during=kill_and_restart,
+            sites=frozenset(SITES),
+        )
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=10)
+    assert len(kills) == 3, logs.read_text()
+    assert summed.store.version == ROUNDS and summed.traffic.applied == ROUNDS * len(DEVICES), logs.read_text()
+    assert set(summed.traffic.rejected) <= {"finished", "replayed"}, (summed.traffic.rejected, logs.read_text())
 
 
 def test_only_a_sites_own_traffic_crosses_its_bridge(topology) -> None:

@@ -219,6 +219,30 @@ def test_a_bsp_job_over_sites_makes_the_models_of_the_job_without() -> None:
     assert summed.bytes_up < 0.55 * flat.bytes_up
 
 
+def test_the_aggregator_follows_a_new_run_and_ignores_what_an_earlier_one_left() -> None:
+    """A site broker keeps the retained parameters and barrier of the job's last run (version 15); a new
+    server starts a new run at version 0: site commits say version 0, or the server refuses them."""
+    old = site_server(rounds=50, run=5)
+    aggregator = site_of(old)
+    for version in range(1, 16):
+        for device in ("a", "b"):
+            aggregator.on_message(old.topics.grad(device), commit_bytes(old, device, version), float(version))
+        for message in deliver(old, aggregator.flush(float(version)), float(version)):  # its broadcasts
+            aggregator.on_message(message.topic, message.payload, float(version))
+    assert old.store.version == aggregator.version == 15
+    new = site_server(run=6)
+    for message in new.start(20.0):  # the new run's snapshot and barrier
+        aggregator.on_message(message.topic, message.payload, 20.0)
+    for message in old.last_broadcast:  # the earlier run's, delivered again (a resubscription)
+        aggregator.on_message(message.topic, message.payload, 20.0)
+    assert (aggregator.run, aggregator.version) == (6, 0)
+    for device in ("a", "b"):
+        hello(new, device, now=20.0)
+        aggregator.on_message(new.topics.grad(device), commit_bytes(new, device, 20), 21.0)
+    deliver(new, aggregator.flush(21.0), 21.0)
+    assert new.store.version == 1 and not new.traffic.rejected
+
+
 def test_params_frame_is_read_for_shapes_and_version() -> None:
     server = site_server()
     aggregator = site_of(server)
