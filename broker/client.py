@@ -146,6 +146,10 @@ class Transport(ABC):
         """Make ``topics`` the subscriptions (QoS 1), now and after every reconnect."""
 
     @abstractmethod
+    def unsubscribe(self, topics: list[str]) -> None:
+        """Drop ``topics`` (also one a persistent session holds from an earlier process) without subscribing."""
+
+    @abstractmethod
     def resubscribe(self, topics: list[str]) -> None:
         """Subscribe to ``topics`` again, so that the broker sends their retained messages again."""
 
@@ -341,6 +345,10 @@ class MqttTransport(Transport):
             self._client.subscribe([(t, 1) for t in added])
         if removed:
             self._client.unsubscribe(removed)
+
+    def unsubscribe(self, topics: list[str]) -> None:
+        self._subscriptions = [t for t in self._subscriptions if t not in topics]
+        self._client.unsubscribe(topics)
 
     def resubscribe(self, topics: list[str]) -> None:
         for topic in topics:

@@ -65,6 +65,10 @@ class SiteConfig(BaseModel):
     outlier_factor: float = Field(8.0, ge=1, description="as the server's: a device's norm against the site's")
     samples_factor: float = Field(2.0, ge=1, description="as the server's, against the site's median")
     max_device_samples: int | None = Field(None, ge=1, description="as the server's")
+    shared: bool = Field(
+        False, description="an ingest worker beside the server: read the job's commits from the shared "
+        "subscription $share/edgeps-{job}/edgeps/{job}/grad/+ on the core broker, a site commit per batch",
+    )  # fmt: skip
 
 
 class SiteAggregator:
@@ -85,6 +89,7 @@ class SiteAggregator:
         self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
         self.left: frozenset[str] = frozenset()
         self.finished = False  # the barrier said the job has finished: commits are refused here
+        self.committed: tuple[int, frozenset[str]] = (-1, frozenset())  # the barrier's version and committed
         self.held: list[tuple[Update, Any]] = []  # accepted, not yet sent up
         self.alone: list[tuple[Update, Any]] = []  # delivered again: each goes up in a site commit of its own
         self.waiting: list[tuple[str, bytes, float, bool, Any]] = []  # (device, payload, since, duplicate, token)
@@ -95,7 +100,8 @@ class SiteAggregator:
 
     def subscriptions(self) -> list[str]:
         t = self.topics
-        return [t.all_status, t.all_grad, t.params, t.delta, t.barrier, t.ctrl("+")]
+        grads = f"$share/edgeps-{self.config.job}/{t.all_grad}" if self.config.shared else t.all_grad
+        return [t.all_status, grads, t.params, t.delta, t.barrier, t.ctrl("+")]
 
     # ----------------------------------------------------------------- events
     def on_message(
@@ -124,6 +130,7 @@ class SiteAggregator:
                 barrier = Barrier.from_bytes(payload, tolerant=True)
                 if self._follow(barrier.run, barrier.version):
                     self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
+                    self.committed = (barrier.version, frozenset(barrier.committed))
             elif kind in ("params", "delta") and payload:
                 self._on_params(payload)
         except (MessageError, FrameError) as exc:
@@ -188,16 +195,27 @@ class SiteAggregator:
                 update = validate_commit(payload, device, self.registry, MAX_SAFE_INT, self.shapes,
                                          self.commit_limit, self.codecs[device])  # fmt: skip
             except Rejection as rejection:
-                out += self._refuse(device, rejection)
+                if rejection.reason is RejectReason.REPLAYED and self.registry.redelivered(device, rejection.seq):
+                    self.stats["rejected:replayed"] += 1  # a copy of one it holds or sent: the server's rule
+                else:
+                    out += self._refuse(device, rejection)
                 self._settled.append(token)
                 continue
             if update.base_version > self.version:  # it saw the parameters before we did
                 self.version = update.base_version
-            (self.alone if duplicate else self.held).append((update, token))
+            (self.alone if duplicate or self._again(update) else self.held).append((update, token))
             if self.first_at is None:
                 self.first_at = now
         self.waiting = still
         return out
+
+    def _again(self, update: Update) -> bool:
+        """Whether ``update`` may be a device's resend of a commit the server holds (§6 of
+        docs/PROTOCOL.md: the same bytes after 30 s without a version), which this ingest worker
+        did not see: its device is among the barrier's ``committed`` for its round. It then goes up
+        alone: a copy is dropped as such, and takes no other device's commit with it."""
+        version, committed = self.committed
+        return self.config.shared and update.device in committed and update.base_version <= version
 
     def _refuse(self, device: str, rejection: Rejection) -> list[Publish]:
         self.stats[f"rejected:{rejection.reason.value}"] += 1
@@ -211,6 +229,8 @@ class SiteAggregator:
         (online, not left), ``MAX_SITE_COMMITS`` devices have, or ``flush_s`` has passed."""
         if not self.held:
             return False
+        if self.config.shared:  # an ingest worker sees a share of every round: a site commit per batch
+            return True
         committed = {u.device for u, _ in self.held}
         expected = self.registry.active() - self.left
         late = self.first_at is not None and now >= self.first_at + self.config.flush_s

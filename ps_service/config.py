@@ -140,6 +140,11 @@ class ServerConfig(BaseModel):
         "default: none)",
     )  # fmt: skip
 
+    sites_only: bool = Field(
+        False, description="take commits only in site commits: ingest workers (edgeps aggregator --shared) read "
+        "the devices' commit topics, the server none",
+    )  # fmt: skip
+
     @field_validator("sites")
     @classmethod
     def _site_names(cls, sites: frozenset[str] | None) -> frozenset[str] | None:

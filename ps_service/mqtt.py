@@ -123,7 +123,10 @@ def serve(
     # The persistent session may hold an earlier process's subscriptions (a muted device's commit
     # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
     known = [core.topics.grad(d) for d in sorted(core.registry.devices())]
-    transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
+    if core.config.sites_only:  # not even for a moment: beside the workers' shared one, it would take copies
+        transport.unsubscribe([core.topics.all_grad, *known])
+    else:
+        transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
     listen()
     publish(outgoing)
     noted = clock()

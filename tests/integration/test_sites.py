@@ -7,8 +7,6 @@ import contextlib
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,14 @@ from broker.launcher import BrokerProcess, free_port, start_broker
 from broker.secure import SecureSetup, init_secure_broker
 from broker.sites import aggregator_account, bridge_account, core_acl
 from edge_client.core import DeviceCore
-from edge_client.mqtt import connect_device, run_device
-from edge_client.trainer import NumpyTrainer
-from learning.data import Dataset, load_digits
-from learning.model import init_mlp
-from learning.prepare import prepare_shards
-from ps_service.aggregator import SiteAggregator, SiteConfig
-from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
-from ps_service.evaluator import Evaluator
-from ps_service.mqtt import connect_server, serve, serve_site
 from schemas.topics import Publish, Topics
 from tests.helpers import next_message, wait_until
+from tests.integration.jobs import DEVICES, JOB, ROUNDS, best, on_one_broker, run_job
 
 pytestmark = pytest.mark.integration
 
-JOB = "sites"
-SITES = {"a": ["dev-0", "dev-1"], "b": ["dev-2", "dev-3"]}
-DEVICES = [d for members in SITES.values() for d in members]
-ROUNDS = 15
+SITES = {"a": DEVICES[:2], "b": DEVICES[2:]}
 
 
 @contextlib.contextmanager
@@ -87,76 +74,6 @@ def account(setup: SecureSetup, broker: BrokerProcess, name: str, subscriptions:
     transport = MqttTransport(address(setup, broker, name), f"test-{name}", subscriptions, persistent=False)
     transport.wait_connected(5)
     return transport
-
-
-def run_job(
-    tmp: Path,
-    server_address: BrokerAddress,
-    device_addresses: dict[str, BrokerAddress],
-    aggregators: dict[str, BrokerAddress] | None = None,
-    during: Callable[[ServerCore, dict[str, DeviceCore]], None] | None = None,
-    sites: frozenset[str] | None = None,
-) -> tuple[ServerCore, list[SiteAggregator]]:
-    """A bsp job of the four devices (seeded: the same shards, model and batches every time), with
-    an aggregator on each site of ``aggregators`` (site -> its account on the site's broker), site
-    commits taken from ``sites`` (default: those), and ``during`` run beside the job."""
-    shards = prepare_shards(load_digits(), tmp / "data", devices=len(DEVICES), alpha=0.5, seed=0)
-    holdout = Dataset.load(shards.holdout)
-    config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES),
-                          sites=sites or frozenset(aggregators or ()) or None)  # fmt: skip
-    core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
-    transport = connect_server(core, server_address)
-    server = threading.Thread(target=serve, args=(core, transport), daemon=True)
-    server.start()
-    stop = threading.Event()
-    summing = []
-    for site, where in (aggregators or {}).items():
-        aggregator = SiteAggregator(SiteConfig(job=JOB, site=site))
-        link = MqttTransport(where, f"agg-{site}", aggregator.subscriptions())
-        link.wait_connected(5)
-        thread = threading.Thread(target=serve_site, args=(aggregator, link, stop), daemon=True)
-        thread.start()
-        summing.append((aggregator, link, thread))
-    runners, devices = [], {}
-    for i, (name, shard) in enumerate(zip(DEVICES, shards.devices, strict=True)):
-        device = devices[name] = DeviceCore(JOB, name, Dataset.load(shard), NumpyTrainer(), seed=i)
-        runner = threading.Thread(target=run_device, args=(device, connect_device(device, device_addresses[name])))
-        runner.start()
-        runners.append(runner)
-    beside = threading.Thread(target=during, args=(core, devices), daemon=True) if during is not None else None
-    if beside is not None:
-        beside.start()
-    try:
-        wait_until(lambda: core.finished, timeout=90, what="the job")
-        if beside is not None:
-            beside.join(timeout=30)
-            assert not beside.is_alive()
-    finally:
-        server.join(timeout=10)
-        for runner in runners:
-            runner.join(timeout=10)
-        stop.set()
-        for _, link, thread in summing:
-            thread.join(timeout=10)
-            link.close()
-        transport.close()
-    return core, [aggregator for aggregator, _, _ in summing]
-
-
-def best(core: ServerCore) -> float:
-    return max(m.accuracy for m in core.history if m.accuracy is not None)
-
-
-def on_one_broker(tmp: Path) -> ServerCore:
-    """The same job with every device on one broker."""
-    local = start_broker(workdir=tmp / "one", embedded=False)
-    try:
-        plain = BrokerAddress(local.host, local.port)
-        direct, _ = run_job(tmp / "direct", plain, dict.fromkeys(DEVICES, plain))
-    finally:
-        local.stop()
-    assert direct.store.version == ROUNDS
-    return direct
 
 
 def test_a_job_over_two_bridged_sites_trains_as_on_one_broker(topology, tmp_path) -> None:
@@ -241,7 +158,8 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
             sites=frozenset(SITES),
         )
     finally:
-        for process in processes:
+        for process in processes:  # one left stopped by a failed wait takes SIGTERM after SIGCONT
+            process.send_signal(signal.SIGCONT)
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=10)
     assert len(kills) == 3, logs.read_text()
