@@ -147,7 +147,7 @@ def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, reta
         return []
     core.traffic.commits += len(header.commits)
     for entry in header.commits:
-        core.registry.check_seq(entry.device, entry.seq)
+        core.registry.check_seq(entry.device, entry.seq, ordered=not core.config.sites_only)
         core.frequency.balancer.on_commit(entry.device, entry.steps, now)
         lag = core.store.version - entry.base_version
         if entry.device in core.registry.active() and core.membership.on_commit(entry.device, lag):
@@ -162,7 +162,7 @@ def _entry_fault(core: ServerCore, entry: SiteEntry) -> Rejection | None:
     R = RejectReason
     if not core.registry.known(entry.device) or not core.registry.permits(entry.device):
         return Rejection(R.UNKNOWN_DEVICE, f"device {entry.device!r} has not announced itself online", entry.seq)
-    fault = core.registry.seq_fault(entry.device, entry.seq)
+    fault = core.registry.seq_fault(entry.device, entry.seq, ordered=not core.config.sites_only)
     if fault is not None:
         return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)
     if entry.base_version > core.store.version:

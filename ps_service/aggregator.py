@@ -249,12 +249,21 @@ class SiteAggregator:
         tokens of the commits in them are settled."""
         out = [m for held in self.alone for m in self._site_commit([held])]
         self.alone = []
-        if self.due(now):
+        while self.due(now):
             devices = sorted({u.device for u, _ in self.held})[:MAX_SITE_COMMITS]
-            taken = [h for h in self.held if h[0].device in devices]
-            self.held = [h for h in self.held if h[0].device not in devices]
+            if self.config.shared:  # one commit a device, the oldest: the server checks each one's number,
+                first: dict[str, int] = {}  # out of order (a worker's site commit may pass another's)
+                for i, (update, _) in enumerate(self.held):
+                    first.setdefault(update.device, i)
+                picked = {first[d] for d in devices}
+            else:
+                picked = {i for i, (update, _) in enumerate(self.held) if update.device in devices}
+            taken = [h for i, h in enumerate(self.held) if i in picked]
+            self.held = [h for i, h in enumerate(self.held) if i not in picked]
             out += self._site_commit(taken)
             self.first_at = now if self.held else None
+            if not self.config.shared:
+                break
         return out
 
     def _site_commit(self, held: list[tuple[Update, Any]]) -> list[Publish]:

@@ -48,6 +48,7 @@ class DeviceRecord:
     first_seq: int = 0  # the highest number received when that incarnation came online: its own are above
     highest_seq: int = 0
     recent_seqs: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_SEQS))
+    seq_floor: int = 0  # the highest number that left ``recent_seqs``: nothing at or below it is taken unordered
     commits: TokenBucket = field(default_factory=TokenBucket)  # rate limit in commits
     bytes: TokenBucket = field(default_factory=TokenBucket)  # rate limit in payload bytes
     statuses: TokenBucket = field(default_factory=TokenBucket)  # rate limit of status messages
@@ -64,6 +65,7 @@ class DeviceRecord:
             "first_seq": self.first_seq,
             "highest_seq": self.highest_seq,
             "recent_seqs": list(self.recent_seqs),
+            "seq_floor": self.seq_floor,
             "commits": self.commits.to_state(now),
             "bytes": self.bytes.to_state(now),
             "statuses": self.statuses.to_state(now),
@@ -83,6 +85,7 @@ class DeviceRecord:
             first_seq=int(state["first_seq"]),
             highest_seq=int(state["highest_seq"]),
             recent_seqs=deque((int(s) for s in state["recent_seqs"]), maxlen=RECENT_SEQS),
+            seq_floor=int(state.get("seq_floor", 0)),  # checkpoints before 1.5 have none
             commits=TokenBucket.from_state(state["commits"], now),
             bytes=TokenBucket.from_state(state["bytes"], now),
             statuses=TokenBucket.from_state(state["statuses"], now),
@@ -198,22 +201,27 @@ class DeviceRegistry:
             self._active = frozenset(d for d, r in self._devices.items() if r.online)
         return self._active
 
-    def seq_fault(self, device: str, seq: int) -> str | None:
-        """``replayed`` or ``out_of_order`` if ``device`` may not use ``seq``, else None (nothing recorded)."""
+    def seq_fault(self, device: str, seq: int, ordered: bool = True) -> str | None:
+        """``replayed`` or ``out_of_order`` if ``device`` may not use ``seq``, else None (nothing recorded).
+        Not ``ordered`` (commits that came through several ingest workers, which may pass one another):
+        a number below the highest is taken if it is not among the recent ones and above every number
+        that left them (``seq_floor``), an anti-replay window."""
         record = self._devices[device]
         if seq in record.recent_seqs or seq == record.highest_seq:
             return "replayed"
-        if seq < record.highest_seq:
+        if seq < record.highest_seq and (ordered or seq <= record.seq_floor):
             return "out_of_order"
         return None
 
-    def check_seq(self, device: str, seq: int) -> str | None:
+    def check_seq(self, device: str, seq: int, ordered: bool = True) -> str | None:
         """Record ``seq`` for ``device``; return ``replayed`` or ``out_of_order`` if it may not be used."""
-        fault = self.seq_fault(device, seq)
+        fault = self.seq_fault(device, seq, ordered)
         if fault is not None:
             return fault
         record = self._devices[device]
-        record.highest_seq = seq
+        record.highest_seq = max(record.highest_seq, seq)
+        if len(record.recent_seqs) == record.recent_seqs.maxlen:
+            record.seq_floor = max(record.seq_floor, record.recent_seqs[0])
         record.recent_seqs.append(seq)
         return None
 
