@@ -28,12 +28,13 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from edgeps.bench.load import BenchServer, _rss_mib, commit_template, patch
+from edgeps.bench.load import ROOT, BenchServer, _rss_mib, commit_template, patch
 from edgeps.tables import Table
 
 WINDOW = 64  # QoS 1 publishes in flight per generator connection
@@ -220,22 +221,56 @@ def mosquitto_pub_rate(host: str, port: int, payload: bytes, count: int, workdir
         deliveries.close()
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_workers(host: str, port: int, job: str, workdir: Path, count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` ingest workers (``edgeps aggregator --shared``) of ``job``, each connected and subscribed."""
+    workers, logs = [], []
+    for k in range(count):
+        logs.append(workdir / f"ingest-{k}.log")
+        command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", job, "--site", f"ingest-{k}",
+                   "--shared", "--broker", f"{host}:{port}"]  # fmt: skip
+        with open(logs[-1], "wb") as log:  # the child keeps its own descriptor
+            workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+    deadline = time.monotonic() + 60
+    while not all("aggregating" in log.read_text() for log in logs):
+        if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+            raise RuntimeError(f"an ingest worker did not start: see {workdir}/ingest-*.log")
+        time.sleep(0.1)
+    return workers
+
+
 def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float, generators: int,
-               checkpoint: bool, say: Any, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+               checkpoint: bool, say: Any, profile: Path | None = None, workers: int = 0,
+               broker_pid: int | None = None) -> dict[str, Any]:  # fmt: skip
     """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``BACKLOG`` ahead of it: its
-    sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there."""
+    sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there.
+    ``workers``: that many ingest workers take the commits (a shared subscription) and the server only
+    their site commits (``--sites-only``). The CPU seconds each process used over the measured window
+    come with it (the broker's with ``broker_pid``)."""
     from schemas.messages import DeviceStatus, Metrics
     from schemas.topics import Publish
 
-    job = "capacity-ckpt" if checkpoint else "capacity"
+    job = "capacity-ckpt" if checkpoint else f"capacity-{workers}w" if workers else "capacity"
     flags = ["--max-commit-rate", "1e6"]  # its ingest is measured, not its per-device rate limit
     if checkpoint:
         flags += ["--checkpoint", str(workdir / "state.ckpt")]
+    if workers:
+        flags += ["--sites", ",".join(f"ingest-{k}" for k in range(workers)), "--sites-only"]
     profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []
     server = BenchServer(host, port, job, workdir, *flags, python=profiler)
     topics, watcher = server.topics, server.watcher
     names = [f"cap-{i:04d}" for i in range(devices)]
+    ingest: list[subprocess.Popen[bytes]] = []
     try:
+        ingest = start_workers(host, port, job, workdir, workers)
         samples: list[tuple[float, int, int]] = []  # (server's elapsed_s, applied, commits) from its metrics
 
         def take(records: list[Metrics]) -> Metrics | None:
@@ -256,7 +291,7 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         context = multiprocessing.get_context("spawn")
         go, results = context.Event(), context.Queue()
         allowed = context.Value("q", BACKLOG // generators, lock=False)  # per generator
-        workers = [
+        loaders = [
             context.Process(
                 target=_generator,
                 args=(names[k::generators], host, port, job, seconds, go, allowed, results),
@@ -264,8 +299,8 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
             )
             for k in range(generators)
         ]
-        for worker in workers:
-            worker.start()
+        for loader in loaders:
+            loader.start()
         say(
             f"  {devices} devices' commits for {seconds:g} s, {BACKLOG} ahead of the server"
             + (", with --checkpoint" if checkpoint else "")
@@ -277,11 +312,22 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         started = time.monotonic()
         go.set()
         rss = []
+        pids = {"server": server.process.pid, **{f"ingest-{k}": w.pid for k, w in enumerate(ingest)}}
+        if broker_pid is not None:
+            pids["broker"] = broker_pid
+        pids |= {f"load-{k}": loader.pid for k, loader in enumerate(loaders) if loader.pid is not None}
+        cpu_from: dict[str, float] | None = None
         while time.monotonic() - started < seconds:
             read_metrics(0.2)
             allowed.value = (samples[-1][2] - start_commits + BACKLOG) // generators
             rss.append(_rss_mib(server.process.pid) or 0.0)
-        sent = sum(results.get(timeout=60) for _ in workers)
+            if cpu_from is None and time.monotonic() - started >= seconds / 4:  # the window the rate is taken on
+                cpu_from, cpu_at = {name: cpu_s(pid) for name, pid in pids.items()}, time.monotonic()
+        assert cpu_from is not None
+        cpu = {
+            name: round((cpu_s(pid) - cpu_from[name]) / (time.monotonic() - cpu_at), 2) for name, pid in pids.items()
+        }
+        sent = sum(results.get(timeout=60) for _ in loaders)
         late = time.monotonic() + 30  # the server's records of the load's seconds, delayed behind the backlog
         while samples[-1][0] < begun + seconds and time.monotonic() < late:
             read_metrics(0.5)
@@ -289,24 +335,30 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         if len(window) < 2:
             raise RuntimeError("too few metrics records from the server during the load")
         (t0, a0, c0), (t1, a1, c1) = window[0], window[-1]
-        for worker in workers:
-            worker.join(timeout=30)
+        for loader in loaders:
+            loader.join(timeout=30)
         return {
             "sent": sent,
             "offered_rate": round(sent / seconds, 1),
             "apply_rate": round((a1 - a0) / (t1 - t0), 1),
             "receive_rate": round((c1 - c0) / (t1 - t0), 1),
             "server_rss_mib": [round(min(rss[len(rss) // 4 :]), 1), round(max(rss[len(rss) // 4 :]), 1)],
+            "cores": cpu,  # CPU seconds a second of each process over the last three quarters of the load
+            "rejected": dict(server.last.rejected) if server.last is not None else {},
         }
     finally:
         server.stop("capacity bench done")
+        for worker in ingest:
+            worker.terminate()
+            worker.wait(timeout=30)
 
 
 def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000, generators: int = 2,
-                   checkpoint: bool = False, say: Any = print,
-                   profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                   checkpoint: bool = False, say: Any = print, profile: Path | None = None,
+                   workers: tuple[int, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """The broker's raw rate and the server's apply rate for the same payload, in one run; with ``profile``,
-    the server's cProfile statistics (of the run without a checkpoint) there."""
+    the server's cProfile statistics (of the run without a checkpoint) there; with ``workers``, the apply
+    rate of a server behind that many ingest workers, for each count, in the same run."""
     from broker.launcher import start_broker
 
     with tempfile.TemporaryDirectory(prefix="edgeps-capacity-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
@@ -317,8 +369,9 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
         pub = mosquitto_pub_rate(broker.host, broker.port, payload, count // 4, Path(tmp))
         say(f"  {pub:,.0f} messages/s")
         say("server: edgeps ps --pace asp under the same payloads as commits ...")
+        pid = broker.process.pid
         plain = apply_rate(broker.host, broker.port, Path(tmp) / "ps", devices, seconds, generators, False, say,
-                           profile)  # fmt: skip
+                           profile, broker_pid=pid)  # fmt: skip
         say(f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s)")
         report: dict[str, Any] = {
             "payload_bytes": len(payload),
@@ -329,6 +382,12 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
             "ratio_mosquitto_pub": round(plain["apply_rate"] / pub, 3),
             "server": plain,
         }
+        for count in workers:
+            say(f"server behind {count} ingest workers (edgeps aggregator --shared) under the same load ...")
+            shared = apply_rate(broker.host, broker.port, Path(tmp) / f"ps-{count}w", devices, seconds, generators,
+                                False, say, workers=count, broker_pid=pid)  # fmt: skip
+            say(f"  {shared['apply_rate']:,.0f} commits applied/s: {shared['apply_rate'] / plain['apply_rate']:.2f}x")
+            report.setdefault("workers", {})[count] = shared
         if checkpoint:
             saved = apply_rate(broker.host, broker.port, Path(tmp) / "ps-ckpt", devices, seconds, generators, True, say)
             say(f"  {saved['apply_rate']:,.0f} commits applied/s with --checkpoint")
@@ -352,6 +411,15 @@ def format_capacity(report: dict[str, Any]) -> Table:
     for name, server, rate in rows:
         table.add(f"{name} (offered {server['offered_rate']:,.0f}/s)", f"{rate:,.0f}", f"{rate / raw:.3f}",
                   f"{rate / pub:.2f}")  # fmt: skip
+    for count, shared in report.get("workers", {}).items():
+        rate = shared["apply_rate"]
+        table.add(f"server behind {count} ingest workers (offered {shared['offered_rate']:,.0f}/s)", f"{rate:,.0f}",
+                  f"{rate / raw:.3f}", f"{rate / pub:.2f}")  # fmt: skip
     low, high = report["server"]["server_rss_mib"]
     table.after.append(f"server RSS under the load: {low}..{high} MiB")
+    for count, shared in [(0, report["server"]), *report.get("workers", {}).items()]:
+        cores = ", ".join(f"{name} {share:.2f}" for name, share in shared["cores"].items())
+        ratio = f" ({shared['apply_rate'] / report['apply_rate']:.2f}x one server)" if count else ""
+        refused = f"; refused: {shared['rejected']}" if shared["rejected"] else ""
+        table.after.append(f"cores used, {count or 'no'} ingest workers{ratio}: {cores}{refused}")
     return table

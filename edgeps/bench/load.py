@@ -44,6 +44,7 @@ class BenchServer:
         from schemas.topics import Topics
 
         self.topics, self.log = Topics(job), workdir / "ps.log"
+        self.last: Any = None  # the newest metrics record received
         workdir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, *(python or []), "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}",
                    "--job", job, "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1",
@@ -61,6 +62,8 @@ class BenchServer:
         out = []
         while (message := self.watcher.receive(timeout=0.0 if out else timeout)) is not None:
             out.append(Metrics.from_bytes(message.payload))
+        if out:
+            self.last = out[-1]
         return out
 
     def first_records(self, timeout: float = 60.0) -> list[Any]:

@@ -98,7 +98,8 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
         seconds = 8.0 if args.seconds is None else args.seconds
         profile = Path(args.profile).resolve() if args.profile else None
         _shown(args, lambda: bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint,
-                                            profile=profile), format_capacity)  # fmt: skip
+                                            profile=profile, workers=tuple(args.workers or ())),
+               format_capacity)  # fmt: skip
         if profile:
             print(f"the server's profile: {profile} (python -m pstats {profile})")
         return 0
@@ -245,6 +246,9 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
     load.add_argument("--profile", help="with --capacity: run the server under cProfile, its statistics to this file")
+    load.add_argument("--workers", type=int, action="append", metavar="K",
+                      help="with --capacity: the apply rate of a server behind K ingest workers too, in the same "
+                      "run (repeatable; docs/SCALING.md)")  # fmt: skip
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 

@@ -20,7 +20,8 @@ pytestmark = [
 def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
     from edgeps.bench.capacity import bench_capacity
 
-    report = bench_capacity(devices=10, seconds=2.0, count=2000, generators=1, checkpoint=True, say=lambda *a: None)
+    report = bench_capacity(devices=10, seconds=2.0, count=2000, generators=1, checkpoint=True, say=lambda *a: None,
+                            workers=(2,))  # fmt: skip
     assert report["payload_bytes"] > 19_000  # the demo model's fp32 commit
     assert report["broker_rate"] > 0 and report["broker_rate_mosquitto_pub"] > 0
     for rate, ratio, server in (("apply_rate", "ratio", "server"),
@@ -28,6 +29,9 @@ def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
         assert 0 < report[rate] <= report[server]["offered_rate"] * 1.5  # the server applied the load's commits
         assert report[rate] >= 0.9 * report[server]["receive_rate"]  # valid commits, none refused (rate limits)
         assert report[ratio] == pytest.approx(report[rate] / report["broker_rate"], abs=1e-3)
+    shared = report["workers"][2]  # behind two ingest workers: each took a share, the server none directly
+    assert shared["apply_rate"] > 0 and not shared["rejected"]
+    assert shared["cores"]["ingest-0"] > 0 and shared["cores"]["ingest-1"] > 0
 
 
 def test_the_cli_writes_the_json_keys_the_issue_names(tmp_path) -> None:
