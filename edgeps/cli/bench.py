@@ -170,6 +170,13 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_sites(args: argparse.Namespace) -> int:
+    from edgeps.bench.sites import bench_sites, format_sites
+
+    _shown(args, lambda: bench_sites(args.devices, args.sites, args.rounds), format_sites)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
@@ -233,6 +240,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     footprint.add_argument("--rounds", type=int, default=20, help="versions in each client's job")
     footprint.add_argument("--json", help="write the report as JSON here")
     footprint.set_defaults(func=cmd_bench_footprint)
+
+    sites = bench.add_parser("sites", help="the same bsp job flat and over site aggregators, in the simulator")
+    sites.add_argument("--devices", type=int, default=1000, help="devices in the job")
+    sites.add_argument("--sites", type=int, default=10, help="sites they are spread over, an aggregator each")
+    sites.add_argument("--rounds", type=int, default=3, help="versions in each job")
+    sites.add_argument("--json", help="write the report as JSON here")
+    sites.set_defaults(func=cmd_bench_sites)
 
     load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
     load.add_argument("--devices", type=int, default=200, help="simulated devices committing")
