@@ -257,6 +257,7 @@ class SecureSetup:
     passwords: dict[str, str] = field(repr=False)
     sites: dict[str, list[str]] = field(default_factory=dict)
     aggregators: bool = False  # each site runs an aggregator (account agg-{site} on its broker)
+    workers: list[str] = field(default_factory=list)  # ingest workers' accounts on this broker
 
     def site_config(self, site: str) -> Path:
         """The site broker's config (broker.sites)."""
@@ -315,17 +316,20 @@ def init_secure_broker(
     sites: dict[str, list[str]] | None = None,
     core_address: str | None = None,
     aggregators: bool = False,
+    ingest_workers: int = 0,
 ) -> SecureSetup:
     """Write the deployable setup under ``directory`` (see the module's docstring). ``sites``: site
     name -> its devices, each site's broker bridged to ``core_address`` (HOST:PORT of this broker as
     the sites reach it; default: the first of ``hostnames`` and ``port``). ``aggregators``: each
     site runs an aggregator (account ``agg-{site}`` on its broker), whose site commits cross to the
-    core instead of its devices' commits."""
+    core instead of its devices' commits. ``ingest_workers``: that many accounts ``ingest-{k}`` on
+    this broker for ``edgeps aggregator --shared``."""
     sites = sites or {}
     sited = [device for members in sites.values() for device in members]
     bridges = [bridge_account(site) for site in sites]
     summing = [aggregator_account(site) for site in sites] if aggregators else []
-    accounts = [server, *operators, *devices, *sited, *bridges, *summing]
+    workers = [f"ingest-{k}" for k in range(ingest_workers)]
+    accounts = [server, *operators, *devices, *sited, *bridges, *summing, *workers]
     bad = [a for a in [*accounts, *sites] if not re.fullmatch(NAME_PATTERN, a)]
     if bad or len(set(accounts)) != len(accounts):
         raise ValueError(f"account names must be unique topic-safe names ({NAME_PATTERN}); got {bad or accounts}")
@@ -341,12 +345,21 @@ def init_secure_broker(
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700 if folder != directory else 0o755)
     passwords = {account: secrets.token_hex(16) for account in accounts}  # never starts with "-"
-    provisioned = [server, *operators, *devices, *sited, *summing]  # a bridge's password is only in its site's config
-    write_password_file(broker / "passwd", {a: passwords[a] for a in [server, *operators, *devices, *bridges]})
+    provisioned = [
+        server,
+        *operators,
+        *devices,
+        *sited,
+        *summing,
+        *workers,
+    ]  # a bridge's password is only in its site's config
+    core_accounts = [server, *operators, *devices, *bridges, *workers]
+    write_password_file(broker / "passwd", {a: passwords[a] for a in core_accounts})
     for account in provisioned:
         _private(creds / f"{account}.password", passwords[account] + "\n")
     rules = acl_rules(job, server, devices, list(operators))  # a site's devices have their accounts there
     blocks = [core_acl(job, site, members, aggregators) for site, members in sites.items()]
+    blocks += [aggregator_acl(job, worker, account=worker) for worker in workers]
     (broker / "acl").write_text(rules + "".join(f"\n{block}" for block in blocks))
     make_ca(ca)
     make_certificate(broker, "server", list(hostnames), ca=ca)
@@ -374,5 +387,5 @@ def init_secure_broker(
         _private(place / "mosquitto.conf", broker_config(place, port, host, client_certs, max_packet) + bridge)
         hand_to_broker_account(place)
     return SecureSetup(
-        directory, config, job, server, [*devices, *sited], list(operators), passwords, sites, aggregators
+        directory, config, job, server, [*devices, *sited], list(operators), passwords, sites, aggregators, workers
     )

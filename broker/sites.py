@@ -72,12 +72,15 @@ def core_acl(job: str, site: str, devices: list[str], aggregated: bool = False) 
     return "\n".join(lines) + "\n"
 
 
-def aggregator_acl(job: str, site: str) -> str:
-    """A site broker's ACL block for the site's aggregator: its devices' commits, statuses and
-    controls and the job's broadcasts in; its site commits and notices to its devices out.
-    Wildcards, as it subscribes: on its site's broker every device is the site's."""
+def aggregator_acl(job: str, site: str, account: str | None = None) -> str:
+    """The ACL block of the aggregator of ``site`` (its account: ``aggregator_account``): its devices'
+    commits, statuses and controls and the job's broadcasts in; its site commits and notices to its
+    devices out. Wildcards, as it subscribes: on a site's broker every device is the site's, and an
+    ingest worker on the core (``account`` = ``site``, its name) takes a share of every device's
+    commits (the topic filter of its shared subscription)."""
     t = Topics(job)
-    lines = ["", f"user {aggregator_account(site)}", f"topic write {t.part(site)}", f"topic write {t.notice('+')}"]
+    user = account or aggregator_account(site)
+    lines = ["", f"user {user}", f"topic write {t.part(site)}", f"topic write {t.notice('+')}"]
     lines += [f"topic read {topic}" for topic in (t.all_grad, t.all_status, t.ctrl("+"), t.params, t.delta, t.barrier)]
     return "\n".join(lines) + "\n"
 

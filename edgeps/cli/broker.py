@@ -52,6 +52,7 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         sites=sites,
         core_address=args.core_address,
         aggregators=args.aggregators,
+        ingest_workers=args.ingest_workers,
     )
     d, creds = setup.directory, setup.credentials_dir
     print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
@@ -70,6 +71,11 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
             print(f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --broker SITE-HOST:PORT "
                   f"--username {account} --password-file {creds}/{account}.password "
                   f"--tls-ca {setup.ca_cert}")  # fmt: skip
+    for worker in setup.workers:
+        print(f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared --broker HOST:PORT "
+              f"--username {worker} --password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}")  # fmt: skip
+    if setup.workers:
+        print(f"  and the server with --sites {','.join(setup.workers)} --sites-only")
     print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
           f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0
@@ -112,4 +118,6 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker.add_argument("--aggregators", action="store_true", help="init: each site runs `edgeps aggregator` "
                         "(an account on its broker); its site commits cross to the core instead of its devices' "
                         "commits")  # fmt: skip
+    broker.add_argument("--ingest-workers", type=int, default=0, metavar="K", help="init: K accounts ingest-0.. "
+                        "for `edgeps aggregator --shared` on this broker (docs/SCALING.md)")  # fmt: skip
     broker.set_defaults(func=cmd_broker)

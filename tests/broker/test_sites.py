@@ -64,3 +64,23 @@ def test_site_options_parse_or_name_the_bad_value() -> None:
     for bad in (["a"], ["=dev-0"], ["a=dev-0", "a=dev-1"]):
         with pytest.raises(ValueError, match="--site"):
             parse_sites(bad)
+
+
+def test_aggregators_and_ingest_workers_get_their_own_accounts_and_only_their_topics(tmp_path) -> None:
+    setup = init_secure_broker(tmp_path, "j", devices=["dev-9"], sites=SITES, core_address="core:8883",
+                               aggregators=True, ingest_workers=2)  # fmt: skip
+    t = Topics("j")
+    assert accounts(setup.broker_dir / "passwd") == {"ps", "operator", "dev-9", "site-a", "site-b", "ingest-0",
+                                                     "ingest-1"}  # fmt: skip
+    core_acl = (setup.broker_dir / "acl").read_text()
+    worker = core_acl.split("user ingest-0\n")[1].split("\n\n")[0].splitlines()
+    assert f"topic write {t.part('ingest-0')}" in worker and f"topic read {t.all_grad}" in worker
+    assert not any(t.cmd in line or t.metrics in line or "part/ingest-1" in line for line in worker)
+    bridge = core_acl.split("user site-a\n")[1].split("\n\n")[0]
+    assert f"topic write {t.part('a')}" in bridge and t.grad("dev-0") not in bridge  # site commits, not commits
+    for site, members in SITES.items():
+        place = setup.site_config(site).parent
+        assert accounts(place / "passwd") == {*members, f"agg-{site}"}
+        assert f"topic {t.part(site)} out 1" in setup.site_config(site).read_text()
+        assert f"topic {t.grad(members[0])} out 1" not in setup.site_config(site).read_text()
+        assert (setup.credentials_dir / f"agg-{site}.password").exists()
