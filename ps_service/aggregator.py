@@ -90,6 +90,7 @@ class SiteAggregator:
         self.left: frozenset[str] = frozenset()
         self.finished = False  # the barrier said the job has finished: commits are refused here
         self.committed: tuple[int, frozenset[str]] = (-1, frozenset())  # the barrier's version and committed
+        self.sent: dict[str, int] = {}  # each device's newest base version sent up
         self.held: list[tuple[Update, Any]] = []  # accepted, not yet sent up
         self.alone: list[tuple[Update, Any]] = []  # delivered again: each goes up in a site commit of its own
         self.waiting: list[tuple[str, bytes, float, bool, Any]] = []  # (device, payload, since, duplicate, token)
@@ -171,6 +172,7 @@ class SiteAggregator:
         if run != self.run:
             if self.run is not None:
                 self.ended_runs.add(self.run)
+                self.sent.clear()
                 self.events.info("run %d of job %s began: site commits follow it", run, self.config.job)
             self.run, self.version = run, version
         self.version = max(self.version, version)
@@ -231,10 +233,15 @@ class SiteAggregator:
             return False
         if self.config.shared:  # an ingest worker sees a share of every round: a site commit per batch
             return True
-        committed = {u.device for u, _ in self.held}
+        held = {u.device for u, _ in self.held}
+        if len(held) >= MAX_SITE_COMMITS:
+            return True
+        # who has committed on the newest version: what is held, and what already went up (a site of more
+        # than MAX_SITE_COMMITS devices sends a round in several site commits)
+        sent = {device for device, version in self.sent.items() if version >= self.version}
         expected = self.registry.active() - self.left
         late = self.first_at is not None and now >= self.first_at + self.config.flush_s
-        return len(committed) >= MAX_SITE_COMMITS or expected <= committed or late
+        return expected <= held | sent or late
 
     def next_deadline(self) -> float | None:
         """When a site commit or a waiting commit's refusal is next due (None: nothing held)."""
@@ -294,6 +301,8 @@ class SiteAggregator:
         payload = encode_site_commit(header, weighted)
         self.stats["site_commits"] += 1
         self.stats["forwarded"] += len(updates)
+        for update in updates:
+            self.sent[update.device] = max(update.base_version, self.sent.get(update.device, -1))
         self.stats["bytes_up"] += len(payload)
         return [*out, Publish(self.topics.part(c.site), payload, qos=1)]
 

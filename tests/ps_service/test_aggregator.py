@@ -86,6 +86,19 @@ def test_a_site_commit_goes_out_after_flush_s_without_a_straggler() -> None:
     assert server.pace.committed() == ["a"] and server.waiting_for() == ["b"]
 
 
+def test_a_round_bigger_than_one_site_commit_goes_up_as_soon_as_every_device_committed(monkeypatch) -> None:
+    import ps_service.aggregator
+
+    monkeypatch.setattr(ps_service.aggregator, "MAX_SITE_COMMITS", 2)
+    server = site_server()
+    aggregator = site_of(server, devices=("a", "b", "c"))
+    for device in ("a", "b"):
+        aggregator.on_message(server.topics.grad(device), commit_bytes(server, device, 1), 1.0)
+    assert len(aggregator.flush(1.0)) == 1  # full
+    aggregator.on_message(server.topics.grad("c"), commit_bytes(server, "c", 1), 1.1)
+    assert len(aggregator.flush(1.1)) == 1  # a and b went up already: the round is complete, not 1 s later
+
+
 def test_the_aggregator_refuses_what_the_server_would_with_the_same_notices() -> None:
     server = site_server()
     aggregator = site_of(server)
