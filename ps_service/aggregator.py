@@ -14,6 +14,12 @@ or once the site commit holding it was handed out: a driver acknowledges only af
 took that site commit, so an aggregator that dies loses nothing, and what the broker delivers
 again (``duplicate``) goes up alone, one commit a site commit, so that the server can tell a
 copy of what it holds (dropped) from work it never got (taken).
+
+With ``shared`` it is an ingest worker beside the server instead: it reads a share of every
+device's commits from an MQTT 5 shared subscription on the core broker and sends a site commit
+per batch, one commit a device in each (the server then checks sequence numbers in a window: a
+worker's site commit may pass another's), and alone any commit whose device the barrier already
+lists as committed for its round (a resend whose first copy another worker had).
 """
 
 from __future__ import annotations
