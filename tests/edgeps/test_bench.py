@@ -117,3 +117,14 @@ def test_bench_scale_fits_exponents_and_draws_both_sweeps(tmp_path) -> None:
     assert report["model"][1]["params"] > report["model"][0]["params"]
     assert report["model_exponents"]["checkpoint_bytes"] > 0.5  # the checkpoint holds the model
     assert (tmp_path / "scale-fleet.png").stat().st_size > 10_000 and (tmp_path / "scale-model.png").exists()
+
+
+def test_bench_sites_compares_the_same_job_flat_and_over_aggregators(tmp_path, capsys) -> None:
+    out = tmp_path / "sites.json"
+    assert main(["bench", "sites", "--devices", "12", "--sites", "3", "--rounds", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    flat, summed = report["flat"], report["with_sites"]
+    assert flat["versions"] == summed["versions"] == 2 and flat["applied"] == summed["applied"] == 24
+    assert flat["messages_per_round"] == 12 and summed["messages_per_round"] == 3  # a site commit a site a round
+    assert report["ratios"]["bytes_up_per_round"] < 0.5 and summed["accuracy"] == flat["accuracy"]  # bsp: same job
+    assert "bytes up into the core" in capsys.readouterr().out
