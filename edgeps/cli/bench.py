@@ -177,6 +177,14 @@ def cmd_bench_sites(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_shards(args: argparse.Namespace) -> int:
+    from edgeps.bench.shards import bench_shards, format_shards
+
+    shards = tuple(int(n) for n in args.shards.split(","))
+    _shown(args, lambda: bench_shards(shards=shards, devices=args.devices, rounds=args.rounds), format_shards)
+    return 0
+
+
 def cmd_bench_codec(args: argparse.Namespace) -> int:
     from edgeps.bench.codec import bench_codecs
     from schemas.codecs import make_codec
@@ -247,6 +255,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sites.add_argument("--rounds", type=int, default=3, help="versions in each job")
     sites.add_argument("--json", help="write the report as JSON here")
     sites.set_defaults(func=cmd_bench_sites)
+
+    shards = bench.add_parser("shards", help="parameter sharding by key range, simulated with the real server core")
+    shards.add_argument("--shards", default="1,2,4", help="comma-separated shard counts (1: one server)")
+    shards.add_argument("--devices", type=int, default=16, help="devices committing each round")
+    shards.add_argument("--rounds", type=int, default=5, help="bsp rounds at each shard count")
+    shards.add_argument("--json", help="write the report as JSON here")
+    shards.set_defaults(func=cmd_bench_shards)
 
     load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
     load.add_argument("--devices", type=int, default=200, help="simulated devices committing")

@@ -128,3 +128,14 @@ def test_bench_sites_compares_the_same_job_flat_and_over_aggregators(tmp_path, c
     assert flat["messages_per_round"] == 12 and summed["messages_per_round"] == 3  # a site commit a site a round
     assert report["ratios"]["bytes_up_per_round"] < 0.5 and summed["accuracy"] == flat["accuracy"]  # bsp: same job
     assert "bytes up into the core" in capsys.readouterr().out
+
+
+def test_bench_shards_cuts_each_shards_bytes_and_takes_every_commit(tmp_path) -> None:
+    out = tmp_path / "shards.json"
+    assert main(["bench", "shards", "--shards", "1,2", "--devices", "4", "--rounds", "2", "--json", str(out)]) == 0
+    rows = {(r["params"], r["shards"]): r for r in json.loads(out.read_text())["rows"]}
+    for params in {p for p, _ in rows}:
+        one, two = rows[params, 1], rows[params, 2]
+        assert two["bytes_per_shard"] < 0.55 * one["bytes_per_shard"]  # half the values, and a header each
+        assert one["bytes_total"] <= two["bytes_total"] < 1.05 * one["bytes_total"]
+        assert one["speedup"] == 1.0 and two["round_cpu_s"] > 0
