@@ -134,7 +134,7 @@ def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, reta
     if core.finished:
         faults = {e.device: Rejection(R.FINISHED, "the job has finished", e.seq) for e in header.commits}
     else:
-        faults = {e.device: fault for e in header.commits if (fault := _entry_fault(core, e)) is not None}
+        faults = {e.device: fault for e in header.commits if (fault := _entry_fault(core, e, site)) is not None}
     if faults:
         copy = len(faults) == len(header.commits) and all(
             f.reason is R.REPLAYED and core.registry.redelivered(d, f.seq) for d, f in faults.items()
@@ -148,6 +148,7 @@ def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, reta
     core.traffic.commits += len(header.commits)
     for entry in header.commits:
         core.registry.check_seq(entry.device, entry.seq, ordered=not core.config.sites_only)
+        core.registry.record(entry.device).site = site  # type: ignore[union-attr]
         core.frequency.balancer.on_commit(entry.device, entry.steps, now)
         lag = core.store.version - entry.base_version
         if entry.device in core.registry.active() and core.membership.on_commit(entry.device, lag):
@@ -157,11 +158,17 @@ def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, reta
     return core.advance(now) or core.barrier(now)
 
 
-def _entry_fault(core: ServerCore, entry: SiteEntry) -> Rejection | None:
-    """What would refuse ``entry`` as its device's own commit (nothing recorded), or None."""
+def _entry_fault(core: ServerCore, entry: SiteEntry, via: str) -> Rejection | None:
+    """What would refuse ``entry``, in a site commit from site ``via``, as its device's own commit
+    (nothing recorded), or None. A device belongs to the first site whose site commit the server
+    took for it (ingest workers, ``sites_only``, all carry every device): a site speaks for no other
+    site's devices."""
     R = RejectReason
     if not core.registry.known(entry.device) or not core.registry.permits(entry.device):
         return Rejection(R.UNKNOWN_DEVICE, f"device {entry.device!r} has not announced itself online", entry.seq)
+    site = core.registry.record(entry.device).site  # type: ignore[union-attr]  # known: checked above
+    if site is not None and site != via and not core.config.sites_only:
+        return Rejection(R.DEVICE_MISMATCH, f"device {entry.device!r} commits through site {site!r}", entry.seq)
     fault = core.registry.seq_fault(entry.device, entry.seq, ordered=not core.config.sites_only)
     if fault is not None:
         return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)

@@ -188,6 +188,27 @@ def test_a_bad_site_commit_is_counted_and_changes_nothing(what) -> None:
         np.testing.assert_array_equal(server.store.params()[name], values)
 
 
+def test_a_site_speaks_only_for_its_own_devices() -> None:
+    """Device a's commits came through site s: site s2 (its account on the core writes only part/s2) may not
+    carry a's commits, however valid, and a checkpoint keeps whose device it is."""
+    server = small_server(sites=frozenset({"s", "s2"}))
+    ours = site_of(server)
+    for device in ("a", "b"):
+        ours.on_message(server.topics.grad(device), commit_bytes(server, device, 1), 1.0)
+    deliver(server, ours.flush(1.0), 1.0)
+    assert server.store.version == 1
+    restored = small_server(sites=frozenset({"s", "s2"}), run=server.run)
+    restored.load_state(server.to_state(2.0), server.history, 2.0)
+    for core in (server, restored):
+        other = aggregator_of(core, ("a", "b"), 2.0)
+        other.config = other.config.model_copy(update={"site": "s2"})
+        for device in ("a", "b"):
+            other.on_message(core.topics.grad(device), commit_bytes(core, device, 2), 2.0)
+        by_device = {n.device: n.reason for n in notices(deliver(core, other.flush(2.0), 2.0))}
+        assert by_device == {"a": RejectReason.DEVICE_MISMATCH, "b": RejectReason.DEVICE_MISMATCH}
+        assert core.store.version == 1 and core.pace.pending == 0
+
+
 def test_the_server_takes_site_commits_only_from_its_sites() -> None:
     server = small_server()
     aggregator = site_of(server)
