@@ -71,6 +71,11 @@ class SiteConfig(BaseModel):
     outlier_factor: float = Field(8.0, ge=1, description="as the server's: a device's norm against the site's")
     samples_factor: float = Field(2.0, ge=1, description="as the server's, against the site's median")
     max_device_samples: int | None = Field(None, ge=1, description="as the server's")
+    max_commit_rate: float | None = Field(
+        1000.0, gt=0, description="as the server's: commits a second a device may send, sustained (0: no limit); "
+        "beyond it refused as rate_limited, one notice a second",
+    )  # fmt: skip
+    max_commit_burst: int = Field(50, ge=1, description="as the server's: commits a device may send at once")
     shared: bool = Field(
         False, description="an ingest worker beside the server: read the job's commits from the shared "
         "subscription $share/edgeps-{job}/edgeps/{job}/grad/+ on the core broker, a site commit per batch",
@@ -196,6 +201,9 @@ class SiteAggregator:
             try:
                 if self.finished:  # as the server would: no bytes up for work no version will take
                     raise Rejection(RejectReason.FINISHED, "the job has finished", peek_seq(payload))
+                rate, burst = self.config.max_commit_rate, self.config.max_commit_burst
+                if rate is not None and not self.registry.limits(device).commits.take(1, since, rate, burst):
+                    raise Rejection(RejectReason.RATE_LIMITED, f"more than {rate:g} commits/s", peek_seq(payload))
                 if not ready:
                     raise Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came",
                                     peek_seq(payload))  # fmt: skip
@@ -206,7 +214,7 @@ class SiteAggregator:
                 if rejection.reason is RejectReason.REPLAYED and self.registry.redelivered(device, rejection.seq):
                     self.stats["rejected:replayed"] += 1  # a copy of one it holds or sent: the server's rule
                 else:
-                    out += self._refuse(device, rejection)
+                    out += self._refuse(device, rejection, now)
                 self._settled.append(token)
                 continue
             if update.base_version > self.version:  # it saw the parameters before we did
@@ -225,8 +233,14 @@ class SiteAggregator:
         version, committed = self.committed
         return self.config.shared and update.device in committed and update.base_version <= version
 
-    def _refuse(self, device: str, rejection: Rejection) -> list[Publish]:
+    def _refuse(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
+        """Count a refusal and notice ``device`` of it (``rate_limited``: one notice a second at most)."""
         self.stats[f"rejected:{rejection.reason.value}"] += 1
+        if rejection.reason is RejectReason.RATE_LIMITED and now is not None:
+            record = self.registry.limits(device)
+            if record.noticed_at is not None and now - record.noticed_at < 1.0:
+                return []
+            record.noticed_at = now
         self.events.warning("refused a commit of %s: %s: %s", device, rejection.reason.value, rejection.detail)
         notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
         return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]

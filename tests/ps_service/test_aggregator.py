@@ -115,6 +115,17 @@ def test_the_aggregator_refuses_what_the_server_would_with_the_same_notices() ->
     assert sorted(aggregator.settled()) == [1, 2, 3, 4] and not aggregator.held
 
 
+def test_a_flooding_device_is_refused_at_its_site_with_a_notice_a_second() -> None:
+    server = site_server()
+    aggregator = site_of(server)
+    aggregator.config = aggregator.config.model_copy(update={"max_commit_rate": 10.0, "max_commit_burst": 5})
+    out = []
+    for seq in range(1, 41):  # 40 commits in 0.4 s: a burst of 5, then 10 a second
+        out += aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq), 1.0 + seq / 100)
+    assert aggregator.stats["rejected:rate_limited"] == 32 and len(aggregator.held) == 8  # 5, and 3.9 refilled
+    assert [n.reason for n in notices(out)] == [RejectReason.RATE_LIMITED]  # one notice in that second
+
+
 def test_a_commit_before_what_it_is_checked_against_waits_then_is_refused() -> None:
     server = site_server()
     server.start(0.0)
