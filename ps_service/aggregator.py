@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ps_service.aggregate import partial
 from ps_service.registry import DeviceRegistry
+from ps_service.reporting import Report
 from ps_service.robust import NormBound, data_sizes
 from ps_service.update import Update
 from ps_service.validation import Rejection, validate_commit
@@ -45,7 +46,6 @@ from schemas.messages import (
     DeviceStatus,
     MessageError,
     Name,
-    Notice,
     RejectReason,
     SiteCommit,
     SiteEntry,
@@ -108,7 +108,8 @@ class SiteAggregator:
         self.first_at: float | None = None
         self.seq = 0
         self._settled: list[Any] = []
-        self.stats: Counter[str] = Counter()  # commits, bytes_in, site_commits, bytes_up, rejected:{reason}
+        self.stats: Counter[str] = Counter()  # commits, bytes_in, forwarded, site_commits, bytes_up
+        self.report = Report(self.topics, 0.0, self.events)  # its refusals, counted and noticed as the server's
 
     def subscriptions(self) -> list[str]:
         t = self.topics
@@ -212,9 +213,9 @@ class SiteAggregator:
                                          self.commit_limit, self.codecs[device])  # fmt: skip
             except Rejection as rejection:
                 if rejection.reason is RejectReason.REPLAYED and self.registry.redelivered(device, rejection.seq):
-                    self.stats["rejected:replayed"] += 1  # a copy of one it holds or sent: the server's rule
+                    self.report.count(rejection)  # a copy of one it holds or sent: the server's rule
                 else:
-                    out += self._refuse(device, rejection, now)
+                    out += self.report.reject(device, rejection, self.registry.record(device), now)
                 self._settled.append(token)
                 continue
             if update.base_version > self.version:  # it saw the parameters before we did
@@ -232,18 +233,6 @@ class SiteAggregator:
         alone: a copy is dropped as such, and takes no other device's commit with it."""
         version, committed = self.committed
         return self.config.shared and update.device in committed and update.base_version <= version
-
-    def _refuse(self, device: str, rejection: Rejection, now: float | None = None) -> list[Publish]:
-        """Count a refusal and notice ``device`` of it (``rate_limited``: one notice a second at most)."""
-        self.stats[f"rejected:{rejection.reason.value}"] += 1
-        if rejection.reason is RejectReason.RATE_LIMITED and now is not None:
-            record = self.registry.limits(device)
-            if record.noticed_at is not None and now - record.noticed_at < 1.0:
-                return []
-            record.noticed_at = now
-        self.events.warning("refused a commit of %s: %s: %s", device, rejection.reason.value, rejection.detail)
-        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
-        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
 
     # ----------------------------------------------------------------- flushing
     def due(self, now: float) -> bool:
@@ -299,8 +288,9 @@ class SiteAggregator:
         self._settled += [token for _, token in held]
         refused = self.bound.outliers(updates, self.version, 0.0)
         detail = "its update is far from the site's other devices' (ps_service.robust): not applied"
-        out = [n for u in updates if u.device in refused
-               for n in self._refuse(u.device, Rejection(RejectReason.OUTLIER, detail, u.seq))]  # fmt: skip
+        out = [notice for u in updates if u.device in refused
+               for notice in self.report.reject(u.device, Rejection(RejectReason.OUTLIER, detail, u.seq), None,
+                                                None)]  # fmt: skip
         updates = [u for u in updates if u.device not in refused]
         if not updates:
             return out

@@ -196,7 +196,7 @@ def serve_site(
 def site_report(aggregator: SiteAggregator) -> str:
     """What a site aggregator did so far, in one line."""
     stats = aggregator.stats
-    refused = {k.split(":", 1)[1]: v for k, v in sorted(stats.items()) if k.startswith("rejected:")}
+    refused = dict(sorted(aggregator.report.traffic.rejected.items()))
     received = f"{stats['commits']} commits received ({stats['bytes_in']} bytes)"
     sent = f"{stats['forwarded']} forwarded in {stats['site_commits']} site commits ({stats['bytes_up']} bytes up)"
     return f"{received}, {sent}; refused: {refused or 'none'}"

@@ -111,7 +111,7 @@ def test_the_aggregator_refuses_what_the_server_would_with_the_same_notices() ->
     out += aggregator.on_message(grad, commit_bytes(server, "a", 1), 1.0, token=4)
     reasons = [n.reason for n in notices(out)]
     assert reasons == [RejectReason.MALFORMED, RejectReason.DEVICE_MISMATCH, RejectReason.NON_FINITE]
-    assert aggregator.stats["rejected:replayed"] == 1
+    assert aggregator.report.traffic.rejected["replayed"] == 1
     assert sorted(aggregator.settled()) == [1, 2, 3, 4] and not aggregator.held
 
 
@@ -122,7 +122,7 @@ def test_a_flooding_device_is_refused_at_its_site_with_a_notice_a_second() -> No
     out = []
     for seq in range(1, 41):  # 40 commits in 0.4 s: a burst of 5, then 10 a second
         out += aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq), 1.0 + seq / 100)
-    assert aggregator.stats["rejected:rate_limited"] == 32 and len(aggregator.held) == 8  # 5, and 3.9 refilled
+    assert aggregator.report.traffic.rejected["rate_limited"] == 32 and len(aggregator.held) == 8  # 5, and 3.9 refilled
     assert [n.reason for n in notices(out)] == [RejectReason.RATE_LIMITED]  # one notice in that second
 
 
