@@ -197,9 +197,9 @@ class ServerCore:
     def subscriptions(self) -> list[str]:
         """The topics the server listens to now: statuses, commands, the site commits of its
         ``sites``, and the commit topic of each device in ``DeviceRegistry.listening`` (none with
-        ``sites_only``: ingest workers read them). The driver
-        makes them its subscriptions after every batch, before publishing the batch's results (a
-        device's control goes out after the subscription to its commits)."""
+        ``sites_only``: ingest workers read them). The driver makes them its subscriptions after
+        every batch, before publishing the batch's results (a device's control goes out after the
+        subscription to its commits)."""
         t = self.topics
         sites = [t.part(site) for site in sorted(self.config.sites or ())]
         direct = [] if self.config.sites_only else [t.grad(device) for device in self.registry.listening()]

@@ -10,7 +10,7 @@ from ps_service.aggregate import norm_kept, norms_hold
 from ps_service.robust import data_sizes
 from ps_service.round import JobState
 from ps_service.store import NonFinite
-from ps_service.update import Update
+from ps_service.update import Contribution, Update
 from ps_service.validation import Rejection
 from schemas.messages import RejectReason
 from schemas.topics import Publish
@@ -35,12 +35,13 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
         taken = core.pace.take()
         direct = [u for u in taken if isinstance(u, Update)]  # a site checked its own commits' norms
         refused = core.bound.outliers(direct, core.store.version, core.store.norm())
-        updates = [u for u in taken if not (isinstance(u, Update) and u.device in refused)]
+        kept = [u for u in direct if u.device not in refused]
+        updates: list[Contribution] = [*kept, *(u for u in taken if not isinstance(u, Update))]
         out += [refuse_outlier(core, u) for u in direct if u.device in refused]
         if not updates:
             continue
         try:
-            weights, version = sizes(core, [u for u in direct if u.device not in refused]), core.store.version
+            weights, version = sizes(core, kept), core.store.version
             result = core.pace.aggregate(
                 updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec)
             )
