@@ -345,14 +345,8 @@ def init_secure_broker(
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700 if folder != directory else 0o755)
     passwords = {account: secrets.token_hex(16) for account in accounts}  # never starts with "-"
-    provisioned = [
-        server,
-        *operators,
-        *devices,
-        *sited,
-        *summing,
-        *workers,
-    ]  # a bridge's password is only in its site's config
+    # every account gets its password file but the bridges: a bridge's password is only in its site's config
+    provisioned = [server, *operators, *devices, *sited, *summing, *workers]
     core_accounts = [server, *operators, *devices, *bridges, *workers]
     write_password_file(broker / "passwd", {a: passwords[a] for a in core_accounts})
     for account in provisioned:

@@ -256,14 +256,17 @@ class Simulation:
                 self._at(arrives + (self.scenario.site_latency_s if self.aggregators else 0.0),
                          lambda m=message: self._server_receives(m))  # fmt: skip
 
-    def _site_of(self, device: str) -> int:
-        return int(device.rsplit("-", 1)[1]) % len(self.aggregators)
+    @staticmethod
+    def _index(device: str) -> int:
+        """Device ``dev-NN``'s index NN (its site: NN modulo the sites)."""
+        return int(device.rsplit("-", 1)[1])
 
     def _site_wants(self, k: int, topic: str) -> bool:
-        """What a site's aggregator subscribes to: the broadcasts, and its devices' controls and statuses."""
+        """What of the server's a site's aggregator subscribes to: the broadcasts, and its devices'
+        controls (their statuses come from the devices, ``_device_publishes``)."""
         kind, device = self.server.topics.parse(topic)
         return kind in ("params", "delta", "barrier") or (
-            kind in ("ctrl", "status") and device is not None and self._site_of(device) == k
+            kind == "ctrl" and device is not None and self._index(device) % len(self.aggregators) == k
         )
 
     def _site_receives(self, k: int, message: Publish) -> None:
@@ -284,7 +287,7 @@ class Simulation:
             else:  # a notice to one of its devices
                 _, device = self.server.topics.parse(message.topic)
                 assert device is not None
-                self._send_down(int(device.rsplit("-", 1)[1]), message)
+                self._send_down(self._index(device), message)
         due = aggregator.next_deadline()
         if due is not None and self._site_timer[k] != due:
             self._site_timer[k] = due

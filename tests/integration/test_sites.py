@@ -70,6 +70,11 @@ def address(setup: SecureSetup, broker: BrokerProcess, name: str) -> BrokerAddre
     return BrokerAddress(broker.host, broker.port, name, setup.passwords[name], tls_ca=str(setup.ca_cert))
 
 
+def on_their_sites(setup: SecureSetup, sites: dict[str, BrokerProcess]) -> dict[str, BrokerAddress]:
+    """Each device's address: its account on its site's broker."""
+    return {device: address(setup, sites[site], device) for site, members in SITES.items() for device in members}
+
+
 def account(setup: SecureSetup, broker: BrokerProcess, name: str, subscriptions: list[str]) -> MqttTransport:
     transport = MqttTransport(address(setup, broker, name), f"test-{name}", subscriptions, persistent=False)
     transport.wait_connected(5)
@@ -78,11 +83,10 @@ def account(setup: SecureSetup, broker: BrokerProcess, name: str, subscriptions:
 
 def test_a_job_over_two_bridged_sites_trains_as_on_one_broker(topology, tmp_path) -> None:
     setup, core_broker, sites = topology
-    site_of = {device: site for site, members in SITES.items() for device in members}
     bridged, _ = run_job(
         tmp_path / "bridged",
         address(setup, core_broker, "ps"),
-        {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+        on_their_sites(setup, sites),
     )
     assert bridged.store.version == ROUNDS and bridged.traffic.applied == ROUNDS * len(DEVICES)
     # A commit made after the last version is refused as finished (the protocol's end of a job), nothing else.
@@ -95,11 +99,10 @@ def test_site_aggregators_cut_the_upstream_bytes_by_their_fan_in(aggregated, tmp
     """Each site's aggregator sums its two devices' commits into one site commit a round: the job
     trains as on one broker, every commit applied once, and the bytes reaching the core halve."""
     setup, core_broker, sites = aggregated
-    site_of = {device: site for site, members in SITES.items() for device in members}
     summed, aggregators = run_job(
         tmp_path / "aggregated",
         address(setup, core_broker, "ps"),
-        {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+        on_their_sites(setup, sites),
         {site: address(setup, sites[site], aggregator_account(site)) for site in SITES},
     )
     assert summed.store.version == ROUNDS and summed.traffic.applied == ROUNDS * len(DEVICES)
@@ -123,7 +126,6 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
     (a copy of one the server holds would be dropped as such), and the round goes on. Every commit is
     applied once, the job ends, and nothing is refused but commits racing the job's end."""
     setup, core_broker, sites = aggregated
-    site_of = {device: site for site, members in SITES.items() for device in members}
     broker = sites["a"]
     account = aggregator_account("a")
     command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", "a",
@@ -152,7 +154,7 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
         summed, _ = run_job(
             tmp_path / "killed",
             address(setup, core_broker, "ps"),
-            {device: address(setup, sites[site_of[device]], device) for device in DEVICES},
+            on_their_sites(setup, sites),
             {"b": address(setup, sites["b"], aggregator_account("b"))},
             during=kill_and_restart,
             sites=frozenset(SITES),
