@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,22 @@ from edgeps.tables import Table
 
 #: How a bench reports progress: print-like (``end`` and ``flush`` keywords).
 Say = Callable[..., None]
+
+
+def time_calls(obj: object, method: str, spent: Callable[[tuple[Any, ...], float], None]) -> None:
+    """Wrap ``obj.method`` so that each call hands ``spent`` its positional arguments and the
+    process time (CPU seconds of this process) the call took: a core's own cost, measured where the
+    simulator calls it."""
+    inner = getattr(obj, method)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent(args, time.process_time() - started)
+
+    setattr(obj, method, timed)
 
 
 def fmt_time(value: float | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from edgeps.bench.common import time_calls
 from edgeps.bench.scale import _data
 from edgeps.tables import Table
 
@@ -27,30 +28,19 @@ def measure(devices: int, sites: int, rounds: int, seed: int = 0) -> dict[str, A
     sim = Simulation(scenario, "bsp", scenario_data(scenario, _data(devices, seed)))
     cpu = {"server": 0.0, "sites": 0.0}
     counts = {"messages": 0}
-    server_inner = sim.server.on_message
 
-    def server_timed(topic: str, *args: Any, **kwargs: Any) -> Any:
-        started = time.process_time()
-        try:
-            return server_inner(topic, *args, **kwargs)
-        finally:
-            if "/grad/" in topic or "/part/" in topic:  # commits and site commits; not statuses
-                cpu["server"] += time.process_time() - started
-                counts["messages"] += 1
+    def server_spent(args: tuple[Any, ...], seconds: float) -> None:
+        if "/grad/" in args[0] or "/part/" in args[0]:  # commits and site commits; not statuses
+            cpu["server"] += seconds
+            counts["messages"] += 1
 
-    sim.server.on_message = server_timed  # type: ignore[method-assign]
+    def site_spent(args: tuple[Any, ...], seconds: float) -> None:
+        cpu["sites"] += seconds
+
+    time_calls(sim.server, "on_message", server_spent)
     for aggregator in sim.aggregators:
-        for name in ("on_message", "flush"):
-            inner = getattr(aggregator, name)
-
-            def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
-                started = time.process_time()
-                try:
-                    return _inner(*args, **kwargs)
-                finally:
-                    cpu["sites"] += time.process_time() - started
-
-            setattr(aggregator, name, timed)
+        for method in ("on_message", "flush"):
+            time_calls(aggregator, method, site_spent)
     wall = time.perf_counter()
     result = sim.run()
     versions = max(1, sim.server.store.version)
