@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -29,6 +30,14 @@ def staleness_weight(staleness: int) -> float:
 DAMPING = 0.5
 
 
+class Clip(NamedTuple):
+    """How the server's bounds (ps_service.robust) take one device's update: its summed update
+    scaled by ``scale`` (below 1: clipped to the norm bound) and counted as ``steps`` local steps."""
+
+    scale: float
+    steps: float
+
+
 class Aggregate(NamedTuple):
     """The global delta of one aggregate and the server step it was scaled by (1: plain averaging)."""
 
@@ -43,6 +52,7 @@ def aggregate(
     mixing: float = 1.0,
     max_extrapolation: float = 1.0,
     kept: float = 1.0,
+    clips: Mapping[str, Clip] | None = None,
 ) -> Aggregate:
     """One global delta from the updates of an aggregate, after FedNova.
 
@@ -61,8 +71,9 @@ def aggregate(
 
     eta is 1 unless ``max_extrapolation`` > 1: then halfway (``DAMPING``) from 1 to FedExP's
     step (``extrapolation``, divided by ``kept``: ``norm_kept``), at most ``max_extrapolation``.
+    ``clips``: how the server's bounds take each device's update (none: as it is).
     """
-    summed, steps, data = _per_device(updates, version, sizes)
+    summed, steps, data = _per_device(updates, version, sizes, clips)
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
     tau_eff = float(statistics.median(steps[d] for d in summed))  # a few numbers: no numpy call per commit
@@ -81,27 +92,36 @@ def aggregate(
 
 
 def _per_device(
-    updates: list[Update], version: int, sizes: dict[str, int]
-) -> tuple[dict[str, Params], dict[str, int], dict[str, int]]:
-    """Each device's updates summed (each scaled by its staleness weight), its local steps, and its
-    data size (``sizes``; a device whose size is unknown counts as holding the samples it trained on)."""
+    updates: list[Update], version: int, sizes: dict[str, int], clips: Mapping[str, Clip] | None = None
+) -> tuple[dict[str, Params], dict[str, float], dict[str, int]]:
+    """Each device's updates summed (each scaled by its staleness weight, the sum by its ``clips``
+    scale), its local steps (as ``clips`` counts them), and its data size (``sizes``; a device whose
+    size is unknown counts as holding the samples it trained on)."""
     if not updates:
         raise ValueError("nothing to aggregate")
     summed: dict[str, Params] = {}
-    steps: dict[str, int] = defaultdict(int)
+    steps: dict[str, float] = defaultdict(float)
     for u in updates:
         weight = np.float32(staleness_weight(version - u.base_version))
         into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
         for name, values in u.delta.items():
             into[name] += weight * values
         steps[u.device] += u.steps
+    for device, clip in (clips or {}).items():
+        if device not in summed:
+            continue
+        steps[device] = clip.steps
+        if clip.scale < 1:
+            summed[device] = {name: np.float32(clip.scale) * values for name, values in summed[device].items()}
     data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
     return summed, steps, data
 
 
-def partial(updates: list[Update], version: int, sizes: dict[str, int]) -> Partial:
+def partial(
+    updates: list[Update], version: int, sizes: dict[str, int], clips: Mapping[str, Clip] | None = None
+) -> Partial:
     """The ``Partial`` of ``updates`` (some devices' updates of the aggregate made at ``version``)."""
-    summed, steps, data = _per_device(updates, version, sizes)
+    summed, steps, data = _per_device(updates, version, sizes, clips)
     weighted = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
     spread = 0.0
     for device, delta in summed.items():
@@ -134,16 +154,17 @@ def aggregate_all(
     mixing: float = 1.0,
     max_extrapolation: float = 1.0,
     kept: float = 1.0,
+    clips: Mapping[str, Clip] | None = None,
 ) -> Aggregate:
     """``aggregate`` over devices' commits and sites' summed commits together: the devices' own
-    commits become one more ``Partial`` (weighted by ``sizes``), each site's is taken as its
-    aggregator made it (weighted by its devices' declared sizes, bounded at the site), and
-    ``combine`` finishes the aggregate. Without site commits this is ``aggregate`` itself."""
+    commits become one more ``Partial`` (weighted by ``sizes``, bounded by ``clips``), each site's
+    is taken as the server bounded it on arrival (ps_service.sitecheck), and ``combine`` finishes
+    the aggregate. Without site commits this is ``aggregate`` itself."""
     updates = [c for c in contributions if isinstance(c, Update)]
     sites = [c for c in contributions if isinstance(c, SiteUpdate)]
     if not sites:
-        return aggregate(updates, version, sizes, mixing, max_extrapolation, kept)
-    parts = [partial(updates, version, sizes)] if updates else []
+        return aggregate(updates, version, sizes, mixing, max_extrapolation, kept, clips)
+    parts = [partial(updates, version, sizes, clips)] if updates else []
     return combine([*parts, *(site_part(s, version) for s in sites)], mixing, max_extrapolation, kept)
 
 

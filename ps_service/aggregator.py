@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ps_service.aggregate import partial
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report
-from ps_service.robust import NormBound, data_sizes
+from ps_service.robust import data_sizes
 from ps_service.update import Update
 from ps_service.validation import Rejection, validate_commit
 from schemas.events import Events
@@ -68,7 +68,6 @@ class SiteConfig(BaseModel):
     flush_s: float = Field(
         1.0, gt=0, description="a site commit goes out at the latest this many seconds after its first commit came"
     )
-    outlier_factor: float = Field(8.0, ge=1, description="as the server's: a device's norm against the site's")
     samples_factor: float = Field(2.0, ge=1, description="as the server's, against the site's median")
     max_device_samples: int | None = Field(None, ge=1, description="as the server's")
     max_commit_rate: float | None = Field(
@@ -90,7 +89,6 @@ class SiteAggregator:
         self.config = config
         self.topics = Topics(config.job)
         self.registry = DeviceRegistry(None)
-        self.bound = NormBound(config.outlier_factor)
         self.events = Events()
         self.version = 0
         self.run: int | None = None  # the job's run the version belongs to (its parameters' and barrier's)
@@ -286,7 +284,7 @@ class SiteAggregator:
         """The site commit of ``held`` (and a notice to each outlier refused from it)."""
         updates = [u for u, _ in held]
         self._settled += [token for _, token in held]
-        refused = self.bound.outliers(updates, self.version, 0.0)
+        refused: set[str] = set()
         detail = "its update is far from the site's other devices' (ps_service.robust): not applied"
         out = [notice for u in updates if u.device in refused
                for notice in self.report.reject(u.device, Rejection(RejectReason.OUTLIER, detail, u.seq), None,

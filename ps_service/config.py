@@ -81,11 +81,11 @@ class ServerConfig(BaseModel):
     max_uncommitted_factor: int = Field(
         8, ge=1, description="a device holds at most this many times its push_every in uncommitted local steps"
     )
-    outlier_factor: float = Field(
-        8.0,
+    clip_factor: float = Field(
+        2.0,
         ge=1,
-        description="a per-step update beyond this many times the others' median norm (or below a "
-        "1/(2x) share of it) is refused as outlier",
+        description="a device's per-step update is clipped to this many times the fleet's median per-step norm "
+        "(one below 1/16 of it is refused as outlier)",
     )
     samples_factor: float = Field(
         2.0, ge=1, description="a device's declared data size counts at most this many times the job's median"

@@ -25,7 +25,7 @@ from ps_service.membership import Membership
 from ps_service.paces import make_pace
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report, Traffic
-from ps_service.robust import NormBound
+from ps_service.robust import FleetBounds
 from ps_service.round import JobState, Round, drop_late, round_due
 from ps_service.store import ParameterStore
 from ps_service.validation import Rejection
@@ -82,7 +82,7 @@ class ServerCore:
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
         self.membership = Membership()  # who rounds wait for
-        self.bound = NormBound(config.outlier_factor)  # each device's update against the others'
+        self.bounds = FleetBounds(config.clip_factor)  # each device's update against the fleet's
         self.evaluator = evaluator
         self.frequency = FrequencyController(
             make_policy(config.frequency, config.push_every),

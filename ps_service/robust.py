@@ -1,36 +1,50 @@
-"""Bounds on what one device can do to the model: its weight and the size of its contribution.
+"""Bounds on what one device can do to the model: its weight, the size of its update and the
+local work it claims.
 
 The server cannot check what a device says about itself (how many samples it holds, how many
-steps it made, what its update is), only compare it with the rest of the fleet. Two bounds,
-applied to every aggregate before the FedNova average (ps_service.aggregate):
+steps it made, what its update is), only compare it with the rest of the fleet. Three bounds,
+applied to every aggregate before the FedNova average (ps_service.aggregate), to a device's own
+commits and to each device a site commit names alike:
 
 * **weight**: a device's data size counts at most ``size_factor`` times the median of the sizes
   the job's devices declared (and at most ``max_samples``, when the operator sets a ceiling), so
   one device claiming a billion samples cannot drown the others;
-* **contribution**: a device whose mean per-step update (FedNova's d_i: its commits' sum over its
-  steps) is more than ``factor`` (8) times the median of the fleet's per-step norms (this
-  aggregate's and the recent ones), or less than a sixteenth of it, is left out of the aggregate
-  (refused as ``outlier``; ``NormBound.outliers`` says how two norms are told apart). With no
-  other device to compare with yet, more than ``model_fraction`` of the model's own norm per step
-  is. A commit of 1e30 (or fp16's largest value everywhere, or a commit of zeros) then changes
-  nothing: refusing, not clipping to the bound, is what keeps a device that does so every round
-  from dragging the model (docs/OPERATIONS.md gives the measurements, and the range of honest
-  per-step norms the bounds leave room for).
+* **norm** (norm-bounded FedAvg): a device's mean per-step update (FedNova's d_i: its commits'
+  sum over its steps) longer than ``factor`` (2) times the lower median of the fleet's per-step
+  norms is **clipped** to that length, not refused: a device far from the rest (one back after
+  a long absence, one with data unlike the others') still counts, and a hostile one moves the
+  model by at most its share of that length, whatever it sends (1e30, fp16's largest value, a
+  flipped update just under any bound). The reference is each device's newest norm, this
+  aggregate's where it is in it, else the one last taken from it (at most ``memory`` versions
+  old), recorded after clipping: a device cannot raise the reference by sending more, and the
+  median moves only when most of the fleet moves. One shorter than 1/16 of the upper median
+  (with three devices or more to tell who is out of line; a commit of zeros) is left out as
+  ``outlier``. With one device and nothing to compare with yet, the bound is ``model_fraction``
+  of the model's norm;
+* **steps**: the local steps a device claims count at most ``steps_factor`` (2) times the lower
+  median of the fleet's recent step counts, so that devices claiming huge step counts cannot
+  stretch the aggregate's step length (the median of the steps) and amplify the others' updates.
 
-Pure logic: updates and numbers in, sets out.
+``FleetBounds.limits`` gives the bounds in force; the server publishes them on the barrier
+(``max_norm``), so that a site aggregator clips its devices to them before summing
+(docs/PROTOCOL.md §7). Pure logic: numbers in, numbers out.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ps_service.aggregate import staleness_weight
 from ps_service.update import Update
+
+#: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
+SMALL = 1 / 16
 
 
 def bounded_sizes(
@@ -38,10 +52,17 @@ def bounded_sizes(
 ) -> dict[str, int]:
     """Each device's data size for weighting: what it ``claimed``, at most ``factor`` times the
     median of ``reference`` (the sizes the job's devices declared) and at most ``ceiling``."""
+    cap = size_cap(reference, factor, ceiling)
+    return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
+
+
+def size_cap(reference: list[int], factor: float, ceiling: int | None = None) -> float:
+    """The largest data size a device is weighted by: ``factor`` times the median of ``reference``,
+    at most ``ceiling`` (inf with neither)."""
     cap = float(ceiling) if ceiling is not None else math.inf
     if reference:
         cap = min(cap, factor * float(statistics.median(reference)))  # per commit: no numpy call for a few numbers
-    return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
+    return cap
 
 
 def data_sizes(updates: list[Update], declared: dict[str, int], factor: float, ceiling: int | None) -> dict[str, int]:
@@ -51,66 +72,101 @@ def data_sizes(updates: list[Update], declared: dict[str, int], factor: float, c
     for u in updates:
         if not declared.get(u.device):
             claimed[u.device] += u.samples
-    reference = [size for size in declared.values() if size > 0]
-    return bounded_sizes(claimed, reference, factor, ceiling)
+    return bounded_sizes(claimed, declared_reference(declared), factor, ceiling)
+
+
+def declared_reference(declared: dict[str, int]) -> list[int]:
+    """The sizes the weight bound is taken against: those declared (0: none declared)."""
+    return [size for size in declared.values() if size > 0]
+
+
+class Seen(NamedTuple):
+    """What the server last took from a device: its per-step norm (after clipping), its steps
+    (after bounding) and the version it was taken at."""
+
+    norm: float
+    steps: float
+    version: int
+
+
+class Judged(NamedTuple):
+    """One device's update under the bounds: the factor its update is scaled by (1: within the
+    norm bound), the steps it counts with, and whether it is left out (``outlier``)."""
+
+    scale: float
+    steps: float
+    refused: bool
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds in force for one aggregate: ``norm`` (per-step norms are clipped to it),
+    ``small`` (shorter ones are refused), ``steps`` (step counts are bounded by it)."""
+
+    norm: float = math.inf
+    small: float = 0.0
+    steps: float = math.inf
+
+    def judge(self, norm: float, steps: float) -> Judged:
+        """The verdict on a device whose per-step norm is ``norm`` and which claims ``steps``."""
+        if not math.isfinite(norm) or norm < self.small:
+            return Judged(0.0, steps, True)
+        scale = self.norm / norm if norm > self.norm else 1.0
+        return Judged(scale, min(float(steps), self.steps), False)
 
 
 @dataclass
-class NormBound:
-    """Refuses the per-step updates far from the fleet's recent per-step norms (``outliers``).
+class FleetBounds:
+    """The fleet's recent per-step norms and step counts (``recent``, one ``Seen`` a device), and
+    the ``Limits`` they set (see the module's docstring)."""
 
-    ``recent`` keeps each device's last per-step norm that was applied, with the version it was
-    seen at (entries older than ``memory`` versions are forgotten), so that a refused device
-    never moves the reference."""
-
-    factor: float = 8.0
+    factor: float = 2.0
+    steps_factor: float = 2.0
     model_fraction: float = 0.5
     memory: int = 50
-    recent: dict[str, tuple[float, int]] = field(default_factory=dict)
+    recent: dict[str, Seen] = field(default_factory=dict)
 
-    def outliers(self, updates: list[Update], version: int, model_norm: float) -> set[str]:
-        """The devices of one aggregate made at ``version`` whose mean per-step update (their
-        commits' staleness-weighted sum over their steps, in double precision) is out of line
-        with the fleet's: this aggregate's norms and the recent ones of devices not in it.
-
-        * Too large: above ``factor`` times the lower median of the positive norms (with two
-          norms, the smaller: of two that disagree, the larger is refused, the one that could
-          do harm).
-        * Too small: below 1 / (2 ``factor``) of the upper median, where there are three norms
-          or more to tell who is out of line (a small update only slows the others down).
-        * Alone: compared with its own last update; with nothing at all to compare with yet (the
-          job's first update), above ``model_fraction`` of the model's norm.
-
-        The norms of the devices kept are remembered."""
-        norms = per_step_norms(updates, version)
-        recent = {d: n for d, (n, seen) in self.recent.items() if version - seen <= self.memory}
-        fresh = [n for d, n in recent.items() if d not in norms]
-        if not fresh and len(norms) == 1:  # a device alone: compared with its own last update
-            fresh = list(recent.values())
-        values = sorted([*norms.values(), *fresh])
-        positive = [v for v in values if v > 0]
-        if len(values) == 1:
-            above = self.model_fraction * model_norm if model_norm > 0 else math.inf
-            below = 0.0
+    def limits(
+        self, version: int, model_norm: float, current: Mapping[str, tuple[float, float]] | None = None
+    ) -> Limits:
+        """The bounds for an aggregate made at ``version`` of the devices in ``current`` (device ->
+        (its per-step norm, its steps) in this aggregate); with none, the bounds as they stand
+        (what the barrier publishes)."""
+        current = current or {}
+        latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if version - s.version <= self.memory}
+        if len(current) == 1 and len(latest.keys() - current.keys()) == 0:  # alone: against its own last update
+            [(device, _)] = current.items()
+            reference = {device: latest[device]} if device in latest else {}
         else:
-            low = positive[(len(positive) - 1) // 2] if positive else 0.0
-            above = self.factor * low if low > 0 else math.inf
-            below = values[len(values) // 2] / (2 * self.factor) if len(values) >= 3 else 0.0
-        refused = {device for device, norm in norms.items() if norm > above or norm < below}
-        for device, norm in norms.items():
-            if device not in refused:
-                self.recent[device] = (norm, version)
-        return refused
+            reference = {**latest, **current}
+        norms = sorted(n for n, _ in reference.values() if math.isfinite(n) and n > 0)
+        steps = sorted(s for _, s in reference.values() if s > 0)
+        if len(reference) >= 2 and norms:
+            bound = self.factor * norms[(len(norms) - 1) // 2]
+        elif reference and norms:  # one device to compare with: its own last update
+            bound = self.factor * norms[0]
+        else:
+            bound = self.model_fraction * model_norm if model_norm > 0 else math.inf
+        small = SMALL * norms[len(norms) // 2] if len(reference) >= 3 and norms else 0.0
+        step_bound = self.steps_factor * steps[(len(steps) - 1) // 2] if len(reference) >= 2 and steps else math.inf
+        return Limits(bound, small, step_bound)
+
+    def remember(self, device: str, norm: float, steps: float, version: int) -> None:
+        """``device``'s update was taken at ``version``, at per-step ``norm`` and ``steps`` (bounded)."""
+        self.recent[device] = Seen(norm, steps, version)
 
     def to_state(self) -> dict[str, Any]:
-        return {"recent": {d: [n, v] for d, (n, v) in sorted(self.recent.items())}}
+        return {"recent": {d: list(s) for d, s in sorted(self.recent.items())}}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.recent = {str(d): (float(n), int(v)) for d, (n, v) in state["recent"].items()}
+        """From ``to_state``; a checkpoint before 1.6 holds [norm, version] (steps unknown: 0, not counted)."""
+        recent = state["recent"].items()
+        self.recent = {str(d): Seen(float(s[0]), float(s[1]) if len(s) == 3 else 0.0, int(s[-1])) for d, s in recent}
 
 
-def per_step_norms(updates: list[Update], version: int) -> dict[str, float]:
-    """Each device's |sum of its staleness-weighted commits| / its steps: the norm of FedNova's d_i."""
+def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, float]]:
+    """Each device's (per-step norm, steps) in an aggregate made at ``version``: the norm of its
+    staleness-weighted commits' sum over its steps (FedNova's d_i), in double precision."""
     sums: dict[str, dict[str, np.ndarray]] = {}
     steps: dict[str, int] = {}
     for u in updates:
@@ -123,6 +179,6 @@ def per_step_norms(updates: list[Update], version: int) -> dict[str, float]:
             sums[u.device] = weighted
         steps[u.device] = steps.get(u.device, 0) + u.steps
     return {
-        device: float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device]
+        device: (float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device], steps[device])
         for device, delta in sums.items()
     }

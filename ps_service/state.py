@@ -37,7 +37,7 @@ def to_state(core: ServerCore, now: float) -> dict[str, Any]:
         "pace": {"spec": core.pace.name, "buffer": [u.to_state() for u in core.pace.buffered()]},
         "registry": core.registry.to_state(now),
         "membership": core.membership.to_state(),
-        "bound": core.bound.to_state(),
+        "bound": core.bounds.to_state(),
         "frequency": core.frequency.to_state(now),
         "evaluation": None if evaluation is None else [evaluation[0], evaluation[1].values, evaluation[1].loss],
         "traffic": {
@@ -73,7 +73,7 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
         core.pace.add(from_state(update))
     core.registry.load_state(state["registry"], now)
     core.membership.load_state(state["membership"])
-    core.bound.load_state(state["bound"])
+    core.bounds.load_state(state["bound"])
     core.frequency.load_state(state["frequency"], now, core.config.push_every)
     report, evaluation, t = core.report, state["evaluation"], state["traffic"]
     if evaluation is not None:  # [version, {metric: value}, loss]; checkpoints before v1.2 hold the accuracy

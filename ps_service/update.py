@@ -52,7 +52,7 @@ class Partial(NamedTuple):
 
     weighted: Params  # sum_i n_i d_i
     data: float  # sum_i n_i
-    steps: tuple[int, ...]  # each device's local steps: the aggregate's tau_eff is their median
+    steps: tuple[float, ...]  # each device's local steps (bounded): the aggregate's tau_eff is their median
     spread: float  # sum_i n_i |d_i|^2: FedExP's spread before the step length
 
 
@@ -91,7 +91,7 @@ class SiteUpdate:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SiteUpdate:
         weighted = {str(name): np.asarray(values, np.float32) for name, values in state["weighted"].items()}
-        part = Partial(weighted, float(state["data"]), tuple(int(s) for s in state["steps"]), float(state["spread"]))
+        part = Partial(weighted, float(state["data"]), tuple(float(s) for s in state["steps"]), float(state["spread"]))
         entries = tuple(SiteEntry.model_validate(entry) for entry in state["entries"])
         return cls(str(state["site"]), int(state["seq"]), int(state["version"]), entries, part)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ps_service import reporting
-from ps_service.aggregate import norm_kept, norms_hold
-from ps_service.robust import data_sizes
+from ps_service.aggregate import Clip, norm_kept, norms_hold
+from ps_service.robust import data_sizes, per_device
 from ps_service.round import JobState
 from ps_service.store import NonFinite
 from ps_service.update import Contribution, Update
@@ -33,20 +33,27 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
     out: list[Publish] = []
     while core.round.aggregating and core.pace.ready(core.barrier_set()):
         taken = core.pace.take()
-        direct = [u for u in taken if isinstance(u, Update)]  # a site checked its own commits' norms
-        refused = core.bound.outliers(direct, core.store.version, core.store.norm())
+        version = core.store.version
+        direct = [u for u in taken if isinstance(u, Update)]
+        current = per_device(direct, version)
+        limits = core.bounds.limits(version, core.store.norm(), current)
+        judged = {device: limits.judge(norm, steps) for device, (norm, steps) in current.items()}
+        refused = {device for device, verdict in judged.items() if verdict.refused}
         kept = [u for u in direct if u.device not in refused]
         updates: list[Contribution] = [*kept, *(u for u in taken if not isinstance(u, Update))]
         out += [refuse_outlier(core, u) for u in direct if u.device in refused]
         if not updates:
             continue
+        clips = {d: Clip(v.scale, v.steps) for d, v in judged.items() if not v.refused}
         try:
-            weights, version = sizes(core, kept), core.store.version
+            weights = sizes(core, kept)
             result = core.pace.aggregate(
-                updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec)
+                updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec), clips
             )
             core.store.apply(result.delta)
             core.server_step = result.step
+            for device, clip in clips.items():
+                core.bounds.remember(device, current[device][0] * clip.scale, clip.steps, version)
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
             commits = sum(len(u.devices) for u in updates)
             core.events.error("aggregate of %d commits refused: %s", commits, exc)

@@ -10,10 +10,11 @@ package's ``__init__``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ps_service.aggregate import Aggregate, aggregate_all
+from ps_service.aggregate import Aggregate, Clip, aggregate_all
 from ps_service.update import Contribution, Update
 
 
@@ -73,13 +74,15 @@ class Pace(ABC):
         extrapolation: float | None,
         steady: bool,
         kept: float = 1.0,
+        clips: Mapping[str, Clip] | None = None,
     ) -> Aggregate:
         """One version's change from ``updates`` (weighted by ``sizes``). ``extrapolation``: the
         job's cap on the server step, if it sets one; ``steady``: whether the local work per round
         and the codecs' noise leave the norms that FedExP compares meaningful; ``kept``: the share
-        of an update's squared norm its codec delivers (``norm_kept``)."""
+        of an update's squared norm its codec delivers (``norm_kept``); ``clips``: how the server's
+        bounds take each device's own commits (ps_service.robust)."""
         cap = self.step_cap(version, extrapolation, steady)
-        return aggregate_all(updates, version, sizes, self.mixing, cap, kept)
+        return aggregate_all(updates, version, sizes, self.mixing, cap, kept, clips)
 
     def step_cap(self, version: int, extrapolation: float | None, steady: bool) -> float:
         """How far the aggregate made at ``version`` may be extrapolated (1: plain averaging)."""

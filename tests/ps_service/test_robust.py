@@ -1,0 +1,116 @@
+"""The fleet's bounds (ps_service.robust): norm-bounded FedAvg against the fleet's history, the
+steps a device may claim, and what is still refused. Unit and property tests of the pure logic;
+whole jobs under attack: tests/ps_service/test_hostile.py and tests/integration/test_hostile.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps_service.robust import FleetBounds, Limits, per_device
+from ps_service.update import Update
+from tests.helpers import commit_bytes, hello, small_server
+
+
+def updates(norms: dict[str, float], steps: int = 2, base: int = 0) -> list[Update]:
+    """One commit a device, based on ``base``, whose per-step update has the given norm (every value equal)."""
+    size = 4
+    return [Update(d, 1, base, 10, steps, {"w": np.full(size, n * steps / math.sqrt(size), np.float32)})
+            for d, n in norms.items()]  # fmt: skip
+
+
+def test_a_device_far_above_the_fleet_is_clipped_to_twice_its_median_not_refused() -> None:
+    bounds = FleetBounds()
+    current = per_device(updates({"a": 1.0, "b": 1.2, "c": 9.0}), 0)
+    limits = bounds.limits(0, 100.0, current)
+    assert math.isclose(limits.norm, 2.0 * 1.2, rel_tol=1e-6)  # twice the lower median of this aggregate's norms
+    verdict = limits.judge(*current["c"])
+    assert not verdict.refused and math.isclose(verdict.scale * current["c"][0], limits.norm, rel_tol=1e-9)
+    assert limits.judge(*current["a"]).scale == 1.0
+
+
+def test_an_honest_device_back_after_an_absence_is_taken_clipped() -> None:
+    """The audit: an honest device back after 90 s had 426 of 426 commits refused as outlier (its
+    norm ~9x the other's, and the bound was 8x the smaller of two)."""
+    bounds = FleetBounds()
+    for version in range(60):  # the other device alone for 60 versions: the returning one is forgotten
+        bounds.remember("steady", 0.1, 10, version)
+    bounds.remember("back", 0.9, 10, 0)
+    current = per_device(updates({"back": 0.9, "steady": 0.1}, base=60), 60)
+    limits = bounds.limits(60, 50.0, current)
+    verdict = limits.judge(*current["back"])
+    assert not verdict.refused and verdict.scale < 1  # taken, at the bound: twice the other's
+    assert math.isclose(verdict.scale * current["back"][0], limits.norm, rel_tol=1e-9)
+    assert math.isclose(limits.norm, 0.2, rel_tol=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(honest=st.lists(st.floats(0.01, 10), min_size=2, max_size=9), rounds=st.integers(1, 30))
+def test_a_device_at_the_bound_every_round_never_raises_the_bound(honest: list[float], rounds: int) -> None:
+    """A hostile device sends as much as it may every round: recorded after clipping, it cannot
+    raise the bound past twice what the honest devices send, however long it goes on."""
+    bounds = FleetBounds()
+    fleet = {f"h{i}": n for i, n in enumerate(honest)}
+    for version in range(rounds):
+        current = {d: (n, 10.0) for d, n in fleet.items()} | {"x": (1e30, 10.0)}
+        limits = bounds.limits(version, 1.0, current)
+        assert limits.norm <= 2.0 * max(honest) * (1 + 1e-12)
+        for device, (norm, steps) in current.items():
+            verdict = limits.judge(norm, steps)
+            if not verdict.refused:
+                bounds.remember(device, norm * verdict.scale, verdict.steps, version)
+    assert bounds.limits(rounds, 1.0).norm <= 2.0 * max(honest) * (1 + 1e-12)
+
+
+def test_claimed_steps_count_at_most_twice_the_fleets_median() -> None:
+    """The audit: two site entries claiming 2^32 - 1 steps (zero sums) stretched the aggregate's step
+    length (the median of the steps) and amplified the honest updates: 0.9025 -> 0.1003 in a round."""
+    bounds = FleetBounds()
+    for version in range(3):
+        for device in "abc":
+            bounds.remember(device, 1.0, 10, version)
+    limits = bounds.limits(3, 1.0, {"x": (1.0, 2**32 - 1), "y": (1.0, 2**32 - 1), "a": (1.0, 10)})
+    assert limits.judge(1.0, 2**32 - 1).steps == 20
+
+
+def test_a_commit_of_zeros_is_refused_and_infinity_too() -> None:
+    limits = FleetBounds().limits(0, 1.0, {"a": (1.0, 10), "b": (1.2, 10), "z": (0.0, 10)})
+    assert limits.judge(0.0, 10).refused and not limits.judge(1.0, 10).refused
+    assert Limits(norm=1.0).judge(math.inf, 10).refused and Limits(norm=1.0).judge(math.nan, 10).refused
+
+
+def test_alone_a_device_is_held_to_its_own_last_update_or_to_half_the_model() -> None:
+    bounds = FleetBounds()
+    assert bounds.limits(0, 8.0, {"a": (100.0, 10)}).norm == 4.0  # nothing yet: half the model's norm
+    bounds.remember("a", 0.5, 10, 0)
+    assert bounds.limits(1, 8.0, {"a": (100.0, 10)}).norm == 1.0  # twice its own last one
+
+
+def test_checkpoints_before_1_6_load_without_steps() -> None:
+    bounds = FleetBounds()
+    bounds.load_state({"recent": {"a": [0.5, 3]}})
+    assert bounds.recent["a"].norm == 0.5 and bounds.recent["a"].steps == 0 and bounds.recent["a"].version == 3
+    again = FleetBounds()
+    bounds.remember("b", 1.0, 10, 4)
+    again.load_state(bounds.to_state())
+    assert again.recent == bounds.recent
+
+
+def test_a_huge_commit_moves_the_model_by_at_most_its_share_of_the_bound() -> None:
+    """One of three devices sends 1e30 (1.0: the model went to chance): it is clipped to twice the
+    median per-step norm, so the version moves by at most its share of that."""
+    server = small_server(pace="bsp", rounds=10**6)
+    server.start(0.0)
+    for device in "abx":
+        hello(server, device)
+    before = server.store.params()
+    server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1, scale=0.01), 1.0)
+    server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1, scale=0.012), 1.0)
+    server.on_message(server.topics.grad("x"), commit_bytes(server, "x", 1, scale=1e30), 1.0)
+    assert server.store.version == 1 and not server.traffic.rejected
+    moved = max(float(np.abs(server.store.params()[n] - v).max()) for n, v in before.items())
+    # per value: the honest mean (0.011) plus x's share (1/3) of the bound (2 x 0.012 per value)
+    assert moved <= (0.01 + 0.012) / 3 + 2 * 0.012 / 3 + 1e-6
