@@ -19,6 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from ps_service.config import nest_fields
+
+__all__ = ["add_model_options", "flag", "model_values", "nest_fields", "to_flags", "validation_line"]
+
 
 def _extra(info: FieldInfo) -> dict[str, Any]:
     extra = info.json_schema_extra
@@ -28,6 +32,13 @@ def _extra(info: FieldInfo) -> dict[str, Any]:
 def flag(name: str, info: FieldInfo) -> str:
     """The option that sets field ``name``."""
     return "--" + str(_extra(info).get("flag", name)).replace("_", "-")
+
+
+def _nested(info: FieldInfo) -> type[BaseModel] | None:
+    """The model a field holds, for a field that holds a set of options of its own (its flags are
+    the nested model's, given flat: ``ServerConfig.door`` is ``--max-commit-rate`` and the rest)."""
+    annotation = info.annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:
@@ -66,6 +77,10 @@ def add_model_options(
     for name, info in model.model_fields.items():
         if name in skip:
             continue
+        nested = _nested(info)
+        if nested is not None:
+            add_model_options(parser, nested, skip, defaults)
+            continue
         default = defaults.get(name, info.default)
         base, optional = _base(info.annotation)
         help_text = info.description or ""
@@ -74,7 +89,11 @@ def add_model_options(
             continue
         if "(default" not in help_text and "required" not in help_text:
             help_text += " (default: none)" if default is None else f" (default: {default})"
-        metavar = flag(name, info)[2:].replace("-", "_").upper()
+        metavar = _extra(info).get("metavar") or flag(name, info)[2:].replace("-", "_").upper()
+        if typing.get_origin(base) is dict:  # repeated NAME=A,B (the model parses them)
+            parser.add_argument(flag(name, info), dest=name, action="append", default=default, metavar=metavar,
+                                help=help_text)  # fmt: skip
+            continue
         if typing.get_origin(base) is Literal:
             choices = typing.get_args(base)
             parser.add_argument(flag(name, info), dest=name, default=default, choices=choices, help=help_text)
@@ -88,8 +107,16 @@ def add_model_options(
 
 
 def model_values(model: type[BaseModel], args: argparse.Namespace, skip: Iterable[str] = ()) -> dict[str, Any]:
-    """The values ``args`` holds for the fields of ``model`` (those added by ``add_model_options``)."""
-    return {name: getattr(args, name) for name in model.model_fields if name not in skip and hasattr(args, name)}
+    """The values ``args`` holds for the fields of ``model`` (those added by ``add_model_options``),
+    a nested model's flat (its holder's validator nests them: ``nest_fields``)."""
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        nested = _nested(info)
+        if nested is not None and name not in skip:
+            values.update(model_values(nested, args, skip))
+        elif name not in skip and hasattr(args, name):
+            values[name] = getattr(args, name)
+    return values
 
 
 def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str, Any] | None = None) -> list[str]:
@@ -99,6 +126,9 @@ def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str,
     defaults = defaults or {}
     for name, info in type(config).model_fields.items():
         value = getattr(config, name)
+        if isinstance(value, BaseModel) and _nested(info) is not None:
+            out += to_flags(value, skip, defaults)
+            continue
         if name in skip or value == defaults.get(name, info.default):
             continue
         if isinstance(value, bool):
@@ -107,23 +137,12 @@ def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str,
             out += [flag(name, info), "0"]  # an optional number whose default is not None
         elif isinstance(value, frozenset):
             out += [flag(name, info), ",".join(sorted(value))]
+        elif isinstance(value, dict):
+            for key, members in sorted(value.items()):
+                out += [flag(name, info), f"{key}={','.join(sorted(members))}"]
         else:
             out += [flag(name, info), str(value)]
     return out
-
-
-def nest_fields(data: Any, holder: type[BaseModel], field: str, model: type[BaseModel], default: BaseModel) -> Any:
-    """For a ``mode="before"`` validator of ``holder``, a model that holds a ``model`` in ``field``:
-    the fields of ``model`` given flat in ``data`` (``rounds=15``) go into ``field`` (over
-    ``default``'s values where ``data`` gives none), but for names ``holder`` has itself."""
-    if not isinstance(data, dict):
-        return data
-    flat = {k: v for k, v in data.items() if k in model.model_fields and k not in holder.model_fields}
-    if not flat:
-        return data
-    held = data.get(field, default)
-    base = held.model_dump() if isinstance(held, BaseModel) else dict(held)
-    return {**{k: v for k, v in data.items() if k not in flat}, field: {**base, **flat}}
 
 
 def validation_line(error: ValidationError, models: Iterable[type[BaseModel]] = ()) -> str:

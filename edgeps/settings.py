@@ -19,6 +19,11 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {a.dest: a for a in parser._actions if a.dest not in SKIP and a.option_strings}
 
 
+def _by_flag(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each long option's name without its dashes (``devices``, ``sites-only``) -> its dest."""
+    return {o[2:]: a.dest for a in parser._actions if a.dest not in SKIP for o in a.option_strings if o[:2] == "--"}
+
+
 def _convert(action: argparse.Action, raw: Any, where: str) -> Any:
     if isinstance(action, argparse._StoreTrueAction):
         if isinstance(raw, bool):
@@ -44,8 +49,9 @@ def layered(
         path = Path(config)
         with path.open("rb") as file:
             table = tomllib.load(file)
+        flags = _by_flag(parser)
         for key, raw in table.items():
-            dest = key.replace("-", "_")
+            dest = flags.get(key, key.replace("-", "_"))
             if dest not in options:
                 raise ValueError(f"{path}: unknown option {key!r} for {parser.prog}")
             values[dest] = (_convert(options[dest], raw, f"{path}: {key}"), str(path))

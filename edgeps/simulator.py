@@ -177,8 +177,10 @@ class Simulation:
     def __init__(self, scenario: Scenario, pace: str, data: tuple[Dataset, list[Dataset]] | None = None) -> None:
         holdout, shards = data or scenario_data(scenario)
         self.scenario = scenario
+        members = {f"site-{k}": frozenset(f"dev-{i:02d}" for i in range(k, scenario.devices, scenario.sites))
+                   for k in range(scenario.sites)}  # device i is site i % sites's  # fmt: skip
         changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s,
-                   "sites": frozenset(f"site-{k}" for k in range(scenario.sites)) or None}  # fmt: skip
+                   "site_devices": {k: m for k, m in members.items() if m} or None}  # fmt: skip
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
         loss = get_loss(config.loss)
         sizes = [holdout.x.shape[1], *scenario.hidden, loss.outputs(holdout.classes if loss.classification else 1)]

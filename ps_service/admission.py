@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from ps_service.door import Refusal, SiteRefusal
 from ps_service.round import release_slow
-from ps_service.update import Partial, SiteUpdate
-from ps_service.validation import Rejection, validate_commit
-from schemas.frame import FrameError, peek_seq
-from schemas.messages import MAX_JSON_BYTES, DeviceStatus, MessageError, RejectReason, SiteCommit, SiteEntry
-from schemas.sitecommit import parse_site_commit
+from ps_service.validation import Rejection
+from schemas.messages import DeviceStatus, MessageError, RejectReason
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
@@ -67,41 +63,13 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
 
 
 def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
-    """A commit frame on ``grad/{device}``: validate, buffer, maybe aggregate."""
+    """A commit frame on ``grad/{device}``: through the door (ps_service.door), buffered, maybe aggregated."""
     core.traffic.commits += 1
     core.traffic.bytes_up += len(payload)
-    R = RejectReason
-    if retained:  # left on the broker by someone: never a device's live work
-        return core.reject(device, Rejection(R.RETAINED, "commits must not be retained", peek_seq(payload)))
-    if core.finished:
-        return core.reject(device, Rejection(R.FINISHED, "the job has finished", peek_seq(payload)))
-    rate, burst, limit = core.config.max_commit_rate, core.config.max_commit_burst, core.commit_limit
-    record = core.registry.record(device)
-    if rate is not None and core.registry.permits(device):
-        record = core.registry.limits(device)
-        over = (f"more than {rate:g} commits/s" if not record.commits.take(1, now, rate, burst)
-                else f"more than {rate * limit:g} bytes/s"
-                if not record.bytes.take(len(payload), now, rate * limit, burst * limit) else None)  # fmt: skip
-        if over is not None:
-            return flooding(core, device, over, peek_seq(payload), now)
-    try:
-        update = validate_commit(
-            payload,
-            device,
-            core.registry,
-            core.store.version,
-            core.store.shapes,
-            core.commit_limit,
-            frozenset({core.codec, core.previous_codec}),
-        )
-    except Rejection as rejection:
-        # a copy of a commit the server holds (its work is in the model) gets no notice: the device
-        # would send that work again
-        redelivered = rejection.reason is R.REPLAYED and core.registry.redelivered(device, rejection.seq)
-        out = core.count(rejection) if redelivered else core.reject(device, rejection)
-        if rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and record is not None:
-            out += resequence(core, device)
-        return out
+    update = core.door.admit(device, payload, now, core.checks(), retained)
+    if isinstance(update, Refusal):
+        return refused(core, device, update, now)
+    core.door.hold_updates([update])
     core.frequency.balancer.on_commit(device, update.steps, now)
     core.pace.add(update)
     if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
@@ -109,109 +77,68 @@ def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retaine
     return core.advance(now) or core.barrier(now)
 
 
-def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
-    """A site commit on ``part/{site}`` (its aggregator's sum of its devices' commits): taken whole
-    or refused whole. Its bytes and tensors are checked as a commit's are, each entry as its
-    device's own commit would be (known, sequence number, version); a copy of a site commit the
-    server holds (a redelivery: every entry ``replayed``) is counted and dropped silently. A refused
-    one sends each device it names a notice: its own fault, or ``unprocessable`` naming another's."""
-    core.traffic.bytes_up += len(payload)
-    R = RejectReason
-    try:
-        if retained:
-            raise Rejection(R.RETAINED, "site commits must not be retained")
-        header, weighted = parse_site_commit(payload, core.store.shapes, core.commit_limit + MAX_JSON_BYTES + 4)
-        if header.site != site:
-            raise Rejection(R.DEVICE_MISMATCH, f"header says site {header.site!r}, topic says {site!r}")
-        if header.version > core.store.version:
-            raise Rejection(R.FUTURE_VERSION, f"made at version {header.version} > current {core.store.version}")
-        if not all(np.isfinite(values).all() for values in weighted.values()):
-            raise Rejection(R.NON_FINITE, "a tensor holds NaN or Inf")
-    except (FrameError, MessageError) as exc:
-        return _site_refused(core, site, None, Rejection(R.MALFORMED, str(exc)))
-    except Rejection as rejection:
-        return _site_refused(core, site, None, rejection)
-    if core.finished:
-        faults = {e.device: Rejection(R.FINISHED, "the job has finished", e.seq) for e in header.commits}
+def refused(core: ServerCore, device: str, refusal: Refusal, now: float) -> list[Publish]:
+    """What a refused commit costs: counted, and noticed unless silent (a redelivered copy); a
+    flood muted (the server stops listening to the device's commits: ``DeviceRegistry.mute``, so
+    that the broker drops the flood instead of queueing it in front of the other devices'); a
+    spent sequence number answered with the device's Control (``resequence``)."""
+    rejection = refusal.rejection
+    if refusal.muted is not None:
+        core.events.warning("device %s floods (%s): not listening to its commits for %g s", device,
+                            rejection.detail.partition(":")[0], refusal.muted)  # fmt: skip
+    if refusal.silent:
+        out = core.count(rejection)
     else:
-        faults = {e.device: fault for e in header.commits if (fault := _entry_fault(core, e, site)) is not None}
-    if faults:
-        copy = len(faults) == len(header.commits) and all(
-            f.reason is R.REPLAYED and core.registry.redelivered(d, f.seq) for d, f in faults.items()
-        )
-        if not copy:
-            return _site_refused(core, site, header, next(iter(faults.values())), faults)
-        core.traffic.commits += len(faults)  # the whole site commit again: the server holds it
-        for fault in faults.values():
-            core.count(fault)
-        return []
-    core.traffic.commits += len(header.commits)
-    for entry in header.commits:
-        core.registry.check_seq(entry.device, entry.seq, ordered=not core.config.sites_only)
-        core.registry.record(entry.device).site = site  # type: ignore[union-attr]
+        out = core.reject(device, rejection, now if rejection.reason is RejectReason.RATE_LIMITED else None)
+    return out + resequence(core, device) if refusal.resequence else out
+
+
+def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
+    """A site commit on ``part/{site}`` (its aggregator's sum of its devices' commits): through the
+    door (ps_service.door ``admit_site``), taken whole or refused whole. Taken, each entry counts as
+    its device's commit (its sequence number, the round, membership, speed); the server bounds the
+    site's sums with the fleet's bounds when it aggregates (ps_service.versions)."""
+    core.traffic.bytes_up += len(payload)
+    update = core.door.admit_site(site, payload, now, core.checks(), core.config.site_members(site), retained)
+    if isinstance(update, SiteRefusal):
+        return _site_refused(core, site, update, now)
+    core.door.hold_updates([update])
+    core.report.site_refusals(site, update.refused)
+    core.traffic.commits += len(update.entries)
+    for entry in update.entries:
+        core.registry.check_seq(entry.device, entry.seq, ordered=core.door.ordered)
         core.frequency.balancer.on_commit(entry.device, entry.steps, now)
         lag = core.store.version - entry.base_version
         if entry.device in core.registry.active() and core.membership.on_commit(entry.device, lag):
             core.events.info("device %s rejoins the barrier", entry.device)
-    part = Partial(weighted, header.data, tuple(e.steps for e in header.commits), header.spread)
-    core.pace.add(SiteUpdate(site, header.seq, header.version, tuple(header.commits), part))
+    core.pace.add(update)
     return core.advance(now) or core.barrier(now)
 
 
-def _entry_fault(core: ServerCore, entry: SiteEntry, via: str) -> Rejection | None:
-    """What would refuse ``entry``, in a site commit from site ``via``, as its device's own commit
-    (nothing recorded), or None. A device belongs to the first site whose site commit the server
-    took for it (ingest workers, ``sites_only``, all carry every device): a site speaks for no other
-    site's devices."""
-    R = RejectReason
-    if not core.registry.known(entry.device) or not core.registry.permits(entry.device):
-        return Rejection(R.UNKNOWN_DEVICE, f"device {entry.device!r} has not announced itself online", entry.seq)
-    site = core.registry.record(entry.device).site  # type: ignore[union-attr]  # known: checked above
-    if site is not None and site != via and not core.config.sites_only:
-        return Rejection(R.DEVICE_MISMATCH, f"device {entry.device!r} commits through site {site!r}", entry.seq)
-    fault = core.registry.seq_fault(entry.device, entry.seq, ordered=not core.config.sites_only)
-    if fault is not None:
-        return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)
-    if entry.base_version > core.store.version:
-        return Rejection(R.FUTURE_VERSION, f"base version {entry.base_version} > current {core.store.version}",
-                         entry.seq)  # fmt: skip
-    return None
-
-
-def _site_refused(
-    core: ServerCore,
-    site: str,
-    header: SiteCommit | None,
-    first: Rejection,
-    faults: dict[str, Rejection] | None = None,
-) -> list[Publish]:
+def _site_refused(core: ServerCore, site: str, refusal: SiteRefusal, now: float) -> list[Publish]:
     """A refused site commit: one counted rejection a commit it names (one in all when its header
-    could not be read), and a notice to each device it names."""
-    core.events.warning("site commit from %s refused: %s", site, first)
+    could not be read), and a notice to each device it names: its own fault, or ``unprocessable``
+    naming the site's. A redelivered copy of one the server holds is counted silently; a flood
+    mutes the site (``subscriptions`` leaves its topic out for a while). Logged at the server's
+    bounded rate, as devices' refusals are (``Report.reject``)."""
+    first, header = refusal.rejection, refusal.header
+    if refusal.muted is not None:
+        core.events.warning("site %s floods (%s): not listening to its site commits for %g s", site,
+                            first.detail.partition(":")[0], refusal.muted)  # fmt: skip
     if header is None:
         core.traffic.commits += 1
-        return core.count(first)
+        return core.report.reject(f"site {site}", first, core.door.sites.limits(site), now, notify=False)
     core.traffic.commits += len(header.commits)
+    if refusal.silent:  # the whole site commit again: the server holds it
+        for entry in header.commits:
+            core.count((refusal.faults or {})[entry.device])
+        return []
     out: list[Publish] = []
     for entry in header.commits:
-        own = (faults or {}).get(entry.device)
+        own = (refusal.faults or {}).get(entry.device)
         why = own or Rejection(RejectReason.UNPROCESSABLE, f"site {site}'s commit was refused: {first}", entry.seq)
         out += core.reject(entry.device, why)
     return out
-
-
-def flooding(core: ServerCore, device: str, over: str, seq: int | None, now: float) -> list[Publish]:
-    """A commit beyond the device's rate limit: refused, and the server stops listening to the
-    device's commits for a while (``DeviceRegistry.mute``), so that the broker drops a flood
-    instead of queueing it in front of the other devices' commits."""
-    if core.registry.muted(device):  # already in flight when it was muted
-        return core.reject(device, Rejection(RejectReason.RATE_LIMITED, over, seq), now)
-    duration = core.registry.mute(device, now)
-    core.events.warning("device %s floods (%s): not listening to its commits for %g s", device, over, duration)
-    detail = f"{over}: its commits are not received for {duration:g} s"
-    record = core.registry.limits(device)
-    record.noticed_at = None  # this notice goes out whatever the one-a-second rule says
-    return core.reject(device, Rejection(RejectReason.RATE_LIMITED, detail, seq), now)
 
 
 def resequence(core: ServerCore, device: str) -> list[Publish]:

@@ -1,50 +1,61 @@
 """The site aggregator (``edgeps aggregator --site S``): beside a site broker, it sums its devices'
 commits into site commits, one upstream message for many commits (docs/SCALING.md).
 
-Sans-IO like the server's core: messages in, messages to publish out, ``now`` given. It checks
-each commit as the server would (ps_service.validation: frame, device, sequence number, codec,
-shapes, values; ps_service.robust: the norm against the site's other devices), refuses with the
-same notices, and holds what it accepts. A site commit goes out when every device of the site in
-the round has committed (online, not left past the server's round deadline: the barrier's
-``left``), or ``flush_s`` after the first commit it holds: a straggler's commit then goes in a
-later one, and the server's round deadline treats it as it would treat the device itself.
+Sans-IO like the server's core: messages in, messages to publish out, ``now`` given. Its commits
+come through the server's own door (ps_service.door: the same checks in the same order, the
+same notices, the same rate limits and mutes, the same memory budget), so that a commit gets the
+same verdict at a site as at the server. What it takes it sums with the server's bounds, read off
+the barrier (``max_norm``: each device's update per step clipped to it; ``max_weight``: each
+device's data size bounded by it), and sends up with each device's stated weight and norm, which
+the server checks against the sums and bounds again (docs/PROTOCOL.md §4, "Site commits"). A
+site commit goes out when every device of the site in the round has committed (online, not left
+past the server's round deadline: the barrier's ``left``), or ``flush_s`` after the first commit
+it holds: a straggler's commit then goes in a later one.
 
 Each commit is *settled* (its driver may acknowledge it to the site broker) once it was refused,
 or once the site commit holding it was handed out: a driver acknowledges only after the broker
 took that site commit, so an aggregator that dies loses nothing, and what the broker delivers
 again (``duplicate``) goes up alone, one commit a site commit, so that the server can tell a
-copy of what it holds (dropped) from work it never got (taken).
+copy of what it holds (dropped) from work it never got (taken). No input makes it fail: a message
+it cannot process is refused (``unprocessable``), settled and counted.
 
 With ``shared`` it is an ingest worker beside the server instead: it reads a share of every
-device's commits from an MQTT 5 shared subscription on the core broker and sends a site commit
-per batch, one commit a device in each (the server then checks sequence numbers in a window: a
+device's commits from MQTT 5 shared subscriptions on the core broker and sends a site commit per
+batch, one commit a device in each (the server then checks sequence numbers in a window: a
 worker's site commit may pass another's), and alone any commit whose device the barrier already
 lists as committed for its round (a resend whose first copy another worker had).
+
+Either way it subscribes to each device's commit topic it knows of (its status seen), not to
+``grad/+``, and leaves a flooding device's out for a while, as the server does: the broker then
+drops the flood (for an ingest worker, once every worker left it).
 """
 
 from __future__ import annotations
 
+import math
+import traceback
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ps_service.aggregate import partial
+from ps_service.aggregate import Clip, partial
+from ps_service.config import nest_fields
+from ps_service.door import Checks, Door, DoorConfig, Refusal
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report
-from ps_service.robust import data_sizes
+from ps_service.robust import per_device
 from ps_service.update import Update
-from ps_service.validation import Rejection, validate_commit
+from ps_service.validation import Rejection
 from schemas.events import Events
-from schemas.frame import FrameError, FrameKind, parse_frame, peek_seq
+from schemas.frame import FrameKind, decode_frame, parse_frame, peek_base_version, peek_seq
 from schemas.messages import (
-    MAX_SAFE_INT,
     MAX_SITE_COMMITS,
+    MAX_U32,
     Barrier,
     Control,
     DeviceStatus,
-    MessageError,
     Name,
     RejectReason,
     SiteCommit,
@@ -53,32 +64,45 @@ from schemas.messages import (
 from schemas.sitecommit import encode_site_commit
 from schemas.topics import Publish, Topics
 
-#: How long a commit waits for what it is checked against (the parameters, its device's status and
-#: control): after an aggregator's restart the broker may deliver commits before those.
+#: How long a commit waits for what it is checked against (the parameters of its base version, its
+#: device's status and control): after an aggregator's restart the broker may deliver commits first.
 WAIT_S = 10.0
+#: With no bound from the barrier yet, a device's update per step is clipped to this share of the
+#: model's norm (the server's own bound for a first update: ps_service.robust).
+MODEL_FRACTION = 0.5
 
 
 class SiteConfig(BaseModel):
-    """A site aggregator's options (``edgeps aggregator``)."""
+    """A site aggregator's or ingest worker's options (``edgeps aggregator``); the door's bounds
+    (``door``: rate limits, commit size, memory) are the server's options of the same names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job: Name = Field("job1", description="the job's name")
+    job: Name = Field("demo", description="the job's name")
     site: Name = Field(description="the site's name (its site commits go to edgeps/{job}/part/{site})")
     flush_s: float = Field(
         1.0, gt=0, description="a site commit goes out at the latest this many seconds after its first commit came"
     )
-    samples_factor: float = Field(2.0, ge=1, description="as the server's, against the site's median")
-    max_device_samples: int | None = Field(None, ge=1, description="as the server's")
-    max_commit_rate: float | None = Field(
-        1000.0, gt=0, description="as the server's: commits a second a device may send, sustained (0: no limit); "
-        "beyond it refused as rate_limited, one notice a second",
-    )  # fmt: skip
-    max_commit_burst: int = Field(50, ge=1, description="as the server's: commits a device may send at once")
     shared: bool = Field(
-        False, description="an ingest worker beside the server: read the job's commits from the shared "
-        "subscription $share/edgeps-{job}/edgeps/{job}/grad/+ on the core broker, a site commit per batch",
+        False, description="an ingest worker beside the server: read the job's commits from shared subscriptions "
+        "$share/edgeps-{job}/edgeps/{job}/grad/{device} on the core broker, a site commit per batch",
     )  # fmt: skip
+    door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _door_fields(cls, data: Any) -> Any:
+        return nest_fields(data, cls, "door", DoorConfig, DoorConfig())
+
+
+class Waiting(NamedTuple):
+    """A commit that came before what it is checked against."""
+
+    device: str
+    payload: bytes
+    since: float
+    duplicate: bool
+    token: Any
 
 
 class SiteAggregator:
@@ -89,20 +113,23 @@ class SiteAggregator:
         self.config = config
         self.topics = Topics(config.job)
         self.registry = DeviceRegistry(None)
+        self.door = Door(config.door, self.registry)
         self.events = Events()
         self.version = 0
         self.run: int | None = None  # the job's run the version belongs to (its parameters' and barrier's)
         self.ended_runs: set[int] = set()  # runs a newer one replaced: their retained messages are ignored
         self.shapes: dict[str, tuple[int, ...]] | None = None
-        self.commit_limit = 64 << 20
+        self.model_norm = 0.0  # of the newest snapshot read
         self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
         self.left: frozenset[str] = frozenset()
         self.finished = False  # the barrier said the job has finished: commits are refused here
         self.committed: tuple[int, frozenset[str]] = (-1, frozenset())  # the barrier's version and committed
+        self.max_norm: float | None = None  # the server's bounds, from the barrier
+        self.max_weight: float | None = None
         self.sent: dict[str, int] = {}  # each device's newest base version sent up
         self.held: list[tuple[Update, Any]] = []  # accepted, not yet sent up
         self.alone: list[tuple[Update, Any]] = []  # delivered again: each goes up in a site commit of its own
-        self.waiting: list[tuple[str, bytes, float, bool, Any]] = []  # (device, payload, since, duplicate, token)
+        self.waiting: list[Waiting] = []
         self.first_at: float | None = None
         self.seq = 0
         self._settled: list[Any] = []
@@ -110,13 +137,28 @@ class SiteAggregator:
         self.report = Report(self.topics, 0.0, self.events)  # its refusals, counted and noticed as the server's
 
     def subscriptions(self) -> list[str]:
+        """Statuses, the job's broadcasts, controls, and the commit topic of each device whose status
+        it saw and that it does not mute (shared subscriptions for an ingest worker)."""
         t = self.topics
-        grads = f"$share/edgeps-{self.config.job}/{t.all_grad}" if self.config.shared else t.all_grad
-        return [t.all_status, grads, t.params, t.delta, t.barrier, t.ctrl("+")]
+        share = f"$share/edgeps-{self.config.job}/" if self.config.shared else ""
+        devices = sorted(d for d in self.registry.devices() if self.registry.known(d) and not self.registry.muted(d))
+        return [t.all_status, t.params, t.delta, t.barrier, t.ctrl("+"), *(share + t.grad(d) for d in devices)]
+
+    def all_commit_topics(self) -> list[str]:
+        """Every commit subscription an earlier process of this aggregator may have left in its session."""
+        share = f"$share/edgeps-{self.config.job}/" if self.config.shared else ""
+        t = self.topics
+        return [share + t.all_grad, t.all_grad, *(share + t.grad(d) for d in sorted(self.registry.devices()))]
 
     # ----------------------------------------------------------------- events
     def on_message(
-        self, topic: str, payload: bytes, now: float, token: Any = None, duplicate: bool = False
+        self,
+        topic: str,
+        payload: bytes,
+        now: float,
+        token: Any = None,
+        duplicate: bool = False,
+        retained: bool = False,
     ) -> list[Publish]:
         """One inbound message; never raises. Its token is settled at once unless it is a commit
         held for a site commit."""
@@ -126,51 +168,81 @@ class SiteAggregator:
             self.events.warning("ignored message on %s: %s", topic, exc)
             self._settled.append(token)
             return []
-        if kind == "grad" and device is not None:
-            self.stats["commits"] += 1
-            self.stats["bytes_in"] += len(payload)
-            self.waiting.append((device, payload, now, duplicate, token))
-            return self._admit(now)
         try:
+            if kind == "grad" and device is not None:
+                return self._on_commit(device, payload, now, duplicate, token, retained)
             if kind == "status" and device is not None:
-                self._on_status(device, payload)
+                self._on_status(device, payload, now)
             elif kind == "ctrl" and device is not None and payload:
                 control = Control.from_bytes(payload, tolerant=True)
                 self.codecs[device] = frozenset({control.codec, *self.codecs.get(device, ())})
             elif kind == "barrier" and payload:
-                barrier = Barrier.from_bytes(payload, tolerant=True)
-                if self._follow(barrier.run, barrier.version):
-                    self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
-                    self.committed = (barrier.version, frozenset(barrier.committed))
+                self._on_barrier(Barrier.from_bytes(payload, tolerant=True))
             elif kind in ("params", "delta") and payload:
                 self._on_params(payload)
-        except (MessageError, FrameError) as exc:
-            self.events.warning("ignored message on %s: %s", topic, exc)
+        except Exception as exc:  # a message it cannot read is ignored (a bug: logged), never a crash
+            self.events.warning("ignored message on %s: %s: %s", topic, type(exc).__name__, exc)
         self._settled.append(token)
-        return self._admit(now)
+        return self._safely(self._admit, now)
 
     def on_tick(self, now: float) -> list[Publish]:
-        """Time passes: commits that waited ``WAIT_S`` for what they are checked against are refused."""
-        return self._admit(now)
+        """Time passes: mutes end; commits that waited ``WAIT_S`` for what they are checked against
+        are refused."""
+        for device in self.registry.unmute_due(now):
+            self.events.info("listening to device %s again", device)
+        return self._safely(self._admit, now)
 
-    def _on_status(self, device: str, payload: bytes) -> None:
+    def _safely(self, step: Any, now: float) -> list[Publish]:
+        """``step(now)``, which never fails on input; a bug in it is logged, not a crash loop."""
+        try:
+            out: list[Publish] = step(now)
+            return out
+        except Exception:
+            self.events.error("failed: %s", traceback.format_exc())
+            return []
+
+    def _on_commit(
+        self, device: str, payload: bytes, now: float, duplicate: bool, token: Any, retained: bool
+    ) -> list[Publish]:
+        """A commit: screened on arrival (retained, finished, rate limits, room: ps_service.door),
+        then checked now or once what it is checked against has come."""
+        self.stats["commits"] += 1
+        self.stats["bytes_in"] += len(payload)
+        refusal = self.door.screen(device, payload, now, self._checks(), retained)
+        if refusal is not None:
+            return self._refused(device, refusal, now, token)
+        self.door.hold(device, len(payload))
+        self.waiting.append(Waiting(device, payload, now, duplicate, token))
+        return self._safely(self._admit, now)
+
+    def _on_status(self, device: str, payload: bytes, now: float) -> None:
         if not payload:
             self.registry.set_offline(device)
             return
+        record = self.registry.record(device)
+        if record is not None and not record.statuses.take(1, now, 2.0, 10):  # as the server: a flood is ignored
+            return
         status = DeviceStatus.from_bytes(payload)
         if status.device != device:
-            raise MessageError(f"status on {device!r} names {status.device!r}")
+            raise ValueError(f"status on {device!r} names {status.device!r}")
         if status.state == "offline":
             self.registry.set_offline(device, status.incarnation)
             return
         assert status.incarnation is not None
         self.registry.set_online(device, status.samples, status.incarnation)
 
+    def _on_barrier(self, barrier: Barrier) -> None:
+        if self._follow(barrier.run, barrier.version):
+            self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
+            self.committed = (barrier.version, frozenset(barrier.committed))
+            self.max_norm, self.max_weight = barrier.max_norm, barrier.max_weight
+
     def _on_params(self, payload: bytes) -> None:
         raw = parse_frame(payload)
         if raw.kind == FrameKind.PARAMS and self._follow(raw.seq, raw.base_version):  # a snapshot's seq: its run
             self.shapes = raw.shapes
-            self.commit_limit = len(payload) + 64  # the model's fp32 commit with the longest device id
+            tensors = decode_frame(payload).tensors
+            self.model_norm = math.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in tensors.values()))
         elif raw.kind == FrameKind.DELTA and self.run is not None:  # deltas follow the run's snapshot
             self.version = max(self.version, raw.base_version)
 
@@ -188,41 +260,68 @@ class SiteAggregator:
         self.version = max(self.version, version)
         return True
 
+    def _checks(self) -> Checks:
+        return Checks(self.version, self.shapes or {}, frozenset(), self.finished)
+
+    def _ready(self, waiting: Waiting) -> bool:
+        """Whether what ``waiting`` is checked against has come: the model, its device's status and
+        control, and the version it is based on (a commit is never based on a version not yet
+        published, so its parameters are on their way to this aggregator too)."""
+        base = peek_base_version(waiting.payload)
+        return self._known(waiting.device) and (base is None or base <= self.version)
+
+    def _known(self, device: str) -> bool:
+        """Whether the model, ``device``'s status and its control have come."""
+        return self.shapes is not None and self.registry.known(device) and device in self.codecs
+
     def _admit(self, now: float) -> list[Publish]:
         """Check the commits that can be checked now; refuse those that waited too long."""
         out: list[Publish] = []
         still = []
-        for device, payload, since, duplicate, token in self.waiting:
-            ready = self.shapes is not None and self.registry.known(device) and device in self.codecs
-            if not ready and now - since < WAIT_S:
-                still.append((device, payload, since, duplicate, token))
+        for waiting in self.waiting:
+            ready = self._ready(waiting)
+            if not ready and now - waiting.since < WAIT_S:
+                still.append(waiting)
                 continue
-            try:
-                if self.finished:  # as the server would: no bytes up for work no version will take
-                    raise Rejection(RejectReason.FINISHED, "the job has finished", peek_seq(payload))
-                rate, burst = self.config.max_commit_rate, self.config.max_commit_burst
-                if rate is not None and not self.registry.limits(device).commits.take(1, since, rate, burst):
-                    raise Rejection(RejectReason.RATE_LIMITED, f"more than {rate:g} commits/s", peek_seq(payload))
-                if not ready:
-                    raise Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came",
-                                    peek_seq(payload))  # fmt: skip
-                assert self.shapes is not None
-                update = validate_commit(payload, device, self.registry, MAX_SAFE_INT, self.shapes,
-                                         self.commit_limit, self.codecs[device])  # fmt: skip
-            except Rejection as rejection:
-                if rejection.reason is RejectReason.REPLAYED and self.registry.redelivered(device, rejection.seq):
-                    self.report.count(rejection)  # a copy of one it holds or sent: the server's rule
-                else:
-                    out += self.report.reject(device, rejection, self.registry.record(device), now)
-                self._settled.append(token)
+            device, payload = waiting.device, waiting.payload
+            self.door.release(device, len(payload))
+            if self.finished:  # as the server would: no bytes up for work no version will take
+                rejection = Rejection(RejectReason.FINISHED, "the job has finished", peek_seq(payload))
+                out += self._refused(device, Refusal(rejection), now, waiting.token)
                 continue
-            if update.base_version > self.version:  # it saw the parameters before we did
-                self.version = update.base_version
-            (self.alone if duplicate or self._again(update) else self.held).append((update, token))
+            if not ready and not self._known(device):
+                out += self._refused(device, Refusal(self._never_came(waiting)), now, waiting.token)
+                continue
+            checks = Checks(self.version, self.shapes or {}, self.codecs[device], self.finished)
+            update = self.door.check(device, payload, checks)
+            if isinstance(update, Refusal):
+                out += self._refused(device, update, now, waiting.token)
+                continue
+            self.door.hold_updates([update])
+            (self.alone if waiting.duplicate or self._again(update) else self.held).append((update, waiting.token))
             if self.first_at is None:
                 self.first_at = now
         self.waiting = still
         return out
+
+    def _never_came(self, waiting: Waiting) -> Rejection:
+        """Why a commit whose device or model never came here in ``WAIT_S`` is refused. (One whose
+        version never came is checked as it stands: ``future_version``, its number used, as the
+        server does.)"""
+        return Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came",
+                         peek_seq(waiting.payload))  # fmt: skip
+
+    def _refused(self, device: str, refusal: Refusal, now: float, token: Any) -> list[Publish]:
+        """A refused commit: settled, counted, noticed (but a redelivered copy: counted only)."""
+        self._settled.append(token)
+        rejection = refusal.rejection
+        if refusal.muted is not None:
+            self.events.warning("device %s floods (%s): not listening to its commits for %g s", device,
+                                rejection.detail.partition(":")[0], refusal.muted)  # fmt: skip
+        if refusal.silent:
+            return self.report.count(rejection)
+        limited = rejection.reason is RejectReason.RATE_LIMITED
+        return self.report.reject(device, rejection, self.registry.record(device), now if limited else None)
 
     def _again(self, update: Update) -> bool:
         """Whether ``update`` may be a device's resend of a commit the server holds (§6 of
@@ -251,17 +350,18 @@ class SiteAggregator:
         return expected <= held | sent or late
 
     def next_deadline(self) -> float | None:
-        """When a site commit or a waiting commit's refusal is next due (None: nothing held)."""
-        times = [since + WAIT_S for _, _, since, _, _ in self.waiting]
+        """When a site commit, a waiting commit's refusal or a mute's end is next due (None: nothing)."""
+        times = [w.since + WAIT_S for w in self.waiting]
         if self.first_at is not None:
             times.append(self.first_at + self.config.flush_s)
-        return min(times, default=None)
+        unmute = self.registry.next_unmute()
+        return min([*times, *([unmute] if unmute is not None else [])], default=None)
 
     def flush(self, now: float) -> list[Publish]:
         """The site commits due (each commit delivered again in one of its own; what is held when
-        ``due``, up to ``MAX_SITE_COMMITS`` devices' commits) and the notices of outliers; the
-        tokens of the commits in them are settled."""
-        out = [m for held in self.alone for m in self._site_commit([held])]
+        ``due``, up to ``MAX_SITE_COMMITS`` devices' commits); the tokens of the commits in them are
+        settled. Never raises: commits it fails to sum are refused (``unprocessable``)."""
+        out = [m for held in self.alone for m in self._site_commit([held], now)]
         self.alone = []
         while self.due(now):
             devices = sorted({u.device for u, _ in self.held})[:MAX_SITE_COMMITS]
@@ -274,45 +374,67 @@ class SiteAggregator:
                 picked = {i for i, (update, _) in enumerate(self.held) if update.device in devices}
             taken = [h for i, h in enumerate(self.held) if i in picked]
             self.held = [h for i, h in enumerate(self.held) if i not in picked]
-            out += self._site_commit(taken)
+            out += self._site_commit(taken, now)
             self.first_at = now if self.held else None
             if not self.config.shared:
                 break
         return out
 
-    def _site_commit(self, held: list[tuple[Update, Any]]) -> list[Publish]:
-        """The site commit of ``held`` (and a notice to each outlier refused from it)."""
+    def _site_commit(self, held: list[tuple[Update, Any]], now: float) -> list[Publish]:
+        """The site commit of ``held``, or, should summing them fail (a bug), each refused."""
         updates = [u for u, _ in held]
+        self.door.release_updates(updates)
         self._settled += [token for _, token in held]
-        refused: set[str] = set()
-        detail = "its update is far from the site's other devices' (ps_service.robust): not applied"
-        out = [notice for u in updates if u.device in refused
-               for notice in self.report.reject(u.device, Rejection(RejectReason.OUTLIER, detail, u.seq), None,
-                                                None)]  # fmt: skip
-        updates = [u for u in updates if u.device not in refused]
-        if not updates:
+        try:
+            payload = self._sum(updates)
+        except Exception as exc:
+            self.events.error("site commit of %d commits failed: %s", len(updates), traceback.format_exc())
+            out: list[Publish] = []
+            for u in updates:
+                why = Rejection(RejectReason.UNPROCESSABLE, f"the aggregator failed: {type(exc).__name__}", u.seq)
+                out += self.report.reject(u.device, why, None, None)
             return out
-        c = self.config
-        sizes = data_sizes(updates, self.registry.sizes(), c.samples_factor, c.max_device_samples)
-        part = partial(updates, self.version, sizes)
+        self.stats["site_commits"] += 1
+        self.stats["forwarded"] += len(updates)
+        self.stats["bytes_up"] += len(payload)
+        for update in updates:
+            self.sent[update.device] = max(update.base_version, self.sent.get(update.device, -1))
+        return [Publish(self.topics.part(self.config.site), payload, qos=1)]
+
+    def bounds(self) -> tuple[float, float]:
+        """(the per-step norm each device's update is clipped to, the most data size it is weighted
+        by): the barrier's, else, before the server said, half the model's norm and no cap."""
+        norm = self.max_norm if self.max_norm is not None else MODEL_FRACTION * self.model_norm or math.inf
+        return norm, self.max_weight if self.max_weight is not None else math.inf
+
+    def _sum(self, updates: list[Update]) -> bytes:
+        """The site commit of ``updates``: each device's update per step clipped to the server's
+        bound and weighted by its bounded data size, with its stated weight and norm."""
+        max_norm, max_weight = self.bounds()
+        declared = self.registry.sizes()
+        norms = per_device(updates, self.version)
+        weights: dict[str, int] = {}
+        clips: dict[str, Clip] = {}
+        for device, (norm, steps) in norms.items():
+            claimed = declared.get(device) or sum(u.samples for u in updates if u.device == device)
+            weights[device] = max(1, int(min(float(claimed), max_weight, MAX_U32)))
+            clips[device] = Clip(max_norm / norm if norm > max_norm else 1.0, steps)
+        part = partial(updates, self.version, weights, clips)
         entries = []
         for device in dict.fromkeys(u.device for u in updates):
             mine = [u for u in updates if u.device == device]
+            norm = norms[device][0] * clips[device].scale
             entries.append(SiteEntry(device=device, seq=max(u.seq for u in mine),
                                      base_version=min(u.base_version for u in mine),
-                                     samples=sum(u.samples for u in mine),
-                                     steps=sum(u.steps for u in mine)))  # fmt: skip
+                                     samples=min(MAX_U32, sum(u.samples for u in mine)),
+                                     steps=min(MAX_U32, sum(u.steps for u in mine)),
+                                     weight=float(weights[device]), norm=norm))  # fmt: skip
         self.seq += 1
-        header = SiteCommit(site=c.site, seq=self.seq, version=self.version, data=part.data,
-                            spread=part.spread, commits=entries)  # fmt: skip
+        spread = sum(e.weight * e.norm**2 for e in entries)  # in double precision, as the server checks it
+        header = SiteCommit(site=self.config.site, seq=self.seq, version=self.version, data=part.data,
+                            spread=spread, commits=entries, refused=dict(self.report.traffic.rejected))  # fmt: skip
         weighted = {name: np.asarray(values, np.float32) for name, values in part.weighted.items()}
-        payload = encode_site_commit(header, weighted)
-        self.stats["site_commits"] += 1
-        self.stats["forwarded"] += len(updates)
-        for update in updates:
-            self.sent[update.device] = max(update.base_version, self.sent.get(update.device, -1))
-        self.stats["bytes_up"] += len(payload)
-        return [*out, Publish(self.topics.part(c.site), payload, qos=1)]
+        return encode_site_commit(header, weighted)
 
     def settled(self) -> list[Any]:
         """The tokens settled since the last call (to acknowledge, once what was published with

@@ -93,6 +93,7 @@ def evict(core: ServerCore, device: str, now: float) -> list[Publish]:
         raise CommandError(f"no device {device!r} in this job")
     core.registry.evict(device)
     dropped = core.pace.drop(device)  # its buffered commits go with it, counted
+    core.door.release_updates(dropped)
     if dropped:
         core.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
     notice = Notice(device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job")

@@ -6,9 +6,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
+from ps_service.door import DoorConfig
 from schemas.codecs import make_codec
 from schemas.messages import Name
 from schemas.topics import check_name
+
+
+def flat_names(model: type[BaseModel]) -> set[str]:
+    """The names ``model`` takes flat: its fields, and those of the models it holds (``door``'s)."""
+    names = set(model.model_fields)
+    for info in model.model_fields.values():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names |= flat_names(annotation)
+    return names
+
+
+def nest_fields(data: Any, holder: type[BaseModel], field: str, model: type[BaseModel], default: BaseModel) -> Any:
+    """For a ``mode="before"`` validator of ``holder``, a model that holds a ``model`` in ``field``:
+    the fields of ``model`` given flat in ``data`` (``rounds=15``) go into ``field`` (over
+    ``default``'s values where ``data`` gives none), but for names ``holder`` has itself."""
+    if not isinstance(data, dict):
+        return data
+    names = flat_names(model)
+    flat = {k: v for k, v in data.items() if k in names and k not in holder.model_fields}
+    if not flat:
+        return data
+    held = data.get(field, default)
+    base = held.model_dump() if isinstance(held, BaseModel) else dict(held)
+    return {**{k: v for k, v in data.items() if k not in flat}, field: {**base, **flat}}
+
 
 #: Where ``edgeps ps`` (a server process) departs from ServerConfig's defaults, which suit the
 #: simulator and tests: it publishes metrics at least every second, so that traffic shows
@@ -43,6 +70,12 @@ class ServerConfig(BaseModel):
                        "qsgd:S or topk:P")  # fmt: skip
     pull_codec: str = Field("fp32", description="fp32: broadcast snapshots; else compressed deltas in this codec")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _door_fields(cls, data: Any) -> Any:
+        """The door's options may be given flat (``ServerConfig(max_commit_rate=10)``)."""
+        return nest_fields(data, cls, "door", DoorConfig, DoorConfig())
+
     @field_validator("codec", "pull_codec")
     @classmethod
     def _known_codec(cls, spec: str) -> str:
@@ -66,18 +99,7 @@ class ServerConfig(BaseModel):
         30.0, gt=0, description="bsp/acbsp: devices not committed this many seconds after a round began leave the "
         "barrier (0: none)", json_schema_extra={"flag": "round-deadline"},
     )  # fmt: skip
-    max_commit_bytes: int | None = Field(
-        None,
-        ge=1024,
-        description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
-    )
-    max_commit_rate: float | None = Field(
-        1000.0,
-        gt=0,
-        description="commits per second a device may send, sustained (0: no limit); in bytes, as many as that "
-        "many of the largest accepted commits",
-    )
-    max_commit_burst: int = Field(50, ge=1, description="commits a device may send at once")
+    door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
     max_uncommitted_factor: int = Field(
         8, ge=1, description="a device holds at most this many times its push_every in uncommitted local steps"
     )
@@ -135,9 +157,14 @@ class ServerConfig(BaseModel):
         None, description="comma-separated device ids allowed in the job (default: any)",
         json_schema_extra={"flag": "devices"},
     )  # fmt: skip
+    site_devices: dict[str, frozenset[str]] | None = Field(
+        None, description="a site aggregator's site and the devices it speaks for, as `edgeps broker init --site` "
+        "gave them (repeat for each site; its site commits come on part/{site}): its site commits may name those "
+        "devices and no others", json_schema_extra={"flag": "site", "metavar": "NAME=DEV,DEV"},
+    )  # fmt: skip
     sites: frozenset[str] | None = Field(
-        None, description="comma-separated sites whose aggregators' site commits the server takes (part/{site}; "
-        "default: none)",
+        None, description="comma-separated ingest workers (edgeps aggregator --shared) whose site commits the "
+        "server takes, each for any device; only with --sites-only (sites of devices: --site)",
     )  # fmt: skip
 
     sites_only: bool = Field(
@@ -152,7 +179,54 @@ class ServerConfig(BaseModel):
             check_name(site, "site name")
         return sites
 
+    @field_validator("site_devices", mode="before")
+    @classmethod
+    def _site_map(cls, value: Any) -> Any:
+        """``NAME=DEV,DEV`` texts (the flag, repeated; a TOML list; or one text of them separated by
+        spaces) as {site: devices}; a mapping as it is."""
+        if value is None or isinstance(value, dict):
+            return value
+        entries = value.split() if isinstance(value, str) else list(value)
+        sites: dict[str, frozenset[str]] = {}
+        for entry in entries:
+            name, _, devices = str(entry).partition("=")
+            members = frozenset(d for d in devices.split(",") if d)
+            if not name or not members or name in sites:
+                raise ValueError(f"{entry!r}: give each site once, as NAME=DEV,DEV,...")
+            sites[name] = members
+        return sites
+
+    @model_validator(mode="after")
+    def _sites_speak_for_their_devices(self) -> ServerConfig:
+        for site, members in (self.site_devices or {}).items():
+            check_name(site, "site name")
+            for device in members:
+                check_name(device, "device id")
+        shared = [d for d in set().union(*(self.site_devices or {}).values()) if
+                  sum(d in m for m in (self.site_devices or {}).values()) > 1]  # fmt: skip
+        if shared:
+            raise ValueError(f"--site: {', '.join(sorted(shared))} named by two sites; a device belongs to one site")
+        if self.sites and not self.sites_only:
+            raise ValueError("--sites names ingest workers (with --sites-only); give a site's devices with --site "
+                             "NAME=DEV,DEV (a site speaks only for the devices the deployment gave it)")  # fmt: skip
+        if self.sites_only and not self.sites:
+            raise ValueError("--sites-only takes commits only from ingest workers: name them with --sites")
+        return self
+
+    @property
+    def site_names(self) -> frozenset[str]:
+        """Every site whose site commits the server takes: the sites of devices and the ingest workers."""
+        return frozenset(self.site_devices or ()) | (self.sites or frozenset())
+
+    def site_members(self, site: str) -> frozenset[str] | None:
+        """The devices ``site`` may speak for (None: any, an ingest worker's)."""
+        return None if self.site_devices is None or site not in self.site_devices else self.site_devices[site]
+
     @field_serializer("allowed_devices", "sites")
     def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:
         """Sorted, so that a configuration's JSON is the same on every run (a checkpoint compares it)."""
         return None if devices is None else sorted(devices)
+
+    @field_serializer("site_devices")
+    def _sorted_sites(self, sites: dict[str, frozenset[str]] | None) -> dict[str, list[str]] | None:
+        return None if sites is None else {site: sorted(members) for site, members in sorted(sites.items())}

@@ -19,6 +19,7 @@ from learning.model import Params
 from ps_service import admission, commands, reporting, state, versions
 from ps_service.broadcast import Broadcaster
 from ps_service.config import ServerConfig
+from ps_service.door import Checks, Door
 from ps_service.evaluator import Evaluator
 from ps_service.frequency import Bounds, FrequencyController, make_policy
 from ps_service.membership import Membership
@@ -49,11 +50,6 @@ def new_run() -> int:
     return 1 + secrets.randbelow(MAX_SAFE_INT)
 
 
-def commit_size_limit(store: ParameterStore) -> int:
-    """The largest valid commit of the model: its fp32 frame with the longest device id."""
-    return len(store.snapshot_frame()) + 64
-
-
 class ServerCore:
     """One training job's parameter server as a state machine.
 
@@ -75,12 +71,14 @@ class ServerCore:
         self.topics = Topics(config.job)
         self.run = run if run is not None else new_run()
         self.store = ParameterStore(params)
-        self.commit_limit = config.max_commit_bytes or commit_size_limit(self.store)
         self.broadcaster = Broadcaster(self.topics, config.pull_codec, run=self.run)
         self.codec = config.codec  # the commit codec; operators may change it during a run
         self.previous_codec = config.codec  # still accepted: commits in flight when it changed
         self.pace = make_pace(config.pace)
         self.registry = DeviceRegistry(config.allowed_devices)
+        # every commit comes through it; with ingest workers, whose site commits may pass one another,
+        # sequence numbers are checked against an anti-replay window
+        self.door = Door(config.door, self.registry, ordered=not config.sites_only)
         self.membership = Membership()  # who rounds wait for
         self.bounds = FleetBounds(config.clip_factor)  # each device's update against the fleet's
         self.evaluator = evaluator
@@ -108,6 +106,16 @@ class ServerCore:
     @property
     def paused(self) -> bool:
         return self.round.state is JobState.PAUSED
+
+    @property
+    def commit_limit(self) -> int:
+        """The largest commit accepted (ps_service.door)."""
+        return self.door.commit_limit(self.store.shapes)
+
+    def checks(self) -> Checks:
+        """What a commit is checked against: the version, the model, the codecs in force."""
+        return Checks(self.store.version, self.store.shapes, frozenset({self.codec, self.previous_codec}),
+                      self.finished)  # fmt: skip
 
     @property
     def traffic(self) -> Traffic:
@@ -180,7 +188,7 @@ class ServerCore:
             if kind == "grad" and device is not None:
                 return admission.on_commit(self, device, payload, now, retained)
             if kind == "part" and device is not None:  # a site's name where a device's stands
-                if device not in (self.config.sites or ()):
+                if device not in self.config.site_names:
                     return self.count(Rejection(RejectReason.UNKNOWN_DEVICE, f"site {device!r} is not the job's"))
                 return admission.on_site_commit(self, device, payload, now, retained)
             if kind == "status" and device is not None:
@@ -201,7 +209,7 @@ class ServerCore:
         every batch, before publishing the batch's results (a device's control goes out after the
         subscription to its commits)."""
         t = self.topics
-        sites = [t.part(site) for site in sorted(self.config.sites or ())]
+        sites = [t.part(site) for site in sorted(self.config.site_names) if not self.door.sites.muted(site)]
         direct = [] if self.config.sites_only else [t.grad(device) for device in self.registry.listening()]
         return [t.all_status, t.cmd, *sites, *direct]
 
@@ -211,6 +219,8 @@ class ServerCore:
         barrier that waited (``barrier``)."""
         for device in self.registry.unmute_due(now):
             self.events.info("listening to device %s again", device)
+        for site in self.door.sites.unmute_due(now):
+            self.events.info("listening to site %s again", site)
         duration = self.config.duration_s
         if duration is not None and self.round.quorum and not self.finished and now - self.round.started >= duration:
             self.events.info("job %s reached its duration of %.1f s", self.config.job, duration)
@@ -225,7 +235,7 @@ class ServerCore:
         """When ``on_tick`` next has something to do, on the core's clock (None: nothing timed in
         force): the open round's deadline, a mute that ends, metrics due on their interval, the
         job's duration, a barrier that waited. A driver sleeps until then unless a message comes first."""
-        times = [self.registry.next_unmute(), round_due(self), self._barrier_due]
+        times = [self.registry.next_unmute(), self.door.sites.next_unmute(), round_due(self), self._barrier_due]
         if not self.finished:
             interval, duration = self.config.metrics_interval_s, self.config.duration_s
             times.append(None if interval is None else self.report.metrics_at + interval)
@@ -317,6 +327,9 @@ class ServerCore:
 
     def _barrier_message(self) -> Barrier:
         barrier_set = self.barrier_set()
+        # what site aggregators clip to
+        limits = self.bounds.limits(self.store.version, self.store.norm(), steps_ceiling=versions.steps_ceiling(self))
+        cap = versions.weight_cap(self)
         return Barrier(
             run=self.run,
             round=self.store.version,
@@ -327,4 +340,6 @@ class ServerCore:
             committed=self.pace.committed(),
             left=sorted(self.membership.left),
             slowest_clock=self.registry.slowest_clock(barrier_set),
+            max_norm=limits.published if self.bounds.recent else None,  # none before the fleet's first update
+            max_weight=cap if math.isfinite(cap) else None,
         )

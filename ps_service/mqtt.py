@@ -163,10 +163,15 @@ def serve_site(
 ) -> None:
     """Drive a site aggregator until ``stop``. A device's commit is acknowledged to the site broker
     only once the site commit holding it is acknowledged by the broker (or it was refused): an
-    aggregator that dies loses nothing, and the broker delivers what it held to the next one."""
+    aggregator that dies loses nothing, and the broker delivers what it held to the next one. Its
+    subscriptions follow ``SiteAggregator.subscriptions`` after every batch (a device's commit
+    topic once its status came, none while it is muted)."""
     clock = time.monotonic
     unacked: list[Inbound] = []  # settled, waiting for the broker to take what was published with them
     reported = clock()
+    # the persistent session may hold an earlier process's commit subscriptions (grad/+, a muted device's)
+    transport.unsubscribe(aggregator.all_commit_topics())
+    transport.subscribe_only(aggregator.subscriptions())
     while not stop.is_set():
         due = aggregator.next_deadline()
         inbound = transport.receive(timeout=IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
@@ -176,14 +181,16 @@ def serve_site(
             inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
         out = aggregator.on_tick(clock())
         for message in batch:
-            out += aggregator.on_message(message.topic, message.payload, clock(), message, message.duplicate)
+            out += aggregator.on_message(message.topic, message.payload, clock(), message, message.duplicate,
+                                         message.retain)  # fmt: skip
         out += aggregator.flush(clock())
         for event in aggregator.events.take():
             log.log(event.level, event.message)
+        transport.subscribe_only(aggregator.subscriptions())
         for publish in out:
             transport.publish(publish)
         unacked += aggregator.settled()
-        if unacked and transport.wait_acknowledged(IDLE_S if out else 0.0):
+        if unacked and transport.wait_acknowledged(IDLE_S if out and not stop.is_set() else 0.0):
             for message in unacked:
                 transport.ack(message)
             unacked = []

@@ -55,7 +55,6 @@ class DeviceRecord:
     noticed_at: float | None = None  # when it last got a rate-limit notice (one a second at most)
     muted_until: float | None = None  # flooding: the server does not listen to its commits until then
     mutes: int = 0  # mutes in a row (each one twice as long), forgotten after a quiet MUTE_MAX_S
-    site: str | None = None  # the site whose site commits first carried its commits: only that one's may
 
     def to_state(self, now: float) -> dict[str, Any]:
         return {
@@ -73,7 +72,6 @@ class DeviceRecord:
             "noticed_age_s": None if self.noticed_at is None else now - self.noticed_at,
             "muted_for_s": None if self.muted_until is None else self.muted_until - now,
             "mutes": self.mutes,
-            "site": self.site,
         }
 
     @classmethod
@@ -94,7 +92,6 @@ class DeviceRecord:
             noticed_at=None if noticed is None else now - float(noticed),
             muted_until=None if muted is None else now + float(muted),
             mutes=int(state["mutes"]),
-            site=state.get("site"),  # checkpoints before 1.5 have none
         )
 
 

@@ -39,6 +39,18 @@ class Report:
         self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
         self.evaluation: tuple[int, Evaluation] | None = None  # (version, its evaluation)
         self.metrics_at = now  # when metrics last went out
+        self.sites: dict[str, dict[str, int]] = {}  # each site's refusals as it last reported them
+
+    def site_refusals(self, site: str, refused: dict[str, int]) -> None:
+        """What ``site``'s aggregator says it refused so far (by reason), added to the job's counts:
+        the increase since its last report (a restarted aggregator counts from 0 again)."""
+        last = self.sites.get(site, {})
+        for reason, count in refused.items():
+            before = last.get(reason, 0)
+            new = count - before if count >= before else count
+            self.traffic.rejected[reason] += new
+            self.traffic.commits += new
+        self.sites[site] = dict(refused)
 
     def count(self, rejection: Rejection) -> list[Publish]:
         """Count a rejection that gets no notice."""
@@ -46,10 +58,17 @@ class Report:
         return []
 
     def reject(
-        self, device: str, rejection: Rejection, record: DeviceRecord | None, now: float | None
+        self,
+        sender: str,
+        rejection: Rejection,
+        record: DeviceRecord | None,
+        now: float | None,
+        notify: bool = True,
     ) -> list[Publish]:
-        """Count a rejection and notice ``device`` of it; a flooding device (``rate_limited``, with
-        ``now``) gets one notice (and one log line) a second, not one per message."""
+        """Count a rejection and notice ``sender`` (a device) of it; a flood (``rate_limited``, with
+        ``now``) gets one notice (and one log line) a second, not one per message. Logged for the
+        first 100 of a reason, then every 1000th. ``notify`` False: a sender with no notice topic
+        (a site), counted and logged the same way."""
         self.count(rejection)
         count = self.traffic.rejected[rejection.reason.value]
         if rejection.reason is RejectReason.RATE_LIMITED and now is not None and record is not None:
@@ -57,9 +76,11 @@ class Report:
                 return []
             record.noticed_at = now
         if count <= 100 or count % 1000 == 0 or rejection.reason is RejectReason.RATE_LIMITED:
-            self.events.warning("rejected message from %s: %s: %s", device, rejection.reason.value, rejection.detail)
-        notice = Notice(device=device, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
-        return [Publish(self.topics.notice(device), notice.to_bytes(), qos=1)]
+            self.events.warning("rejected message from %s: %s: %s", sender, rejection.reason.value, rejection.detail)
+        if not notify:
+            return []
+        notice = Notice(device=sender, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
+        return [Publish(self.topics.notice(sender), notice.to_bytes(), qos=1)]
 
     def record(self, metrics: Metrics) -> None:
         """Keep ``metrics`` in the history: one record per version, and the final one."""

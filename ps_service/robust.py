@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ps_service.aggregate import staleness_weight
-from ps_service.update import Update
+from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
 SMALL = 1 / 16
@@ -60,8 +60,8 @@ def size_cap(reference: list[int], factor: float, ceiling: int | None = None) ->
     """The largest data size a device is weighted by: ``factor`` times the median of ``reference``,
     at most ``ceiling`` (inf with neither)."""
     cap = float(ceiling) if ceiling is not None else math.inf
-    if reference:
-        cap = min(cap, factor * float(statistics.median(reference)))  # per commit: no numpy call for a few numbers
+    if reference:  # the lower median: of two sizes the smaller, so that no device's claim sets its own cap
+        cap = min(cap, factor * float(statistics.median_low(reference)))  # a few numbers: no numpy call
     return cap
 
 
@@ -107,6 +107,11 @@ class Limits:
     small: float = 0.0
     steps: float = math.inf
 
+    @property
+    def published(self) -> float | None:
+        """The norm bound as the barrier says it (``max_norm``; None: no bound)."""
+        return self.norm if math.isfinite(self.norm) else None
+
     def judge(self, norm: float, steps: float) -> Judged:
         """The verdict on a device whose per-step norm is ``norm`` and which claims ``steps``."""
         if not math.isfinite(norm) or norm < self.small:
@@ -127,11 +132,16 @@ class FleetBounds:
     recent: dict[str, Seen] = field(default_factory=dict)
 
     def limits(
-        self, version: int, model_norm: float, current: Mapping[str, tuple[float, float]] | None = None
+        self,
+        version: int,
+        model_norm: float,
+        current: Mapping[str, tuple[float, float]] | None = None,
+        steps_ceiling: float = math.inf,
     ) -> Limits:
         """The bounds for an aggregate made at ``version`` of the devices in ``current`` (device ->
         (its per-step norm, its steps) in this aggregate); with none, the bounds as they stand
-        (what the barrier publishes)."""
+        (what the barrier publishes). ``steps_ceiling``: the most local steps any device may claim
+        (what the server let it hold: ``max_uncommitted_steps``)."""
         current = current or {}
         latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if version - s.version <= self.memory}
         if len(current) == 1 and len(latest.keys() - current.keys()) == 0:  # alone: against its own last update
@@ -141,14 +151,19 @@ class FleetBounds:
             reference = {**latest, **current}
         norms = sorted(n for n, _ in reference.values() if math.isfinite(n) and n > 0)
         steps = sorted(s for _, s in reference.values() if s > 0)
+        step_bound = steps_ceiling
+        if len(reference) >= 2 and steps:
+            step_bound = min(step_bound, self.steps_factor * steps[(len(steps) - 1) // 2])
         if len(reference) >= 2 and norms:
             bound = self.factor * norms[(len(norms) - 1) // 2]
         elif reference and norms:  # one device to compare with: its own last update
             bound = self.factor * norms[0]
+        elif model_norm > 0:  # nothing to compare with: the whole update within a share of the model
+            claimed = min([s for _, s in current.values()], default=step_bound)
+            bound = self.model_fraction * model_norm / max(1.0, min(claimed, step_bound))
         else:
-            bound = self.model_fraction * model_norm if model_norm > 0 else math.inf
+            bound = math.inf
         small = SMALL * norms[len(norms) // 2] if len(reference) >= 3 and norms else 0.0
-        step_bound = self.steps_factor * steps[(len(steps) - 1) // 2] if len(reference) >= 2 and steps else math.inf
         return Limits(bound, small, step_bound)
 
     def remember(self, device: str, norm: float, steps: float, version: int) -> None:
@@ -182,3 +197,25 @@ def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, fl
         device: (float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device], steps[device])
         for device, delta in sums.items()
     }
+
+
+def bounded_part(site: SiteUpdate, limits: Limits, weight_cap: float) -> tuple[Partial | None, dict[str, Judged]]:
+    """A site commit's sums under the fleet's bounds, as its devices' own commits are bounded, and
+    the verdict on each entry (by the norm and steps it states, which the door checked against the
+    sums: ps_service.door). A sum cannot be taken apart, so a site's part is scaled as a whole: by
+    the smallest ``weight_cap`` / weight of its entries (weights and sums, so that no device counts
+    for more than the cap) and by the smallest scale the norm bound gives an entry (the sums).
+    Entries refused as too short leave their weight and steps out (their sums, that short, stay).
+    None when every entry is refused."""
+    verdicts = {e.device: limits.judge(e.norm, float(e.steps)) for e in site.entries}
+    kept = [e for e in site.entries if not verdicts[e.device].refused]
+    if not kept:
+        return None, verdicts
+    by_weight = min(1.0, min(weight_cap / e.weight for e in kept))
+    by_norm = min(verdicts[e.device].scale for e in kept)
+    scale = np.float32(by_weight * by_norm)
+    weighted = site.part.weighted if scale == 1 else {n: scale * v for n, v in site.part.weighted.items()}
+    spread = by_weight * by_norm**2 * sum(e.weight * e.norm**2 for e in kept)
+    part = Partial(weighted, by_weight * sum(e.weight for e in kept), tuple(verdicts[e.device].steps for e in kept),
+                   spread)  # fmt: skip
+    return part, verdicts

@@ -46,6 +46,7 @@ def to_state(core: ServerCore, now: float) -> dict[str, Any]:
             "bytes_up": traffic.bytes_up,
             "bytes_down": traffic.bytes_down,
             "rejected": dict(sorted(traffic.rejected.items())),
+            "sites": core.report.sites,
         },
         "paused": clock.state is JobState.PAUSED,
         "finished": clock.state is JobState.FINISHED,
@@ -68,9 +69,12 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
     core.broadcaster = Broadcaster(core.topics, core.config.pull_codec, run=core.run)
     core.broadcaster.load_state(state["broadcaster"], core.store)
     core.codec, core.previous_codec = str(state["codec"]), str(state["previous_codec"])
+    core.door.release_updates(core.pace.take_all())
     core.pace = make_pace(str(state["pace"]["spec"]))
     for update in state["pace"]["buffer"]:
-        core.pace.add(from_state(update))
+        contribution = from_state(update)
+        core.pace.add(contribution)
+        core.door.hold_updates([contribution])
     core.registry.load_state(state["registry"], now)
     core.membership.load_state(state["membership"])
     core.bounds.load_state(state["bound"])
@@ -82,6 +86,7 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
         report.evaluation = (int(evaluation[0]), Evaluation(values, float(evaluation[2])))
     report.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
                              Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
+    report.sites = {str(s): {str(r): int(n) for r, n in c.items()} for s, c in t.get("sites", {}).items()}
     report.metrics_at = now - float(state["metrics_age_s"])
     report.history = list(history)
     report.history_json = [m.to_bytes() for m in history]

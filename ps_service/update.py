@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,13 +59,15 @@ class Partial(NamedTuple):
 @dataclass(frozen=True)
 class SiteUpdate:
     """A site commit as the server holds it: the ``Partial`` of the commits ``entries`` name, made
-    by the site's aggregator at ``version`` (its staleness weights), one entry a device."""
+    by the site's aggregator at ``version`` (its staleness weights), one entry a device; ``refused``:
+    the commits its aggregator refused so far, by reason (for the job's metrics, not kept)."""
 
     site: str
     seq: int
     version: int
     entries: tuple[SiteEntry, ...]
     part: Partial
+    refused: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def device(self) -> str:

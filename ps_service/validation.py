@@ -9,7 +9,7 @@ import numpy as np
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
 from schemas.frame import FrameError, FrameKind, UnsupportedCodec, parse_frame, peek_seq
-from schemas.messages import RejectReason
+from schemas.messages import MAX_SAFE_INT, RejectReason
 
 
 class Rejection(Exception):
@@ -55,8 +55,8 @@ def validate_commit(
         raise Rejection(R.DEVICE_MISMATCH, f"body says {raw.device!r}, topic says {topic_device!r}", seq)
     if not registry.known(topic_device) or not registry.permits(topic_device):
         raise Rejection(R.UNKNOWN_DEVICE, f"device {topic_device!r} has not announced itself online", seq)
-    if seq < 1:
-        raise Rejection(R.MALFORMED, "sequence numbers start at 1", seq)
+    if seq < 1 or seq > MAX_SAFE_INT:  # what a site commit, and any JSON reader, carries exactly
+        raise Rejection(R.MALFORMED, "sequence numbers run from 1 to 2^53 - 1", seq)
     seq_fault = registry.check_seq(topic_device, seq)
     if seq_fault is not None:
         raise Rejection(R(seq_fault), f"sequence number {seq} was already used or passed", seq)

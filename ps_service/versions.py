@@ -3,14 +3,15 @@ pace's aggregate applied to the store, and the broadcast of the new parameters."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from ps_service import reporting
 from ps_service.aggregate import Clip, norm_kept, norms_hold
-from ps_service.robust import data_sizes, per_device
+from ps_service.robust import bounded_part, data_sizes, declared_reference, per_device, size_cap
 from ps_service.round import JobState
 from ps_service.store import NonFinite
-from ps_service.update import Contribution, Update
+from ps_service.update import Contribution, SiteUpdate, Update
 from ps_service.validation import Rejection
 from schemas.messages import RejectReason
 from schemas.topics import Publish
@@ -33,18 +34,32 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
     out: list[Publish] = []
     while core.round.aggregating and core.pace.ready(core.barrier_set()):
         taken = core.pace.take()
+        core.door.release_updates(taken)
         version = core.store.version
         direct = [u for u in taken if isinstance(u, Update)]
+        sites = [u for u in taken if isinstance(u, SiteUpdate)]
         current = per_device(direct, version)
-        limits = core.bounds.limits(version, core.store.norm(), current)
+        stated = {e.device: (e.norm, float(e.steps)) for site in sites for e in site.entries}
+        limits = core.bounds.limits(version, core.store.norm(), {**stated, **current}, steps_ceiling(core))
         judged = {device: limits.judge(norm, steps) for device, (norm, steps) in current.items()}
         refused = {device for device, verdict in judged.items() if verdict.refused}
         kept = [u for u in direct if u.device not in refused]
-        updates: list[Contribution] = [*kept, *(u for u in taken if not isinstance(u, Update))]
-        out += [refuse_outlier(core, u) for u in direct if u.device in refused]
+        out += [refuse_outlier(core, u.device, u.seq) for u in direct if u.device in refused]
+        parts, taken_from_sites = [], []
+        for site in sites:
+            part, verdicts = bounded_part(site, limits, weight_cap(core))
+            judged.update({d: v for d, v in verdicts.items()})
+            for entry in site.entries:
+                if verdicts[entry.device].refused:
+                    out.append(refuse_outlier(core, entry.device, entry.seq))
+                else:
+                    taken_from_sites.append(entry)
+            if part is not None:
+                parts.append(dataclasses.replace(site, part=part))
+        updates: list[Contribution] = [*kept, *parts]
         if not updates:
             continue
-        clips = {d: Clip(v.scale, v.steps) for d, v in judged.items() if not v.refused}
+        clips = {d: Clip(v.scale, v.steps) for d, v in judged.items() if not v.refused and d in current}
         try:
             weights = sizes(core, kept)
             result = core.pace.aggregate(
@@ -52,14 +67,16 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
             )
             core.store.apply(result.delta)
             core.server_step = result.step
-            for device, clip in clips.items():
-                core.bounds.remember(device, current[device][0] * clip.scale, clip.steps, version)
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
             commits = sum(len(u.devices) for u in updates)
             core.events.error("aggregate of %d commits refused: %s", commits, exc)
             core.traffic.rejected[RejectReason.NON_FINITE.value] += commits
             continue
-        core.traffic.applied += sum(len(u.devices) for u in updates)
+        for device, verdict in judged.items():  # what was taken, as it was taken, is the fleet's history
+            if not verdict.refused:
+                norm = current[device][0] if device in current else stated[device][0]
+                core.bounds.remember(device, norm * verdict.scale, verdict.steps, version)
+        core.traffic.applied += len(kept) + len(taken_from_sites)
         if core.pace.rounds:
             core.membership.round_closed(now - core.round.opened)
         core.round.opened = now
@@ -72,15 +89,28 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
     return out
 
 
-def refuse_outlier(core: ServerCore, update: Update) -> Publish:
-    detail = "its update is far from the other devices' (ps_service.robust): not applied"
-    [notice] = core.reject(update.device, Rejection(RejectReason.OUTLIER, detail, update.seq))
+def refuse_outlier(core: ServerCore, device: str, seq: int) -> Publish:
+    detail = "its update is far shorter than the other devices' (ps_service.robust): not applied"
+    [notice] = core.reject(device, Rejection(RejectReason.OUTLIER, detail, seq))
     return notice
 
 
 def sizes(core: ServerCore, updates: list[Update]) -> dict[str, int]:
     """The data size each device of an aggregate is weighted by (ps_service.robust ``data_sizes``)."""
     return data_sizes(updates, core.registry.sizes(), core.config.samples_factor, core.config.max_device_samples)
+
+
+def steps_ceiling(core: ServerCore) -> float:
+    """The most local steps a device's update counts as: what the server lets any device hold
+    uncommitted (``max_uncommitted_factor`` x the largest push_every in force)."""
+    push_every = max([core.frequency.push_every(d) for d in core.registry.active()], default=core.config.push_every)
+    return float(core.config.max_uncommitted_factor * max(push_every, core.config.push_every))
+
+
+def weight_cap(core: ServerCore) -> float:
+    """The most data size a device is weighted by now (ps_service.robust ``size_cap``)."""
+    declared = declared_reference(core.registry.sizes())
+    return size_cap(declared, core.config.samples_factor, core.config.max_device_samples)
 
 
 def broadcast(core: ServerCore, now: float) -> list[Publish]:

@@ -200,6 +200,22 @@ def peek_seq(data: bytes) -> int | None:
     return int(_HEADER.unpack_from(data)[7])
 
 
+def peek_base_version(data: bytes) -> int | None:
+    """The ``base_version`` field of what looks like a frame header, unverified (as ``peek_seq``)."""
+    if len(data) < _HEADER.size or data[:4] != MAGIC:
+        return None
+    return int(_HEADER.unpack_from(data)[6])
+
+
+def fp32_commit_size(shapes: Mapping[str, tuple[int, ...]], device_bytes: int = 64) -> int:
+    """The bytes of an fp32 commit of tensors ``shapes`` from a device id of ``device_bytes``: the
+    largest valid commit of a model (no codec encodes a tensor larger than fp32 does)."""
+    size = _HEADER.size + _U8.size + device_bytes + _U16.size + _CRC.size
+    for name, shape in shapes.items():
+        size += _U8.size + len(name) + _U8.size + 4 * len(shape) + _U32.size + 4 * math.prod(shape)
+    return size
+
+
 def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_FRAME_ELEMENTS) -> RawFrame:
     """Verify a frame's CRC, header and every length, without decoding the tensors; raise
     FrameError with the first problem found (UnsupportedCodec for an unknown codec id).

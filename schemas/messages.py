@@ -152,6 +152,12 @@ class Barrier(Message):
     committed: list[DeviceId] = Field(default_factory=list)
     left: list[DeviceId] = Field(default_factory=list, description="online devices dropped past the round deadline")
     slowest_clock: int = Field(0, ge=0, description="lowest commit sequence number among devices in the barrier")
+    max_norm: float | None = Field(
+        None, ge=0, description="the per-step update norm the server clips to now (site aggregators clip to it)"
+    )
+    max_weight: float | None = Field(
+        None, gt=0, description="the most data size a device's update is weighted by now (site aggregators too)"
+    )
 
 
 class RejectReason(StrEnum):
@@ -200,13 +206,17 @@ MAX_SITE_COMMITS = 256
 
 class SiteEntry(Message):
     """A device's commits a site commit covers (those since the site's last site commit, summed):
-    ``seq`` the newest one's, ``base_version`` the oldest one's, ``samples`` and ``steps`` summed."""
+    ``seq`` the newest one's, ``base_version`` the oldest one's, ``samples`` and ``steps`` summed
+    (at most 2^32 - 1 each); ``weight`` the data size n_i the aggregator weighted its update by and
+    ``norm`` the length of that update per local step, |d_i|, after clipping (protocol 1.6)."""
 
     device: DeviceId
     seq: int = Field(ge=1, le=MAX_SAFE_INT)
     base_version: int = Field(ge=0, le=MAX_SAFE_INT)
     samples: int = Field(ge=1, le=MAX_U32)
     steps: int = Field(ge=1, le=MAX_U32)
+    weight: float = Field(gt=0, le=MAX_U32, description="n_i: the data size its update is weighted by")
+    norm: float = Field(ge=0, description="|d_i|: its update's length per local step, after clipping")
 
 
 class SiteCommit(Message):
@@ -221,6 +231,17 @@ class SiteCommit(Message):
     data: float = Field(gt=0, description="sum of the devices' data sizes")
     spread: float = Field(ge=0, description="sum of n_i |d_i|^2")
     commits: list[SiteEntry] = Field(min_length=1, max_length=MAX_SITE_COMMITS)
+    refused: dict[str, int] = Field(
+        default_factory=dict, description="the commits the aggregator refused so far, by reason (protocol 1.6)"
+    )
+
+    @field_validator("refused")
+    @classmethod
+    def _reasons(cls, refused: dict[str, int]) -> dict[str, int]:
+        known = {r.value for r in RejectReason}
+        if not set(refused) <= known or not all(0 <= n <= MAX_SAFE_INT for n in refused.values()):
+            raise ValueError("refused: counts (0 .. 2^53 - 1) of the protocol's reasons")
+        return refused
 
     @model_validator(mode="after")
     def _one_commit_a_device(self) -> SiteCommit:

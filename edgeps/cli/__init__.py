@@ -74,7 +74,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
             action.help += " (default: %(default)s)"
 
 
-LAYERED = ("demo", "ps", "client", "ctl", "broker")  # roles that read --config and EDGEPS_* variables
+LAYERED = ("demo", "ps", "aggregator", "client", "ctl", "broker")  # roles that read --config and EDGEPS_* variables
 
 
 def _roles(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

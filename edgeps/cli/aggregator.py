@@ -27,7 +27,7 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     try:
         serve_site(aggregator, transport, stop)
     finally:
-        transport.close()
+        transport.close(timeout=1.0)  # SIGTERM: gone within 2 s; what it did not acknowledge comes back
     return 0
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgeps.cli.common import stop_on_signals
+
+if TYPE_CHECKING:
+    from broker.secure import SecureSetup
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -14,8 +18,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     if args.action == "init":
         return cmd_broker_init(args)
     broker = start_broker(
-        port=args.port,
-        host=args.host,
+        port=args.port or 1883,
+        host=args.host or "127.0.0.1",
         embedded=True if args.embedded else None,
         workdir=Path(args.data_dir),
         ws_port=args.ws_port,
@@ -45,8 +49,8 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         devices=args.devices.split(",") if args.devices else [],
         operators=args.operators.split(","),
         server=args.server,
-        port=args.port if args.port != 1883 else 8883,
-        host=args.host if args.host != "127.0.0.1" else "0.0.0.0",
+        port=args.port or 8883,
+        host=args.host or "0.0.0.0",  # a deployment listens on every interface unless told (both listeners)
         hostnames=tuple(args.hostnames.split(",")),
         client_certs=args.client_certs,
         sites=sites,
@@ -61,8 +65,9 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
     owner = "owned by the mosquitto account" if owned else "chown -R it to the broker's account if it runs as one"
     print(f"start the broker:  mosquitto -c {setup.config}   ({d}/broker: {owner})")
     password = creds / f"{setup.server}.password"
-    print(f"server:   edgeps ps --broker HOST:PORT --username {setup.server} --password-file {password} "
-          f"--tls-ca {setup.ca_cert} --devices {','.join(setup.devices)} ...")  # fmt: skip
+    deployment = write_server_options(setup, password)
+    print(f"server:   edgeps ps --config {deployment} --broker HOST:PORT ...   (the deployment's accounts, devices "
+          f"and sites: {', '.join(server_flags(setup, password))})")  # fmt: skip
     for site, members in setup.sites.items():
         print(f"site {site} ({', '.join(members)}): mosquitto -c {setup.site_config(site)}   (its devices connect "
               f"there; it bridges to the core as {bridge_account(site)})")  # fmt: skip
@@ -74,11 +79,41 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
     for worker in setup.workers:
         print(f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared --broker HOST:PORT "
               f"--username {worker} --password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}")  # fmt: skip
-    if setup.workers:
-        print(f"  and the server with --sites {','.join(setup.workers)} --sites-only")
     print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
           f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0
+
+
+def server_flags(setup: SecureSetup, password: Path) -> list[str]:
+    """What the server of ``setup`` must be told of the deployment: its account, the job's devices,
+    each aggregated site's devices (a site speaks for those and no others), the ingest workers."""
+    flags = [f"--job {setup.job}", f"--username {setup.server}", f"--password-file {password}",
+             f"--tls-ca {setup.ca_cert}", f"--devices {','.join(setup.devices)}"]  # fmt: skip
+    if setup.aggregators:
+        flags += [f"--site {site}={','.join(members)}" for site, members in setup.sites.items()]
+    if setup.workers:
+        flags += [f"--sites {','.join(setup.workers)}", "--sites-only"]
+    return flags
+
+
+def write_server_options(setup: SecureSetup, password: Path) -> Path:
+    """``DIR/server.toml``: ``server_flags`` as the server's options file (``edgeps ps --config``)."""
+    lines = [
+        "# edgeps ps: the deployment `edgeps broker init` wrote (accounts, devices, sites); add --broker",
+        f'job = "{setup.job}"',
+        f'username = "{setup.server}"',
+        f'password-file = "{password}"',
+        f'tls-ca = "{setup.ca_cert}"',
+        f'devices = "{",".join(setup.devices)}"',
+    ]
+    if setup.aggregators:
+        entries = ", ".join(f'"{site}={",".join(members)}"' for site, members in setup.sites.items())
+        lines.append(f"site = [{entries}]")
+    if setup.workers:
+        lines += [f'sites = "{",".join(setup.workers)}"', "sites-only = true"]
+    path = setup.directory / "server.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def parse_sites(values: list[str]) -> dict[str, list[str]]:
@@ -95,8 +130,8 @@ def parse_sites(values: list[str]) -> dict[str, list[str]]:
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     broker = sub.add_parser("broker", help="start Mosquitto with the project's config (or the embedded broker)")
-    broker.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    broker.add_argument("--port", type=int, default=1883, help="MQTT port to listen on")
+    broker.add_argument("--host", help="address to listen on (run: 127.0.0.1; init: 0.0.0.0, both listeners)")
+    broker.add_argument("--port", type=int, help="MQTT port to listen on (run: 1883; init: 8883)")
     broker.add_argument("--embedded", action="store_true", help="force the embedded amqtt broker")
     broker.add_argument("--ws-port", type=int, default=9001, help="MQTT over WebSockets (the dashboard), on --host")
     broker.add_argument(

@@ -7,7 +7,7 @@ import pytest
 from edgeps.cli import build_parser
 from edgeps.demo import DemoSettings
 from edgeps.options import model_values, to_flags
-from ps_service.config import PROCESS_DEFAULTS, ServerConfig
+from ps_service.config import PROCESS_DEFAULTS, ServerConfig, flat_names
 
 
 def parse(*argv: str):
@@ -17,7 +17,7 @@ def parse(*argv: str):
 def test_every_job_option_is_a_flag_of_ps_with_the_models_default_and_help() -> None:
     ps = next(a for a in build_parser()._actions if a.dest == "command").choices["ps"]
     flags = {a.dest: a for a in ps._actions}
-    for name in ServerConfig.model_fields:
+    for name in flat_names(ServerConfig) - {"door"}:  # the door's options are given flat
         assert name in flags and flags[name].help, name  # documented
     assert flags["push_every"].default == ServerConfig().push_every
     assert flags["metrics_interval_s"].default == 1.0  # ps publishes metrics every second unless told
@@ -29,7 +29,7 @@ def test_flags_become_a_validated_server_config() -> None:
                  "--duration", "30", "--round-deadline", "2.5")  # fmt: skip
     config = ServerConfig(**model_values(ServerConfig, args))
     assert config.pace == "ssp:2" and config.allowed_devices == frozenset({"a", "b"})
-    assert config.max_commit_rate is None and config.metrics_interval_s is None  # 0: none
+    assert config.door.max_commit_rate is None and config.metrics_interval_s is None  # 0: none
     assert config.duration_s == 30 and config.round_deadline_s == 2.5
     with pytest.raises(ValueError, match="unknown pace"):
         ServerConfig(**model_values(ServerConfig, parse("ps", "--pace", "foo")))
@@ -37,7 +37,8 @@ def test_flags_become_a_validated_server_config() -> None:
 
 def test_a_config_turned_into_flags_parses_back_to_itself() -> None:
     config = ServerConfig(job="j", pace="acbsp", rounds=7, codec="topk:0.05", max_commit_rate=None,
-                          allowed_devices=frozenset({"d2", "d1"}), extrapolation=2.0, duration_s=9.5)  # fmt: skip
+                          allowed_devices=frozenset({"d2", "d1"}), extrapolation=2.0, duration_s=9.5,
+                          site_devices=["sa=d1,d2", "sb=d3"], max_held_commits=4)  # fmt: skip
     args = parse("ps", *to_flags(config, defaults=PROCESS_DEFAULTS))
     assert ServerConfig(**model_values(ServerConfig, args)) == config
 

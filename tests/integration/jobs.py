@@ -33,17 +33,20 @@ def run_job(
     device_addresses: dict[str, BrokerAddress],
     aggregators: dict[str, BrokerAddress] | None = None,
     during: Callable[[ServerCore, dict[str, DeviceCore]], None] | None = None,
-    sites: frozenset[str] | None = None,
+    sites: dict[str, list[str]] | None = None,
     shared: bool = False,
 ) -> tuple[ServerCore, list[SiteAggregator]]:
     """A bsp job of the four devices (seeded: the same shards, model and batches every time), with
     an aggregator on each site of ``aggregators`` (site -> its account on the site's broker), site
-    commits taken from ``sites`` (default: those), and ``during`` run beside the job. ``shared``: the
-    aggregators are ingest workers on the server's broker, and the server takes no commit directly."""
+    commits taken from ``sites`` (site -> its devices, the deployment's; default: the aggregators',
+    any device), and ``during`` run beside the job. ``shared``: the aggregators are ingest workers on
+    the server's broker (``sites``' names theirs), and the server takes no commit directly."""
     shards = prepare_shards(load_digits(), tmp / "data", devices=len(DEVICES), alpha=0.5, seed=0)
     holdout = Dataset.load(shards.holdout)
+    names = frozenset(sites or aggregators or ())
+    placed = {"site_devices": sites} if sites and not shared else {"sites": names or None, "sites_only": shared}
     config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES),
-                          sites=sites or frozenset(aggregators or ()) or None, sites_only=shared)  # fmt: skip
+                          **placed)  # fmt: skip
     core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
     transport = connect_server(core, server_address)
     server = threading.Thread(target=serve, args=(core, transport), daemon=True)

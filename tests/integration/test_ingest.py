@@ -70,7 +70,7 @@ def test_a_sigkilled_worker_loses_and_repeats_no_commit(tmp_path) -> None:
     try:
         plain = BrokerAddress(broker.host, broker.port)
         shared, live = run_job(tmp_path / "killed", plain, dict.fromkeys(DEVICES, plain), {WORKERS[1]: plain},
-                            during=kill_and_restart, sites=frozenset(WORKERS), shared=True)  # fmt: skip
+                            during=kill_and_restart, sites=dict.fromkeys(WORKERS, DEVICES), shared=True)  # fmt: skip
     finally:
         for process in processes:  # one left stopped by a failed wait takes SIGTERM after SIGCONT
             process.send_signal(signal.SIGCONT)

@@ -104,6 +104,7 @@ def test_site_aggregators_cut_the_upstream_bytes_by_their_fan_in(aggregated, tmp
         address(setup, core_broker, "ps"),
         on_their_sites(setup, sites),
         {site: address(setup, sites[site], aggregator_account(site)) for site in SITES},
+        sites=SITES,
     )
     assert summed.store.version == ROUNDS and summed.traffic.applied == ROUNDS * len(DEVICES)
     assert set(summed.traffic.rejected) <= {"finished"}
@@ -157,7 +158,7 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
             on_their_sites(setup, sites),
             {"b": address(setup, sites["b"], aggregator_account("b"))},
             during=kill_and_restart,
-            sites=frozenset(SITES),
+            sites=SITES,
         )
     finally:
         for process in processes:  # one left stopped by a failed wait takes SIGTERM after SIGCONT

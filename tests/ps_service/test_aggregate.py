@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps_service.aggregate import aggregate, aggregate_all, combine, partial, site_part
+from ps_service.robust import per_device
 from ps_service.update import SiteUpdate, Update
 from schemas.messages import SiteEntry
 
@@ -52,8 +53,11 @@ def test_sites_partial_sums_combine_to_the_direct_aggregate(case, mixing, cap, k
 
 def site_update(site: str, updates: list[Update], version: int, sizes: dict[str, int]) -> SiteUpdate:
     """What the server holds of ``updates`` summed by site ``site``'s aggregator at ``version``."""
+    norms = per_device(updates, version)
+    weight = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in norms}
     entries = tuple(SiteEntry(device=u.device, seq=u.seq, base_version=u.base_version, samples=u.samples,
-                              steps=u.steps) for u in {u.device: u for u in updates}.values())  # fmt: skip
+                              steps=u.steps, weight=weight[u.device], norm=norms[u.device][0])
+                    for u in {u.device: u for u in updates}.values())  # fmt: skip
     return SiteUpdate(site, 1, version, entries, partial(updates, version, sizes))
 
 

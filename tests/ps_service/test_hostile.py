@@ -141,7 +141,7 @@ def test_a_message_the_server_fails_on_is_a_counted_rejection_not_a_crash_loop(m
     def boom(*args, **kwargs):
         raise MemoryError("simulated")
 
-    monkeypatch.setattr("ps_service.admission.validate_commit", boom)
+    monkeypatch.setattr("ps_service.door.validate_commit", boom)
     out = server.on_message(server.topics.grad("x"), commit_bytes(server, "x", 1), 1.0)
     assert [Notice.from_bytes(p.payload).reason.value for p in out] == ["unprocessable"]
     assert server.traffic.rejected == {"unprocessable": 1} and server.store.version == 0

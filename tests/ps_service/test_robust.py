@@ -84,7 +84,9 @@ def test_a_commit_of_zeros_is_refused_and_infinity_too() -> None:
 
 def test_alone_a_device_is_held_to_its_own_last_update_or_to_half_the_model() -> None:
     bounds = FleetBounds()
-    assert bounds.limits(0, 8.0, {"a": (100.0, 10)}).norm == 4.0  # nothing yet: half the model's norm
+    # nothing yet: its whole update (10 steps) within half the model's norm, and its steps within the ceiling
+    assert bounds.limits(0, 8.0, {"a": (100.0, 10)}).norm == 0.4
+    assert bounds.limits(0, 8.0, {"a": (100.0, 2**32 - 1)}, steps_ceiling=80).norm == 0.05
     bounds.remember("a", 0.5, 10, 0)
     assert bounds.limits(1, 8.0, {"a": (100.0, 10)}).norm == 1.0  # twice its own last one
 

@@ -1,0 +1,316 @@
+"""The one door every commit comes through: the server's, a site aggregator's and an ingest
+worker's alike (docs/PROTOCOL.md §7, the order of the checks).
+
+``Door.admit`` takes a device's commit frame and returns the ``Update`` it carries or the
+``Refusal`` that says why not: retained, finished, the device's rate limits (in commits and in
+bytes; beyond them the door stops listening to the device for a while: ``Refusal.muted``), the
+commits the receiver already holds for it and in all (a memory budget), then the frame's own
+checks (ps_service.validation: size, structure, kind, sender, sequence number, version, codec,
+shapes, values). Every field is bounded to what the next stage can carry: a sequence number
+beyond 2^53 - 1 (which a site commit cannot hold) is refused here, with a notice, instead of
+failing the aggregator that would forward it. ``Door.admit_site`` does the same for a site
+commit (``part/{site}``): the site's rate limits, its bytes, header and sums, and each entry as
+its device's own commit would be checked, against the devices the deployment gave the site.
+
+What a commit is checked against (the model's shapes, the version, the codecs) is the
+receiver's knowledge, given as ``Checks``; what the door keeps is its sender's records (the
+registry: sequence numbers, rate buckets, mutes) and the memory it has let in (``hold`` and
+``release``). Pure logic: bytes and ``now`` in, updates or refusals out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from ps_service.registry import DeviceRegistry
+from ps_service.update import Partial, SiteUpdate, Update
+from ps_service.validation import Rejection, validate_commit
+from schemas.frame import FrameError, fp32_commit_size, peek_seq
+from schemas.messages import MAX_JSON_BYTES, MessageError, RejectReason, SiteCommit, SiteEntry
+from schemas.sitecommit import parse_site_commit
+
+R = RejectReason
+
+#: The largest commit taken before the receiver knows the model (a site aggregator just started).
+UNKNOWN_MODEL_BYTES = 8 << 20
+#: How far a site commit's sums may exceed what its entries state (float32 sums of float64 norms).
+SUM_TOLERANCE = 1e-3
+
+
+class DoorConfig(BaseModel):
+    """The bounds of the door (``Door``): one schema for the server, site aggregators and ingest
+    workers, nested in each role's options (``ServerConfig``, ``SiteConfig``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_commit_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
+    )
+    max_commit_rate: float | None = Field(
+        1000.0,
+        gt=0,
+        description="commits per second a device (or a site) may send, sustained (0: no limit); in bytes, as many "
+        "as that many of the largest accepted commits",
+    )
+    max_commit_burst: int = Field(50, ge=1, description="commits a device (or a site) may send at once")
+    max_held_commits: int = Field(
+        16, ge=1, description="commits of one device held at once (accepted, not yet aggregated); more are refused "
+        "as rate_limited (their work carries into the device's next commit)",
+    )  # fmt: skip
+    max_held_mib: float = Field(
+        256.0, gt=0, description="MiB of commits held at once, all devices together (the same refusal beyond)"
+    )
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What the receiver checks a commit against: the version it knows, the model's ``shapes``,
+    the ``codecs`` it accepts, and whether the job has ``finished``."""
+
+    version: int
+    shapes: dict[str, tuple[int, ...]]
+    codecs: frozenset[str]
+    finished: bool = False
+
+    @property
+    def values(self) -> int:
+        return sum(math.prod(s) for s in self.shapes.values())
+
+
+class Refusal(NamedTuple):
+    """A refused commit: ``rejection`` (reason, detail, seq), and what the receiver does besides:
+    ``silent`` (a redelivered copy of one it holds: counted, no notice), ``muted`` (the door stopped
+    listening to the sender for that many seconds), ``resequence`` (a known device used a spent
+    sequence number: the server sends its Control again)."""
+
+    rejection: Rejection
+    silent: bool = False
+    muted: float | None = None
+    resequence: bool = False
+
+
+class SiteRefusal(NamedTuple):
+    """A refused site commit: the first fault, each entry's own fault by device, and its header
+    when it could be read (each device it names is noticed); ``silent``: a redelivered copy."""
+
+    rejection: Rejection
+    header: SiteCommit | None = None
+    faults: dict[str, Rejection] | None = None
+    silent: bool = False
+    muted: float | None = None
+
+
+@dataclass
+class Door:
+    """Admission of commits (``admit``) and site commits (``admit_site``) for one receiver.
+    ``ordered``: sequence numbers must rise strictly (else an anti-replay window: site commits of
+    ingest workers may pass one another)."""
+
+    config: DoorConfig
+    registry: DeviceRegistry
+    ordered: bool = True
+    sites: DeviceRegistry = field(default_factory=DeviceRegistry)  # each site's rate buckets and mute
+    held: Counter[str] = field(default_factory=Counter)  # commits held, by device (a site commit: by site)
+    held_bytes: int = 0
+
+    # ------------------------------------------------------------------ limits
+    def commit_limit(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        """The largest commit accepted: the configured one, else the model's fp32 commit (before the
+        model is known: ``UNKNOWN_MODEL_BYTES``)."""
+        return self.config.max_commit_bytes or (fp32_commit_size(shapes) if shapes else UNKNOWN_MODEL_BYTES)
+
+    def site_limit(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        """The largest site commit accepted: the largest commit, its header and its length field."""
+        return self.commit_limit(shapes) + MAX_JSON_BYTES + 4
+
+    @property
+    def budget(self) -> int:
+        return int(self.config.max_held_mib * (1 << 20))
+
+    def _rate(self, record_of: DeviceRegistry, sender: str, size: int, limit: int, now: float) -> str | None:
+        """Why ``sender``'s message of ``size`` bytes is beyond its rate limits, or None (and it is counted)."""
+        rate, burst = self.config.max_commit_rate, self.config.max_commit_burst
+        if rate is None:
+            return None
+        record = record_of.limits(sender)
+        if not record.commits.take(1, now, rate, burst):
+            return f"more than {rate:g} messages/s"
+        if not record.bytes.take(size, now, rate * limit, burst * limit):
+            return f"more than {rate * limit:g} bytes/s"
+        return None
+
+    def _flooding(self, record_of: DeviceRegistry, sender: str, over: str, now: float) -> tuple[str, float | None]:
+        """A message beyond the rate: the door stops listening to ``sender`` (1 s, doubling while it
+        goes on) unless it already did (a message in flight when it was muted)."""
+        if record_of.muted(sender):
+            return over, None
+        duration = record_of.mute(sender, now)
+        record_of.limits(sender).noticed_at = None  # this notice goes out whatever the one-a-second rule says
+        return f"{over}: its messages are not received for {duration:g} s", duration
+
+    def _room(self, sender: str, size: int) -> str | None:
+        """Why no more can be held for ``sender`` (``size`` bytes more), or None."""
+        if self.held[sender] >= self.config.max_held_commits:
+            return f"{self.held[sender]} of its commits are held already (not yet aggregated)"
+        if self.held_bytes + size > self.budget:
+            return f"the receiver holds {self.held_bytes} bytes of commits (its budget: {self.budget})"
+        return None
+
+    # ------------------------------------------------------------------ commits
+    def admit(
+        self, device: str, payload: bytes, now: float, checks: Checks, retained: bool = False
+    ) -> Update | Refusal:
+        """A commit frame on ``grad/{device}``: its ``Update``, or why not (``screen``, then
+        ``check``). The sequence number is used from the checks that say so on (docs/PROTOCOL.md §7)."""
+        refusal = self.screen(device, payload, now, checks, retained)
+        return refusal if refusal is not None else self.check(device, payload, checks)
+
+    def screen(self, device: str, payload: bytes, now: float, checks: Checks, retained: bool = False) -> Refusal | None:
+        """The checks a commit meets on arrival, before anything of it is read or kept: retained,
+        finished, the device's rate limits (a flood mutes it), and room for what it would hold."""
+        seq = peek_seq(payload)
+        if retained:  # left on the broker by someone: never a device's live work
+            return Refusal(Rejection(R.RETAINED, "commits must not be retained", seq))
+        if checks.finished:
+            return Refusal(Rejection(R.FINISHED, "the job has finished", seq))
+        if self.config.max_commit_rate is not None and self.registry.permits(device):
+            over = self._rate(self.registry, device, len(payload), self.commit_limit(checks.shapes), now)
+            if over is not None:
+                detail, muted = self._flooding(self.registry, device, over, now)
+                return Refusal(Rejection(R.RATE_LIMITED, detail, seq), muted=muted)
+        full = self._room(device, max(len(payload), 4 * checks.values))
+        if full is not None:
+            return Refusal(Rejection(R.RATE_LIMITED, full, seq))
+        return None
+
+    def check(self, device: str, payload: bytes, checks: Checks) -> Update | Refusal:
+        """The frame's own checks (ps_service.validation), after ``screen``."""
+        try:
+            limit = self.commit_limit(checks.shapes)
+            return validate_commit(payload, device, self.registry, checks.version, checks.shapes, limit, checks.codecs)
+        except Rejection as rejection:
+            known = self.registry.record(device) is not None
+            # a copy of a commit the receiver holds (its work is in hand) gets no notice: the device
+            # would send that work again
+            copy = rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
+            again = rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and known
+            return Refusal(rejection, silent=copy, resequence=again)
+
+    def hold(self, sender: str, nbytes: int) -> None:
+        """The receiver keeps ``nbytes`` of ``sender``'s (a commit, until ``release``): counted
+        against its budgets (``max_held_commits``, ``max_held_mib``)."""
+        self.held[sender] += 1
+        self.held_bytes += nbytes
+
+    def release(self, sender: str, nbytes: int) -> None:
+        """The receiver no longer keeps what ``hold`` counted (aggregated, sent up, or dropped)."""
+        self.held[sender] -= 1
+        if self.held[sender] <= 0:
+            del self.held[sender]
+        self.held_bytes = max(0, self.held_bytes - nbytes)
+
+    def hold_updates(self, updates: Sequence[Update | SiteUpdate]) -> None:
+        for update in updates:
+            self.hold(update.device, nbytes(update))
+
+    def release_updates(self, updates: Sequence[Update | SiteUpdate]) -> None:
+        for update in updates:
+            self.release(update.device, nbytes(update))
+
+    # ------------------------------------------------------------------ site commits
+    def admit_site(
+        self,
+        site: str,
+        payload: bytes,
+        now: float,
+        checks: Checks,
+        devices: frozenset[str] | None,
+        retained: bool = False,
+    ) -> SiteUpdate | SiteRefusal:
+        """A site commit on ``part/{site}``: taken whole or refused whole. ``devices``: the devices
+        the deployment gave the site (None: every device, an ingest worker's). Nothing is recorded
+        but the site's rate buckets (the receiver records each entry's sequence number when it
+        takes the site commit)."""
+        if retained:
+            return SiteRefusal(Rejection(R.RETAINED, "site commits must not be retained"))
+        limit = self.site_limit(checks.shapes)
+        over = self._rate(self.sites, site, len(payload), limit, now)
+        if over is not None:
+            detail, muted = self._flooding(self.sites, site, over, now)
+            return SiteRefusal(Rejection(R.RATE_LIMITED, detail), muted=muted)
+        try:
+            header, weighted = parse_site_commit(payload, checks.shapes, limit)
+            if header.site != site:
+                raise Rejection(R.DEVICE_MISMATCH, f"header says site {header.site!r}, topic says {site!r}")
+            if header.version > checks.version:
+                raise Rejection(R.FUTURE_VERSION, f"made at version {header.version} > current {checks.version}")
+            if not all(np.isfinite(values).all() for values in weighted.values()):
+                raise Rejection(R.NON_FINITE, "a tensor holds NaN or Inf")
+            _consistent(header, weighted)
+        except (FrameError, MessageError) as exc:
+            return SiteRefusal(Rejection(R.MALFORMED, str(exc)))
+        except Rejection as rejection:
+            return SiteRefusal(rejection)
+        if checks.finished:
+            faults = {e.device: Rejection(R.FINISHED, "the job has finished", e.seq) for e in header.commits}
+        else:
+            faults = {e.device: f for e in header.commits if (f := self._entry_fault(e, site, checks, devices))}
+        if faults:
+            copy = len(faults) == len(header.commits) and all(
+                f.reason is R.REPLAYED and self.registry.redelivered(d, f.seq) for d, f in faults.items()
+            )
+            return SiteRefusal(next(iter(faults.values())), header, faults, silent=copy)
+        full = self._room(f"site:{site}", 4 * checks.values)
+        if full is not None:
+            return SiteRefusal(Rejection(R.RATE_LIMITED, full), header)
+        part = Partial(weighted, header.data, tuple(float(e.steps) for e in header.commits), header.spread)
+        return SiteUpdate(site, header.seq, header.version, tuple(header.commits), part, header.refused)
+
+    def _entry_fault(
+        self, entry: SiteEntry, site: str, checks: Checks, devices: frozenset[str] | None
+    ) -> Rejection | None:
+        """What would refuse ``entry`` of a site commit from ``site`` as its device's own commit
+        (nothing recorded), or None. A site speaks only for the devices the deployment gave it."""
+        if not self.registry.known(entry.device) or not self.registry.permits(entry.device):
+            return Rejection(R.UNKNOWN_DEVICE, f"device {entry.device!r} has not announced itself online", entry.seq)
+        if devices is not None and entry.device not in devices:
+            return Rejection(R.DEVICE_MISMATCH, f"device {entry.device!r} is not one of site {site!r}'s", entry.seq)
+        fault = self.registry.seq_fault(entry.device, entry.seq, ordered=self.ordered)
+        if fault is not None:
+            return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)
+        if entry.base_version > checks.version:
+            return Rejection(R.FUTURE_VERSION, f"base version {entry.base_version} > current {checks.version}",
+                             entry.seq)  # fmt: skip
+        return None
+
+
+def _consistent(header: SiteCommit, weighted: dict[str, np.ndarray]) -> None:
+    """Refuse (``malformed``) a site commit whose sums are not what its entries state: ``data`` the
+    sum of the weights, ``spread`` the sum of weight x norm², and the weighted sum no longer than
+    the sum of weight x norm (the triangle inequality): a site cannot hide a longer update than
+    the norms it states, which the server bounds."""
+    weights = sum(e.weight for e in header.commits)
+    if not math.isclose(header.data, weights, rel_tol=1e-6):
+        raise Rejection(R.MALFORMED, f"data {header.data:g} is not the entries' weights summed ({weights:g})")
+    spread = sum(e.weight * e.norm**2 for e in header.commits)
+    if not math.isclose(header.spread, spread, rel_tol=SUM_TOLERANCE, abs_tol=1e-30):
+        raise Rejection(R.MALFORMED, f"spread {header.spread:g} is not the entries' weight x norm² ({spread:g})")
+    length = math.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in weighted.values()))
+    stated = sum(e.weight * e.norm for e in header.commits)
+    if length > stated * (1 + SUM_TOLERANCE) + 1e-12:
+        raise Rejection(R.MALFORMED, f"its sums are {length:g} long, more than its entries state ({stated:g})")
+
+
+def nbytes(update: Update | SiteUpdate) -> int:
+    """The memory an update holds: its tensors."""
+    tensors = update.delta if isinstance(update, Update) else update.part.weighted
+    return sum(int(values.nbytes) for values in tensors.values())
