@@ -29,20 +29,23 @@ def request(
     """Send the command ``fields`` (``cmd`` and its arguments, as docs/PROTOCOL.md names them) to
     ``job`` and return the server's reply. The reply comes on ``reply/{client}`` (default: the
     account's username, else ``ctl-PID``), addressed by MQTT 5 properties or, over MQTT 3.1.1, by
-    the command's ``reply_to`` and ``correlation``. ValueError for a command the protocol refuses
-    (before anything is sent); TimeoutError when no reply comes within ``timeout`` seconds."""
+    the command's ``reply_to`` and ``correlation``. With an account, the command goes on its own
+    ``cmd/{username}`` (what `edgeps broker init` lets an operator write), else on ``cmd``.
+    ValueError for a command the protocol refuses (before anything is sent); TimeoutError when no
+    reply comes within ``timeout`` seconds."""
     topics = Topics(job)
     fields = {k: v for k, v in fields.items() if v is not None}
     Command.model_validate(fields)  # refused here, not by the server
     client = client or address.username or f"ctl-{os.getpid()}"
     correlation, reply_topic = f"{client}-{time.time_ns()}", topics.reply(client)
+    cmd = topics.cmd_of(address.username) if address.username else topics.cmd
     transport = _transport(address, [reply_topic])
     try:
         if transport.mqtt5:  # the answer's address travels as MQTT 5 properties
-            message = Publish(topics.cmd, b"", qos=1, response_topic=reply_topic, correlation=correlation.encode())
+            message = Publish(cmd, b"", qos=1, response_topic=reply_topic, correlation=correlation.encode())
         else:  # MQTT 3.1.1: in the command itself
             fields |= {"reply_to": reply_topic, "correlation": correlation}
-            message = Publish(topics.cmd, b"", qos=1)
+            message = Publish(cmd, b"", qos=1)
         transport.publish(dataclasses.replace(message, payload=Command.model_validate(fields).to_bytes()))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -49,20 +49,35 @@ def _base(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _number(kind: type) -> Any:
+    """``int`` or ``float`` of ASCII text only (Python reads ``٣`` as 3, which no other tool does)."""
+
+    def number(text: str) -> Any:
+        if not text.isascii():
+            raise ValueError(f"{text!r} is not an ASCII number")
+        return kind(text)
+
+    number.__name__ = kind.__name__  # argparse names the type in its error messages
+    return number
+
+
 def _parser(annotation: Any, optional: bool, default: Any) -> Any:
     """The argparse ``type`` of a field: text to the field's value."""
     base, _ = _base(annotation)
     if typing.get_origin(base) is frozenset:
         return lambda text: frozenset(x for x in text.split(",") if x) or None
     if base in (int, float) and optional and default is not None:
+        read = _number(base)
 
         def number_or_none(text: str) -> Any:
-            value = base(text)
+            value = read(text)
             return None if value == 0 else value
 
-        number_or_none.__name__ = base.__name__  # argparse names the type in its error messages
+        number_or_none.__name__ = base.__name__
         return number_or_none
-    return base if base in (int, float, str) else None
+    if base in (int, float):
+        return _number(base)
+    return base if base is str else None
 
 
 def add_model_options(

@@ -101,11 +101,18 @@ class Balancer:
         self.current = {str(d): int(c) for d, c in state["current"].items()}
 
 
+#: Under ``steps`` balancing, the fastest rate the others are scaled against is taken among the rates
+#: at most this many times the fleet's median: one device claiming to step in a microsecond cannot
+#: cut every other device's push_every (it once took 10 to 1, commits 7.4 -> 48.6 a second).
+SPREAD = 2.0
+
+
 class StepsBalancer(Balancer):
     """``steps``: a device gets push_every in proportion to its step rate, so that the slowest
-    commits as often as the fastest; the fastest keep the base value. A value changes only when
-    it moves by at least ``tolerance`` (relative), so that measurement noise does not rewrite a
-    control message every round."""
+    commits as often as the fastest; the fastest keep the base value. The fastest is the fastest
+    of the rates within ``SPREAD`` times the fleet's median (a faster claim gets the base value and
+    changes no one else's). A value changes only when it moves by at least ``tolerance``
+    (relative), so that measurement noise does not rewrite a control message every round."""
 
     mode = "steps"
     reacts_to_speed = True
@@ -115,7 +122,9 @@ class StepsBalancer(Balancer):
         self.tolerance = tolerance
 
     def assign(self, devices: list[str], base: int, bounds: Bounds) -> dict[str, int]:
-        fastest = max((r for r in map(self.rate, devices) if r), default=None)
+        rates = [r for r in map(self.rate, devices) if r]
+        median = float(np.median(rates)) if rates else 0.0
+        fastest = max((r for r in rates if r <= SPREAD * median), default=None)
         out = {}
         for device in devices:
             rate = self.rate(device)

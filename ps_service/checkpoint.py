@@ -60,12 +60,17 @@ def load_key(path: Path, create: bool = True) -> bytes:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as file:
             file.write(secrets.token_bytes(KEY_BYTES).hex().encode() + b"\n")
+    return parse_key(path.read_text(), str(path))
+
+
+def parse_key(text: str, where: str) -> bytes:
+    """A checkpoint key written in hex (at least 16 bytes); CheckpointError naming ``where`` otherwise."""
     try:
-        key = bytes.fromhex(path.read_text().strip())
+        key = bytes.fromhex(text.strip())
     except ValueError:
-        raise CheckpointError(f"{path} does not hold a checkpoint key (hex)") from None
+        raise CheckpointError(f"{where} does not hold a checkpoint key (hex)") from None
     if len(key) < 16:
-        raise CheckpointError(f"the checkpoint key in {path} is shorter than 16 bytes")
+        raise CheckpointError(f"the checkpoint key in {where} is shorter than 16 bytes")
     return key
 
 

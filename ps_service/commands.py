@@ -141,13 +141,22 @@ def execute(core: ServerCore, command: Command, now: float) -> tuple[list[Publis
 
 
 def on_command(
-    core: ServerCore, payload: bytes, now: float, response_topic: str | None, correlation_data: bytes | None
+    core: ServerCore,
+    payload: bytes,
+    now: float,
+    response_topic: str | None,
+    correlation_data: bytes | None,
+    operator: str | None = None,
 ) -> list[Publish]:
     """An operator's command: carried out whole or not at all, answered when it asks for a reply
-    (MQTT 5 response topic and correlation data, or the command's reply_to and correlation)."""
+    (MQTT 5 response topic and correlation data, or the command's reply_to and correlation). One
+    on ``cmd/{operator}`` (an ACL pins it to that account) is answered on ``reply/{operator}`` and
+    nowhere else, whatever it asks: an operator cannot send replies to another's topic."""
     reply_to, correlation = reply_address(core.topics, payload)
     if reply_to is None and response_topic is not None:
         reply_to = reply_topic(core.topics, response_topic)
+    if operator is not None and reply_to is not None:
+        reply_to = core.topics.reply(operator)
     if correlation is None and correlation_data is not None:
         correlation = correlation_data.decode("utf-8", "replace")[:128]
 

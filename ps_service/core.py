@@ -194,7 +194,7 @@ class ServerCore:
             if kind == "status" and device is not None:
                 return admission.on_status(self, device, payload, now)
             if kind == "cmd":
-                return commands.on_command(self, payload, now, response_topic, correlation)
+                return commands.on_command(self, payload, now, response_topic, correlation, device)
         except Exception as exc:  # a bug: never let one message stop the job
             self.events.error("failed on a message on %s: %s", topic, traceback.format_exc())
             rejection = Rejection(RejectReason.UNPROCESSABLE, f"{type(exc).__name__}: {exc}", peek_seq(payload))
@@ -211,7 +211,7 @@ class ServerCore:
         t = self.topics
         sites = [t.part(site) for site in sorted(self.config.site_names) if not self.door.sites.muted(site)]
         direct = [] if self.config.sites_only else [t.grad(device) for device in self.registry.listening()]
-        return [t.all_status, t.cmd, *sites, *direct]
+        return [t.all_status, t.cmd, t.cmd_of("+"), *sites, *direct]
 
     def on_tick(self, now: float) -> list[Publish]:
         """Time passes: drop devices that let the round's deadline pass; publish metrics when
@@ -313,7 +313,8 @@ class ServerCore:
         Under load this makes a barrier message a second instead of one per commit (docs/PROTOCOL.md
         §3), and the full message (lists of the fleet's devices) is built only when it goes out."""
         clock = self.registry.slowest_clock(self.barrier_set()) if self.pace.name.startswith("ssp") else None
-        acted_on = (self.run, self.round.state, self.pace.name, frozenset(self.membership.left), clock)
+        left = frozenset(self.membership.left & self.registry.active())
+        acted_on = (self.run, self.round.state, self.pace.name, left, clock)
         if force or acted_on != self._barrier_sent or now >= self._barrier_at + BARRIER_DETAIL_S:
             payload = self._barrier_message().to_bytes()
             self._barrier_due = None
@@ -338,7 +339,7 @@ class ServerCore:
             state=self.round.state.value,
             waiting_for=self.waiting_for(),
             committed=self.pace.committed(),
-            left=sorted(self.membership.left),
+            left=sorted(self.membership.left & self.registry.active()),
             slowest_clock=self.registry.slowest_clock(barrier_set),
             max_norm=limits.published if self.bounds.recent else None,  # none before the fleet's first update
             max_weight=cap if math.isfinite(cap) else None,

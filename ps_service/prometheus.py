@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -84,6 +85,49 @@ PAGES = {
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
 
+#: Connections served at once; more are closed on arrival. Each has ``TIMEOUT_S`` for its TLS handshake
+#: and for each read: an idle or half-open client never holds a thread (or the accept loop) for long.
+MAX_CONNECTIONS = 64
+TIMEOUT_S = 10.0
+
+
+class _Server(ThreadingHTTPServer):
+    """A threading HTTP server whose TLS handshake happens in each connection's own thread, under a
+    timeout (not in the accept loop, where one idle TCP connection blocked every other client),
+    with at most ``MAX_CONNECTIONS`` connections at once (each idle one used to hold a thread for ever)."""
+
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a burst of clients waits for accept, not for SYN retries
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 context: ssl.SSLContext | None) -> None:  # fmt: skip
+        self.context = context
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: this client is closed at once, the others go on
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(TIMEOUT_S)
+            if self.context is not None:
+                request = self.context.wrap_socket(request, server_side=True)  # the handshake, here, timed
+            self.finish_request(request, client_address)
+        except (OSError, ssl.SSLError):
+            pass  # a client that stalls, leaves or speaks no TLS: its connection ends, nothing else
+        finally:
+            self.shutdown_request(request)
+            self.slots.release()
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -116,6 +160,8 @@ class MetricsEndpoint:
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = TIMEOUT_S  # each read: an idle connection ends
+
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
@@ -137,12 +183,12 @@ class MetricsEndpoint:
             def log_message(self, *args: object) -> None:  # scrapes are not news
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        context = None
         if tls_cert:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(tls_cert, tls_key)
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._server = _Server((host, port), Handler, context)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 

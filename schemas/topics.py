@@ -82,8 +82,13 @@ class Topics:
 
     @property
     def cmd(self) -> str:
-        """operator -> PS: commands (schemas.messages.Command)."""
+        """operator -> PS: commands (schemas.messages.Command), from any client (the local demo's)."""
         return f"{self.prefix}/cmd"
+
+    def cmd_of(self, operator: str) -> str:
+        """operator ``operator`` -> PS: its commands, answered on its own ``reply/{operator}`` only
+        (an ACL pins the topic to the account); ``+`` gives the wildcard."""
+        return f"{self.prefix}/cmd/{operator if operator == '+' else check_name(operator, 'operator')}"
 
     def reply(self, client: str) -> str:
         """PS -> operator ``client``: the replies to its commands (the only topics replies go to);
@@ -122,7 +127,7 @@ class Topics:
         parts = topic[len(head) :].split("/")
         if len(parts) == 1 and parts[0] in ("params", "delta", "barrier", "metrics", "cmd", "model"):
             return parts[0], None
-        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply", "part"):
+        if len(parts) == 2 and parts[0] in ("status", "grad", "ctrl", "notice", "reply", "part", "cmd"):
             return parts[0], check_name(parts[1], "device id")
         raise TopicError(f"topic {topic!r} is not part of the edgeps topic tree")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -57,11 +59,9 @@ def cmd_ps(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
     if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects
-        from ps_service.checkpoint import decode, load_key
-        from ps_service.mqtt import default_key_path
+        from ps_service.checkpoint import decode
 
-        key_path = Path(args.checkpoint_key) if args.checkpoint_key else default_key_path(checkpoint)
-        key = load_key(key_path, create=not checkpoint.exists())
+        key = checkpoint_key(args.checkpoint_key_file, checkpoint, os.environ.get("EDGEPS_CHECKPOINT_KEY"))
         if checkpoint.exists():
             decode(checkpoint.read_bytes(), key)
     stop = stop_on_signals()
@@ -105,6 +105,22 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return 0
 
 
+def checkpoint_key(path: str | None, checkpoint: Path, environ_key: str | None) -> bytes:
+    """The checkpoint's key: from ``EDGEPS_CHECKPOINT_KEY`` (hex), else from its file (``path``, default
+    CHECKPOINT.key, made on first use). A key given where a file is named is refused, unread: a command
+    line is visible to every user of the machine."""
+    from ps_service.checkpoint import CheckpointError, load_key, parse_key
+    from ps_service.mqtt import default_key_path
+
+    if environ_key:
+        return parse_key(environ_key, "EDGEPS_CHECKPOINT_KEY")
+    if path is not None and not Path(path).exists() and re.fullmatch(r"[0-9a-fA-F]{32,}", path):
+        raise CheckpointError("--checkpoint-key-file names a file; give the key itself in EDGEPS_CHECKPOINT_KEY, "
+                              "not on the command line (every user of the machine can read it there)")  # fmt: skip
+    key_path = Path(path) if path else default_key_path(checkpoint)
+    return load_key(key_path, create=not checkpoint.exists())
+
+
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     ps = sub.add_parser("ps", help="run the parameter server against a broker")
@@ -125,7 +141,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")
     ps.add_argument("--metrics-tls-key", help="the certificate's key (PEM)")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
-    ps.add_argument(
-        "--checkpoint-key", help="the key that signs the checkpoint (hex); default CHECKPOINT.key, made on first use"
-    )
+    ps.add_argument("--checkpoint-key-file", "--checkpoint-key", dest="checkpoint_key_file",
+                    help="the file holding the key (hex) that signs the checkpoint; default CHECKPOINT.key, made on "
+                    "first use; or the key itself in EDGEPS_CHECKPOINT_KEY (never on the command line)")  # fmt: skip
     ps.set_defaults(func=cmd_ps)

@@ -1,15 +1,19 @@
 // The edgeps dashboard: subscribes to a job's metrics, barrier and device statuses over MQTT on
 // WebSockets (MQTT.js, vendor/mqtt.min.js: reconnecting) and sends operator commands, answered on the
-// dashboard's own reply topic. The job and the broker's WebSockets address come from the URL
-// (?job=J&broker=ws://HOST:PORT) or else from the server that serves the page (config.json). Never a
-// password in the URL: the page connects anonymously (the local demo's broker), and where the broker
-// refuses, it asks for an account in a form; the password stays in this page's memory only.
+// dashboard's own reply topic. The job and the broker's WebSockets address come from the server that
+// serves the page (config.json); a link's ?broker= is ignored there (it once sent an operator's login
+// to a stranger's broker from the genuine page's origin), and honoured only for a page opened from a
+// file, which then never sends an account. Never a password in the URL: the page connects
+// anonymously (the local demo's broker), and where the broker refuses, it asks for an account in a
+// form, sent only to the served broker over wss:// (or on loopback); it stays in this page's memory.
+// What the broker hands the page is checked before it is shown: a status that names another device
+// than its topic's, or that is not JSON, changes nothing.
 "use strict";
 
 const params = new URLSearchParams(location.search);
-let job = "demo", brokerUrl = "", prefix = "edgeps/demo";
+let job = "demo", brokerUrl = "", prefix = "edgeps/demo", served = false;
 const client = `dashboard-${Math.random().toString(16).slice(2, 10)}`;
-let replyTopic = "";
+let replyTopic = "", cmdTopic = "";
 const $ = (id) => document.getElementById(id);
 const devices = new Map(); // id -> {state, backend, push_every, busy_s, idle_s}
 const curve = [], losses = [];
@@ -82,9 +86,22 @@ function onReply(r) {
 
 let session = null;
 
+// An account goes only to the broker the serving page names, over TLS unless it is on this machine.
+function mayLogIn(url) {
+  if (!served) return false;
+  const { protocol, hostname } = new URL(url);
+  return protocol === "wss:" || ["localhost", "127.0.0.1", "[::1]", "::1"].includes(hostname);
+}
+
 function connect(username, password) {
+  if (username !== undefined && !mayLogIn(brokerUrl)) {
+    $("connection").textContent = `not sending an account to ${brokerUrl}: only to the broker this page's server names, over wss://`;
+    $("connection").className = "bad";
+    return;
+  }
   if (session) session.end(true);
   replyTopic = `${prefix}/reply/${username || client}`;  // an operator reads its own reply topic only
+  cmdTopic = username ? `${prefix}/cmd/${username}` : `${prefix}/cmd`;  // an account's own: answered on its reply topic
   // MQTT.js reconnects by itself (a broker restart): every reconnect subscribes again.
   session = mqtt.connect(brokerUrl, { clientId: client, username, password, protocolVersion: 4, clean: true,
                                       reconnectPeriod: 1000, connectTimeout: 5000 });
@@ -105,21 +122,37 @@ function connect(username, password) {
   session.on("message", onMessage);
 }
 
+const STATES = ["online", "offline"], JOB_STATES = ["running", "paused", "finished"];
+const isObject = (x) => typeof x === "object" && x !== null && !Array.isArray(x);
+const isNumber = (x) => typeof x === "number" && Number.isFinite(x);
+const names = (x) => Array.isArray(x) && x.every((d) => typeof d === "string");
+
 function onMessage(topic, payload) {
   if (!payload.length) return;
-  const body = JSON.parse(new TextDecoder().decode(payload));
-  if (topic === `${prefix}/metrics`) onMetrics(body);
-  else if (topic === `${prefix}/barrier`) {
-    barrier = body;
-    $("state").textContent = body.state;
-    $("state").className = `state-${body.state}`;
-    $("pace").textContent = body.pace;
-    renderDevices();
-  } else if (topic.startsWith(`${prefix}/status/`)) {
-    devices.set(body.device, { ...(devices.get(body.device) || {}), state: body.state, backend: body.backend,
-                               busy_s: body.busy_s, idle_s: body.idle_s });
-    renderDevices();
-  } else if (topic === replyTopic) onReply(body);
+  let body;
+  try { body = JSON.parse(new TextDecoder().decode(payload)); } catch (e) { return; }  // not JSON: ignored
+  if (!isObject(body)) return;
+  try {
+    if (topic === `${prefix}/metrics`) {
+      if (isNumber(body.version) && isNumber(body.loss) && isNumber(body.elapsed_s) && isObject(body.rejected)
+          && isNumber(body.value ?? body.accuracy)) onMetrics(body);
+    } else if (topic === `${prefix}/barrier`) {
+      if (!JOB_STATES.includes(body.state) || !names(body.waiting_for) || !names(body.committed)) return;
+      barrier = body;
+      $("state").textContent = body.state;
+      $("state").className = `state-${body.state}`;
+      $("pace").textContent = String(body.pace);
+      renderDevices();
+    } else if (topic.startsWith(`${prefix}/status/`)) {
+      const id = topic.slice(`${prefix}/status/`.length);
+      if (body.device !== id || !STATES.includes(body.state)) return;  // a status speaks for its own device only
+      devices.set(id, { ...(devices.get(id) || {}), state: body.state,
+                        backend: typeof body.backend === "string" ? body.backend : undefined,
+                        busy_s: isNumber(body.busy_s) ? body.busy_s : undefined,
+                        idle_s: isNumber(body.idle_s) ? body.idle_s : undefined });
+      renderDevices();
+    } else if (topic === replyTopic) onReply(body);
+  } catch (e) { /* one bad message never stops the page */ }
 }
 
 $("login").addEventListener("submit", (event) => {
@@ -131,16 +164,16 @@ $("login").addEventListener("submit", (event) => {
 for (const cmd of ["pause", "resume", "status", "stop"]) {
   $(cmd).addEventListener("click", () => {
     const command = { cmd, reason: "dashboard", reply_to: replyTopic, correlation: `${client}-${Date.now()}` };
-    session.publish(`${prefix}/cmd`, JSON.stringify(command), { qos: 1 });
+    session.publish(cmdTopic, JSON.stringify(command), { qos: 1 });
     $("reply").textContent = `sent ${cmd} …`;
   });
 }
 
 async function start() {
-  let served = {};
-  try { served = await (await fetch("config.json")).json(); } catch (e) { /* a page opened from a file */ }
-  job = params.get("job") || served.job || "demo";
-  brokerUrl = params.get("broker") || served.broker || `ws://${location.hostname || "127.0.0.1"}:9001`;
+  let page = {};
+  try { page = await (await fetch("config.json")).json(); served = true; } catch (e) { /* a page opened from a file */ }
+  job = (served ? page.job : params.get("job")) || "demo";
+  brokerUrl = (served ? page.broker : params.get("broker")) || `ws://${location.hostname || "127.0.0.1"}:9001`;
   prefix = `edgeps/${job}`;
   $("job").textContent = job;
   connect(undefined, undefined);

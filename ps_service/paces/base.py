@@ -152,6 +152,8 @@ def make_pace(spec: str) -> Pace:
     """A new pace from its spec: its name, then ``:`` and its parameter where it takes one;
     ValueError for anything else."""
     name, colon, arg = spec.partition(":")
+    if not spec.isascii():  # Python would read ssp:٣ as ssp:3: a spec means one thing to every peer
+        raise ValueError(f"unknown pace {spec!r}: ASCII letters and digits only; known: {', '.join(known())}")
     cls = _PACES.get(name)
     if cls is None or (colon and not arg):
         raise ValueError(f"unknown pace {spec!r}; known: {', '.join(known())}")

@@ -86,7 +86,10 @@ def known() -> tuple[str, ...]:
 
 
 def make_codec(spec: str) -> Codec:
-    """A codec from its spec: its name, then ``:`` and its parameter where it takes one."""
+    """A codec from its spec: its name, then ``:`` and its parameter where it takes one (ASCII:
+    Python would read ``qsgd:٣`` as ``qsgd:3``, and a spec must mean one thing to every peer)."""
+    if not spec.isascii():
+        raise CodecError(f"bad codec spec {spec!r}: ASCII letters, digits and punctuation only")
     name, _, arg = spec.partition(":")
     cls = _BY_NAME.get(name)
     if cls is None:

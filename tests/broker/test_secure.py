@@ -92,16 +92,20 @@ def test_a_broker_certificate_from_another_ca_is_refused(secure, tmp_path) -> No
 
 
 def test_a_device_can_neither_publish_as_another_nor_send_commands(secure) -> None:
-    server = client(secure, "ps", [T.grad("+"), T.status("+"), T.cmd])
-    for topic in (T.grad("dev-b"), T.status("dev-b"), T.cmd):
+    server = client(secure, "ps", [T.grad("+"), T.status("+"), T.cmd, T.cmd_of("+")])
+    for topic in (T.grad("dev-b"), T.status("dev-b"), T.cmd, T.cmd_of("dev-a"), T.cmd_of("op")):
         intruder = client(secure, "dev-a")  # Mosquitto drops a client after a denied publish
         intruder.publish(Publish(topic, b"forged by a", qos=1))
         intruder.close()
+    for topic in (T.cmd, T.cmd_of("op2")):  # an operator writes its own command topic only
+        other = client(secure, "op")
+        other.publish(Publish(topic, b"forged by op", qos=1))
+        other.close()
     device_a, operator = client(secure, "dev-a"), client(secure, "op")
     device_a.publish(Publish(T.grad("dev-a"), b"from a", qos=1))
-    operator.publish(Publish(T.cmd, b'{"cmd": "pause"}', qos=1))
+    operator.publish(Publish(T.cmd_of("op"), b'{"cmd": "pause"}', qos=1))
     seen = drain(server, 2.0)
-    assert seen == {T.grad("dev-a"): b"from a", T.cmd: b'{"cmd": "pause"}'}
+    assert seen == {T.grad("dev-a"): b"from a", T.cmd_of("op"): b'{"cmd": "pause"}'}
     for transport in (server, device_a, operator):
         transport.close()
 
@@ -210,7 +214,7 @@ def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
     from edgeps.cli import main
 
     setup, broker = secure
-    server = client(secure, "ps", [T.cmd])
+    server = client(secure, "ps", [T.cmd, T.cmd_of("+")])
     ca = str(setup.ca_cert)
     for account in ("op", "dev-a"):  # only the operator may command
         argv = ["ctl", "pause", "--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
@@ -218,7 +222,7 @@ def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
                 "--timeout", "0.5"]  # fmt: skip
         assert main(argv) == 2  # sent, but no server runs here to reply
     seen = drain(server, 2.0)
-    assert list(seen) == [T.cmd] and json.loads(seen[T.cmd])["reason"] == "by op"
+    assert list(seen) == [T.cmd_of("op")] and json.loads(seen[T.cmd_of("op")])["reason"] == "by op"
     server.close()
 
 
@@ -259,11 +263,11 @@ def test_no_account_can_take_over_another_accounts_session(secure) -> None:
     another's session, and with the server's id and a clean session it kicked the server off and
     deleted its queued messages (a queued operator command was lost; bsp then waited forever)."""
     server_id = "edgeps-ps-sec"  # what edgeps ps calls itself
-    server = MqttTransport(address(secure, "ps"), server_id, [T.cmd], persistent=True)
+    server = MqttTransport(address(secure, "ps"), server_id, [T.cmd_of("+")], persistent=True)
     server.wait_connected(5)
     server.close()  # away for a moment: its session keeps what comes for it
     operator = client(secure, "op")
-    operator.publish(Publish(T.cmd, b'{"cmd": "pause"}', qos=1))
+    operator.publish(Publish(T.cmd_of("op"), b'{"cmd": "pause"}', qos=1))
     operator.close()
     for victim_id in (server_id, "test-dev-b"):  # the server's id, and another device's
         thief = MqttTransport(address(secure, "dev-a"), victim_id, [T.cmd], persistent=False)
@@ -277,7 +281,7 @@ def test_no_account_can_take_over_another_accounts_session(secure) -> None:
     assert device_b.connected.is_set()  # not kicked off by a connection that named its id
     thief.close()
     device_b.close()
-    back = MqttTransport(address(secure, "ps"), server_id, [T.cmd], persistent=True)
+    back = MqttTransport(address(secure, "ps"), server_id, [T.cmd_of("+")], persistent=True)
     assert next_message(back, timeout=5).payload == b'{"cmd": "pause"}'  # the queued command survived
     back.close()
 

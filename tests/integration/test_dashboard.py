@@ -123,30 +123,57 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
 
 
 def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_of_the_url(tmp_path, browser) -> None:
-    """1.0 took the operator's password in the page's URL (query string, plain HTTP, history)."""
+    """1.0 took the operator's password in the page's URL (query string, plain HTTP, history). The
+    audit of 1.5: a link's ?broker= overrode the served broker, and a fake broker received the
+    operator's login over plain ws:// from the genuine page's origin; a device's retained status
+    naming another device showed that one offline, and a retained non-JSON status stopped the page."""
+    import socket
+
     from selenium.webdriver.common.by import By
 
+    from broker.client import MqttTransport
     from broker.launcher import start_broker
     from broker.secure import init_secure_broker
+    from schemas.topics import Publish, Topics
 
     setup = init_secure_broker(tmp_path / "setup", "dash", devices=["dev-0"], operators=["op"])
     broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
-    endpoint = MetricsEndpoint(0)
+    served = f"wss://127.0.0.1:{broker.ws_port}"
+    endpoint = MetricsEndpoint(0, page={"job": "dash", "broker": served})
+    fake = socket.create_server(("127.0.0.1", 0))  # a stranger's broker: it must never hear from the page
+    fake.settimeout(0.2)
     browser.execute_cdp_cmd("Security.setIgnoreCertificateErrors", {"ignore": True})  # the job's own CA
+    t = Topics("dash")
+    device = MqttTransport(BrokerAddress("127.0.0.1", broker.port, "dev-0", setup.passwords["dev-0"],
+                                         tls_ca=str(setup.ca_cert)), "dev-0", [])  # fmt: skip
+    device.wait_connected(10)
     try:
-        browser.get(f"http://127.0.0.1:{endpoint.port}/?job=dash&broker=wss://127.0.0.1:{broker.ws_port}")
+        link = f"?broker=ws://127.0.0.1:{fake.getsockname()[1]}&job=other"
+        browser.get(f"http://127.0.0.1:{endpoint.port}/{link}")
         text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
         wait_until(lambda: "refused" in text("connection"), timeout=15, what="the anonymous attempt to be refused")
-        assert browser.find_element(By.ID, "login").is_displayed()
+        assert browser.find_element(By.ID, "login").is_displayed() and text("job") == "dash"
         browser.find_element(By.ID, "username").send_keys("op")
         browser.find_element(By.ID, "password").send_keys(setup.passwords["op"])
         browser.find_element(By.ID, "connect").click()
         wait_until(lambda: "connected" in text("connection") and "as op" in text("connection"), timeout=15,
                    what="the operator's login")  # fmt: skip
+        assert served in text("connection")  # the served broker, not the link's
+        with pytest.raises(TimeoutError):
+            fake.accept()
         assert (
             setup.passwords["op"] not in browser.current_url and not browser.find_element(By.ID, "login").is_displayed()
         )
         assert browser.find_element(By.ID, "password").get_attribute("value") == ""
+        # dev-0's account leaves a status naming dev-9 offline, then a retained status that is not JSON
+        device.publish(Publish(t.status("dev-0"), b'{"device":"dev-9","state":"offline"}', qos=1, retain=True))
+        device.publish(Publish(t.status("dev-0"), b'{"device":"dev-0","state":"online","incarnation":1}', qos=1))
+        device.publish(Publish(t.status("dev-0"), b"\xff not json", qos=1, retain=True))
+        device.wait_acknowledged(10)
+        wait_until(lambda: "dev-0" in text("devices"), timeout=15, what="dev-0's own status on the page")
+        assert "dev-9" not in text("devices") and "connected" in text("connection")
     finally:
+        device.close()
+        fake.close()
         endpoint.close()
         broker.stop()

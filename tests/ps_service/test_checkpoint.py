@@ -172,3 +172,19 @@ def test_the_key_is_made_once_private_and_must_be_there_to_resume(tmp_path) -> N
     assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o600
     with pytest.raises(CheckpointError, match="no checkpoint key"):
         load_key(tmp_path / "missing", create=False)
+
+
+def test_the_checkpoint_key_comes_from_a_file_or_the_environment_never_the_command_line(tmp_path) -> None:
+    """The audit: --checkpoint-key took the key in hex on the command line, which every user of the
+    machine can read (ps, /proc/PID/cmdline)."""
+    from edgeps.cli.ps import checkpoint_key
+
+    path = tmp_path / "ps.ckpt"
+    with pytest.raises(CheckpointError, match="EDGEPS_CHECKPOINT_KEY"):
+        checkpoint_key(KEY.hex(), path, None)
+    assert checkpoint_key(None, path, KEY.hex()) == KEY  # the environment
+    made = checkpoint_key(None, path, None)  # a new key in the default file, mode 600
+    assert (tmp_path / "ps.ckpt.key").stat().st_mode & 0o777 == 0o600
+    assert checkpoint_key(str(tmp_path / "ps.ckpt.key"), path, None) == made
+    with pytest.raises(CheckpointError, match="shorter than 16 bytes"):
+        checkpoint_key(None, path, "abcd")

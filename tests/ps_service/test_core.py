@@ -503,3 +503,17 @@ def test_the_barrier_goes_out_at_once_only_when_devices_act_on_the_change() -> N
         out = ssp.on_message(ssp.topics.grad(device), commit_bytes(ssp, device, seq), now)
         clocks += [b.slowest_clock for b in barriers(out, ssp)]
     assert 1 in clocks  # went out at once, well inside the second
+
+
+def test_a_command_on_an_operators_own_topic_is_answered_on_its_own_reply_topic_only() -> None:
+    """The audit: an operator's reply_to could name any reply topic (another operator's). On
+    cmd/{operator} (writable by that account only, broker init's ACL) the answer goes to
+    reply/{operator} whatever the command asks."""
+    server = small_server()
+    server.start(0.0)
+    status = Command(cmd="status", reply_to=server.topics.reply("other")).to_bytes()
+    out = server.on_message(server.topics.cmd_of("op"), status, 1.0, server.topics.reply("other"))
+    assert [p.topic for p in out if "/reply/" in p.topic] == [server.topics.reply("op")]
+    assert server.topics.cmd_of("+") in server.subscriptions()
+    out = server.on_message(server.topics.cmd_of("op"), Command(cmd="pause").to_bytes(), 1.0)
+    assert server.paused and not [p for p in out if "/reply/" in p.topic]  # no reply asked: none sent

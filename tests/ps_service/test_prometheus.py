@@ -4,6 +4,8 @@ or on loopback; /metrics anywhere."""
 from __future__ import annotations
 
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -81,3 +83,35 @@ def test_the_server_tells_the_page_its_job_and_broker() -> None:
         assert len(script) > 100_000
     finally:
         endpoint.close()
+
+
+def test_idle_connections_block_no_one_and_cannot_exhaust_the_threads(tmp_path, monkeypatch) -> None:
+    """The audit: with HTTPS on, the TLS handshake ran in the accept loop with no timeout (one idle
+    TCP connection blocked /metrics and the dashboard for everyone); each idle HTTP connection held
+    a thread for ever (500 exhausted the threads)."""
+    import socket
+
+    import ps_service.prometheus as prometheus
+
+    monkeypatch.setattr(prometheus, "TIMEOUT_S", 1.0)
+    make_ca(tmp_path)
+    make_certificate(tmp_path, "web", ["127.0.0.1"])
+    secure = MetricsEndpoint(0, tls_cert=str(tmp_path / "web.crt"), tls_key=str(tmp_path / "web.key"))
+    idle = [socket.create_connection(("127.0.0.1", secure.port)) for _ in range(prometheus.MAX_CONNECTIONS + 20)]
+    try:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        deadline = time.monotonic() + 3 * prometheus.TIMEOUT_S
+        while fetch_or_none(f"https://127.0.0.1:{secure.port}/metrics", context) != 200:
+            assert time.monotonic() < deadline, "/metrics never answered beside idle clients"
+        assert threading.active_count() < prometheus.MAX_CONNECTIONS + 20
+    finally:
+        for conn in idle:
+            conn.close()
+        secure.close()
+
+
+def fetch_or_none(url: str, context: ssl.SSLContext) -> int | None:
+    try:
+        return fetch(url, context)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
