@@ -110,7 +110,8 @@ class ServerConfig(BaseModel):
         "(one below 1/16 of it is refused as outlier)",
     )
     samples_factor: float = Field(
-        2.0, ge=1, description="a device's declared data size counts at most this many times the job's median"
+        1.0, ge=1, description="a device's declared data size counts at most this many times the lower median of "
+        "the job's declared sizes (1: no device weighs more than the typical one)",
     )
     max_device_samples: int | None = Field(
         None, ge=1, description="a ceiling on any device's declared data size (default: none)"

@@ -79,6 +79,7 @@ class ServerCore:
         # every commit comes through it; with ingest workers, whose site commits may pass one another,
         # sequence numbers are checked against an anti-replay window
         self.door = Door(config.door, self.registry, ordered=not config.sites_only)
+        self.weight_cap_cache: tuple[int, float] = (-1, math.inf)  # (registry generation, cap): versions.weight_cap
         self.membership = Membership()  # who rounds wait for
         self.bounds = FleetBounds(config.clip_factor)  # each device's update against the fleet's
         self.evaluator = evaluator
@@ -307,14 +308,16 @@ class ServerCore:
 
     def barrier(self, now: float, force: bool = False) -> list[Publish]:
         """The barrier (retained), when it has news: at once when it changes what a device does or may
-        act on (the run, the state, the pace, who left, and under ssp the slowest clock), else at most
+        act on (the run, the state, the pace, who left, under ssp the slowest clock, and the weight cap
+        site aggregators weigh by), else at most
         every ``BARRIER_DETAIL_S`` (its version, who is waiting or committed: news for operators;
         ``on_tick`` sends what waited). It always says how things stand now, and never the same twice.
         Under load this makes a barrier message a second instead of one per commit (docs/PROTOCOL.md
         §3), and the full message (lists of the fleet's devices) is built only when it goes out."""
         clock = self.registry.slowest_clock(self.barrier_set()) if self.pace.name.startswith("ssp") else None
         left = frozenset(self.membership.left & self.registry.active())
-        acted_on = (self.run, self.round.state, self.pace.name, left, clock)
+        # the weight cap too (it changes as devices come): a site aggregator weighs by it
+        acted_on = (self.run, self.round.state, self.pace.name, left, clock, versions.weight_cap(self))
         if force or acted_on != self._barrier_sent or now >= self._barrier_at + BARRIER_DETAIL_S:
             payload = self._barrier_message().to_bytes()
             self._barrier_due = None

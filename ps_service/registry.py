@@ -106,6 +106,7 @@ class DeviceRegistry:
         self.evicted: set[str] = set()  # removed by an operator: refused from then on
         self._devices: dict[str, DeviceRecord] = {}
         self._active: frozenset[str] | None = None  # the online devices, until one comes or goes
+        self.generation = 0  # counts changes of who is online and what sizes they declared (for caches)
 
     def permits(self, device: str) -> bool:
         return device not in self.evicted and (self.allowed is None or device in self.allowed)
@@ -164,6 +165,7 @@ class DeviceRegistry:
         was_online, record.online, record.samples = record.online, True, samples
         if not was_online:  # a speed report from a device online already changes nothing here
             self._active = None
+        self.generation += 1
         return not was_online, new
 
     def set_offline(self, device: str, incarnation: int | None = None) -> bool:
@@ -176,6 +178,7 @@ class DeviceRegistry:
             return False
         record.online = False
         self._active = None
+        self.generation += 1
         return True
 
     def devices(self) -> set[str]:
@@ -242,3 +245,4 @@ class DeviceRegistry:
         self.evicted = {str(d) for d in state["evicted"]}
         self._devices = {str(d): DeviceRecord.from_state(r, now) for d, r in state["devices"].items()}
         self._active = None
+        self.generation += 1

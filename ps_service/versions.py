@@ -108,9 +108,14 @@ def steps_ceiling(core: ServerCore) -> float:
 
 
 def weight_cap(core: ServerCore) -> float:
-    """The most data size a device is weighted by now (ps_service.robust ``size_cap``)."""
-    declared = declared_reference(core.registry.sizes())
-    return size_cap(declared, core.config.samples_factor, core.config.max_device_samples)
+    """The most data size a device is weighted by now (ps_service.robust ``size_cap``), computed again
+    only when a device came, went or declared another size (it is asked at every commit)."""
+    generation, cap = core.weight_cap_cache
+    if generation != core.registry.generation:
+        declared = declared_reference(core.registry.sizes())
+        cap = size_cap(declared, core.config.samples_factor, core.config.max_device_samples)
+        core.weight_cap_cache = (core.registry.generation, cap)
+    return cap
 
 
 def broadcast(core: ServerCore, now: float) -> list[Publish]:

@@ -1,230 +1,510 @@
-"""``edgeps bench attack``: one of three devices hostile, with its own valid account, against a
-Mosquitto set up by ``edgeps broker init`` (TLS, passwords, ACLs), beside the same job with three
-honest devices. Side by side: final accuracy and versions per second.
+"""``edgeps bench attack``: the hostile-client audit, against real deployments of ``edgeps broker
+init`` (TLS, passwords, ACLs, client ids pinned to accounts), on three paths:
 
-The hostile device does what a compromised gateway can within its ACL: it leaves a retained
-commit of 1e30 on its own ``grad`` topic before the job starts, says it holds a billion
-samples, never commits while the round waits for it (so that each round runs into its
-deadline), and rejoins as soon as it has left the barrier, with a commit that is 1e30, zero,
-or fp16's largest value in turn.
+* ``flat``: one broker, the server, three devices on it;
+* ``sites``: a core broker and a site broker bridged to it, the site's aggregator (``edgeps
+  aggregator --site s1``) beside it, the three devices on the site; a second site (``s2``) whose
+  aggregator account is the attacker's;
+* ``workers``: one broker, two ingest workers (``edgeps aggregator --shared``) and the server
+  behind them (``--sites-only``), the three devices on it.
+
+On each path, a clean job (three honest devices) and one job per attack, in which the third device
+(or, for ``site_flood``, site s2's aggregator account) is hostile within its ACL, does what the
+audit did (``ATTACKS``). Each entry of ``attacks`` says what the job reached (``clean_metric``,
+``attacked_metric``: final held-out accuracy; ``attacked_mean``: the mean over the second half of
+its versions, while the attack went on), how many times a server, aggregator or worker process
+exited (``crashes``; a supervisor restarts an aggregator or worker that exits), the resident memory
+of those processes before and after (MiB), and versions per second against the clean job's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import subprocess
 import sys
 import tempfile
 import threading
-from functools import partial
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edgeps.report import read_report
 from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 JOB = "attack"
 DEVICES = ("dev-0", "dev-1", "dev-2")
 HOSTILE = "dev-2"
+PATHS = ("flat", "sites", "workers")
+#: What the hostile device (or account) does, by name: the audit's attacks.
+ATTACKS = {
+    "huge_seq": "commits whose sequence number is 2^53 and above (a site commit cannot carry it)",
+    "bomb": "a commit of 1e30 every version",
+    "future_base": "a retained commit, then live ones, based on version 2^53 - 1",
+    "samples_flip": "claims 2^32 - 1 samples and commits the reverse of each version, just under the old 8x bound",
+    "inbound": "commits the reverse of each version at 7.9x the fleet's median norm (just under the old bound)",
+    "flood": "junk commits of 100 KB as fast as the broker takes them",
+    "flap": "its status offline and online again every 0.3 s, never a commit",
+    "site_flood": "site s2's aggregator account floods junk site commits (sites only)",
+}
+MAX_SAFE_INT = 2**53 - 1
+#: The honest devices' emulated compute time per local step: a job paced by its devices (about 8
+#: versions a second, as the audit's), not by the two cores it shares with the broker and the attacker.
+STEP_S = 0.01
 
 
-class HostileDevice:
-    """The attacker's client: a device account used for harm (see the module's docstring)."""
+# ----------------------------------------------------------------------------- the deployments
+@dataclass
+class Deployment:
+    """One path's brokers and the accounts ``edgeps broker init`` made for it."""
 
-    def __init__(self, address, shapes: dict[str, tuple[int, ...]]) -> None:
+    path: str
+    setup: Any  # broker.secure.SecureSetup
+    core: Any  # broker.launcher.BrokerProcess
+    sites: dict[str, Any] = field(default_factory=dict)  # site -> its broker
+
+    def broker_of(self, device: str) -> Any:
+        """Where ``device`` connects: its site's broker, or the core."""
+        for site, members in self.setup.sites.items():
+            if device in members:
+                return self.sites[site]
+        return self.core
+
+    def address(self, broker: Any, account: str) -> Any:
+        from broker.client import BrokerAddress
+
+        return BrokerAddress(broker.host, broker.port, account, self.setup.passwords[account],
+                             tls_ca=str(self.setup.ca_cert))  # fmt: skip
+
+    def login(self, broker: Any, account: str) -> list[str]:
+        """The flags that log ``account`` in to ``broker``."""
+        creds = self.setup.credentials_dir
+        return ["--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
+                "--password-file", str(creds / f"{account}.password"), "--tls-ca", str(self.setup.ca_cert)]  # fmt: skip
+
+    def server_flags(self) -> list[str]:
+        """The deployment's sites, as the server takes them."""
+        if self.path == "sites":
+            return [f"--site={site}={','.join(members)}" for site, members in self.setup.sites.items()]
+        if self.path == "workers":
+            return ["--sites", ",".join(self.setup.workers), "--sites-only"]
+        return []
+
+    def helpers(self) -> dict[str, list[str]]:
+        """The aggregator and worker processes of the path: name -> command."""
+        edgeps = [sys.executable, "-m", "edgeps.cli"]
+        if self.path == "sites":
+            from broker.sites import aggregator_account
+
+            account = aggregator_account("s1")
+            return {"aggregator s1": [*edgeps, "aggregator", "--site", "s1", *self.login(self.sites["s1"], account)]}
+        if self.path == "workers":
+            return {worker: [*edgeps, "aggregator", "--site", worker, "--shared", *self.login(self.core, worker)]
+                    for worker in self.setup.workers}  # fmt: skip
+        return {}
+
+
+@contextlib.contextmanager
+def deploy(path: str, root: Path) -> Iterator[Deployment]:
+    """``path``'s setup (``edgeps broker init``) and brokers, each bridge up; stopped after."""
+    from broker.launcher import free_port, start_broker
+    from broker.secure import init_secure_broker
+
+    core_port = free_port()
+    options: dict[str, Any] = {"devices": list(DEVICES)}
+    if path == "sites":
+        options = {"devices": [], "sites": {"s1": list(DEVICES), "s2": ["spare"]}, "aggregators": True,
+                   "core_address": f"127.0.0.1:{core_port}"}  # fmt: skip
+    elif path == "workers":
+        options["ingest_workers"] = 2
+    setup = init_secure_broker(root / "setup", JOB, operators=["op"], host="127.0.0.1", **options)
+    brokers = [start_broker(port=core_port, workdir=root / "core", embedded=False, template=setup.config)]
+    try:
+        sites = {}
+        for site in setup.sites:
+            sites[site] = start_broker(workdir=root / site, embedded=False, template=setup.site_config(site))
+            brokers.append(sites[site])
+        deployment = Deployment(path, setup, brokers[0], sites)
+        if sites:
+            _bridges_up(deployment)
+        yield deployment
+    finally:
+        for broker in brokers:
+            broker.stop()
+
+
+def _bridges_up(deployment: Deployment, timeout: float = 20.0) -> None:
+    """Wait until every site's bridge says it is up (retained on the core)."""
+    from broker.client import MqttTransport
+    from schemas.topics import Topics
+
+    t = Topics(JOB)
+    watcher = MqttTransport(deployment.address(deployment.core, "op"), "bench-op", [t.site("+")], persistent=False)
+    try:
+        up: dict[str, bytes] = {}
+        deadline = time.monotonic() + timeout
+        while set(up) != {t.site(s) for s in deployment.sites} or set(up.values()) != {b"1"}:
+            message = watcher.receive(timeout=max(0.0, deadline - time.monotonic()))
+            if message is None:
+                raise RuntimeError(f"the site bridges did not come up in {timeout:g} s: {up}")
+            up[message.topic] = message.payload
+    finally:
+        watcher.close()
+
+
+# ----------------------------------------------------------------------------- processes
+def rss_mib(pid: int) -> float:
+    """A process's resident memory, MiB (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Supervised:
+    """A helper process (an aggregator, an ingest worker) that is started again when it exits, as
+    systemd would; every exit is counted as a crash."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.command, self.log = command, log
+        self.crashes = 0
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.command, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def poll(self) -> None:
+        if self.process.poll() is not None:
+            self.crashes += 1
+            self.process = self._start()
+
+    def stop(self) -> float:
+        """SIGTERM; the seconds it took to exit (SIGKILL after 10)."""
+        started = time.monotonic()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        return time.monotonic() - started
+
+
+# ----------------------------------------------------------------------------- the attacker
+class Hostile:
+    """The attacker's client: device ``HOSTILE``'s account (or, for ``site_flood``, site s2's
+    aggregator account) used for harm, as ``ATTACKS`` describes."""
+
+    def __init__(self, deployment: Deployment, attack: str, shapes: dict[str, tuple[int, ...]]) -> None:
         from broker.client import MqttTransport
         from schemas.topics import Topics
 
-        self.topics = Topics(JOB)
-        self.shapes = shapes
-        self.seq = 0
+        self.attack, self.shapes = attack, shapes
+        self.topics = t = Topics(JOB)
         self.sent = 0
-        self.finished = threading.Event()
-        t = self.topics
-        self.transport = MqttTransport(address, "hostile", [t.barrier, t.ctrl(HOSTILE)], persistent=False)
-        self.transport.wait_connected(10)
+        self.done = threading.Event()
+        if attack == "site_flood":
+            from broker.sites import aggregator_account
 
-    def commit(self, base: int, values: float | None, retain: bool = False) -> None:
-        from schemas.frame import Frame, FrameKind, encode_frame
+            account = aggregator_account("s2")
+            broker = deployment.sites["s2"]
+            self.transport = MqttTransport(deployment.address(broker, account), account, [t.barrier],
+                                           persistent=False)  # fmt: skip
+        else:
+            where = deployment.address(deployment.broker_of(HOSTILE), HOSTILE)
+            self.transport = MqttTransport(where, HOSTILE, [t.barrier, t.params, t.ctrl(HOSTILE)], persistent=False)
+        self.transport.wait_connected(10)
+        self.seq = 0
+        self.incarnation = 1 + int(
+            np.random.default_rng().integers(1 << 40)
+        )  # a new boot: an earlier job's control is not ours
+        self.run_id: int | None = None  # the job's run, from its control: what an earlier job left is ignored
+        self.models: list[dict[str, np.ndarray]] = []  # the last two versions' parameters
+        self.max_norm: float | None = None
+        self.under_way = False  # a barrier of this job past its first version came
+
+    def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         from schemas.topics import Publish
+
+        self.transport.publish(Publish(topic, payload, qos=1, retain=retain))
+        self.sent += 1
+        if self.sent % 256 == 0:  # let the broker's acknowledgements catch up (paho queues the rest)
+            self.transport.wait_acknowledged(30)
+
+    def hello(self, samples: int) -> None:
+        from schemas.messages import DeviceStatus
+
+        status = DeviceStatus(device=HOSTILE, state="online", incarnation=self.incarnation, samples=samples)
+        self._publish(self.topics.status(HOSTILE), status.to_bytes(), retain=True)
+
+    def commit(self, base: int, tensors: dict[str, np.ndarray], seq: int | None = None, retain: bool = False) -> None:
+        from schemas.frame import Frame, FrameKind, encode_frame
 
         self.seq += 1
-        fill = 0.0 if values is None else values
-        tensors = {name: np.full(shape, fill, np.float32) for name, shape in self.shapes.items()}
-        frame = Frame(kind=FrameKind.COMMIT, base_version=base, tensors=tensors, device=HOSTILE, seq=self.seq,
-                      samples=32, steps=1)  # fmt: skip
-        self.transport.publish(Publish(self.topics.grad(HOSTILE), encode_frame(frame), qos=1, retain=retain))
-        self.sent += 1
+        frame = Frame(kind=FrameKind.COMMIT, base_version=base, tensors=tensors, device=HOSTILE,
+                      seq=self.seq if seq is None else seq, samples=32, steps=10)  # fmt: skip
+        self._publish(self.topics.grad(HOSTILE), encode_frame(frame), retain=retain)
 
-    def poison(self) -> None:
-        """Before the job: a retained commit of 1e30 on its own commit topic."""
-        self.commit(0, 1e30, retain=True)
+    def filled(self, value: float) -> dict[str, np.ndarray]:
+        return {name: np.full(shape, value, np.float32) for name, shape in self.shapes.items()}
 
-    def flood(self, size: int, stop: threading.Event) -> None:
-        """Publish junk commits of ``size`` bytes on its own topic as fast as it can until ``stop``."""
-        from schemas.topics import Publish
-
-        payload = b"EPSF" + bytes(max(0, size - 4))
-        while not stop.is_set():
-            self.transport.publish(Publish(self.topics.grad(HOSTILE), payload, qos=1))
-            self.sent += 1
-            if self.sent % 256 == 0:  # let the broker's acknowledgements catch up (paho queues the rest)
-                self.transport.wait_acknowledged(30)
+    def reverse(self) -> dict[str, np.ndarray]:
+        """The reverse of the last version's change, 10 steps at 7.9x the fleet's median per-step norm
+        (the barrier's bound is twice it), or 8x the version's own change before there is a bound."""
+        new, old = self.models[-1], self.models[-2] if len(self.models) > 1 else self.models[-1]
+        change = {n: (new[n] - old[n]).astype(np.float64) for n in new}
+        length = math.sqrt(sum(float(np.vdot(v, v)) for v in change.values())) or 1.0
+        target = 10 * 3.95 * self.max_norm if self.max_norm else 8 * length
+        return {n: (-target * v / length).astype(np.float32) for n, v in change.items()}
 
     def run(self) -> None:
-        """Say hello with a billion samples, then flap: commit only once left out of the barrier."""
-        from schemas.messages import Barrier, Control, DeviceStatus, MessageError
-        from schemas.topics import Publish
+        """Attack until ``done``; then leave nothing behind (its retained commit cleared, its
+        connection closed), so that the next job meets only its own attacker."""
+        try:
+            self._attack()
+        finally:
+            if self.attack == "future_base":
+                self._publish(self.topics.grad(HOSTILE), b"", retain=True)
+            self.transport.close()
 
-        hello = DeviceStatus(device=HOSTILE, state="online", incarnation=666, samples=10**9)
-        self.transport.publish(Publish(self.topics.status(HOSTILE), hello.to_bytes(), qos=1, retain=True))
-        payloads = [1e30, None, 65504.0]
-        rejoined_at = -1
-        while not self.finished.is_set():
-            message = self.transport.receive(timeout=0.2)
+    def _attack(self) -> None:
+        flooding = self.attack in ("flood", "site_flood")
+        if self.attack != "site_flood":
+            self.hello(2**32 - 1 if self.attack == "samples_flip" else 134)
+        if self.attack == "future_base":
+            self.commit(MAX_SAFE_INT, self.filled(0.01), retain=True)
+        flapped = time.monotonic()
+        while not self.done.is_set():
+            if flooding and self.under_way:  # the job runs: flood it
+                return self.flood()
+            if self.attack == "flap" and time.monotonic() - flapped >= 0.3:
+                flapped = time.monotonic()
+                self.flap()
+            message = self.transport.receive(timeout=0.1)
             if message is None:
                 continue
             self.transport.ack(message)
+            self.on_message(message.topic, message.payload)
+
+    def flood(self) -> None:
+        """Junk commits of 100 KB (or junk site commits) as fast as the broker takes them, until ``done``."""
+        topic = self.topics.part("s2") if self.attack == "site_flood" else self.topics.grad(HOSTILE)
+        junk = b"EPSF" + bytes(100_000)
+        while not self.done.is_set():
+            self._publish(topic, junk)
+
+    def flap(self) -> None:
+        from schemas.messages import DeviceStatus
+
+        offline = DeviceStatus(device=HOSTILE, state="offline", incarnation=self.incarnation)
+        self._publish(self.topics.status(HOSTILE), offline.to_bytes(), retain=True)
+        self.hello(134)
+
+    def on_message(self, topic: str, payload: bytes) -> None:
+        from schemas.frame import FrameError, decode_frame
+        from schemas.messages import Barrier, Control, MessageError
+
+        try:
+            if topic == self.topics.ctrl(HOSTILE):
+                control = Control.from_bytes(payload, tolerant=True)
+                if control.incarnation == self.incarnation:  # (a control left by an earlier job is not)
+                    self.seq, self.run_id = max(self.seq, control.seq_base), control.run
+                return
+            if topic == self.topics.barrier:
+                barrier = Barrier.from_bytes(payload, tolerant=True)
+                # a site's aggregator account reads no control: any running barrier past version 0 is this job's
+                if barrier.run == self.run_id or (self.attack == "site_flood" and barrier.state == "running"):
+                    self.max_norm = barrier.max_norm
+                    self.under_way = self.under_way or barrier.version >= 1
+                    if barrier.state == "finished":
+                        self.done.set()
+                return
+            frame = decode_frame(payload)  # a new version's parameters: the attack's moment
+        except (MessageError, FrameError):
+            return
+        if frame.seq != self.run_id:  # a snapshot's seq is its run
+            return
+        self.models = [*self.models[-1:], frame.tensors]
+        version = frame.base_version
+        if self.attack == "huge_seq":
+            self.commit(version, self.filled(0.01), seq=2**53 + version)
+        elif self.attack == "bomb":
+            self.commit(version, self.filled(1e30))
+        elif self.attack == "future_base":
+            self.commit(MAX_SAFE_INT, self.filled(0.01))
+        elif self.attack in ("samples_flip", "inbound"):
+            self.commit(version, self.reverse())
+
+
+# ----------------------------------------------------------------------------- one job
+def run_job(
+    deployment: Deployment, attack: str | None, rounds: int, deadline: float, shards: Any, workdir: Path
+) -> dict[str, Any]:
+    """One job of ``rounds`` bsp versions on ``deployment``: three honest devices, or two and the
+    hostile one (``attack``; for ``site_flood``, three and the hostile account). It starts once
+    the three devices said hello. What it reached, and what its processes did."""
+    from broker.client import MqttTransport
+    from learning.model import init_mlp
+    from schemas.messages import MessageError, Metrics
+    from schemas.topics import Topics
+
+    workdir.mkdir(parents=True)
+    edgeps = [sys.executable, "-m", "edgeps.cli"]
+    watcher = MqttTransport(deployment.address(deployment.core, "op"), "op", [Topics(JOB).metrics], persistent=False)
+    watcher.wait_connected(10)
+    server = subprocess.Popen(
+        [*edgeps, "ps", *deployment.login(deployment.core, "ps"), "--devices", ",".join(DEVICES),
+         *deployment.server_flags(), "--rounds", str(rounds), "--min-devices", str(len(DEVICES)),
+         "--round-deadline", str(deadline), "--eval-data", str(shards.holdout)],
+        stdout=subprocess.DEVNULL, stderr=(workdir / "ps.log").open("wb"), cwd=ROOT,
+    )  # fmt: skip
+    helpers = [Supervised(command, workdir / f"{name.replace(' ', '-')}.log")
+               for name, command in deployment.helpers().items()]  # fmt: skip
+    honest = [d for d in DEVICES if not (attack and attack != "site_flood" and d == HOSTILE)]
+    clients = [_client(deployment, d, shards, workdir) for d in honest]
+    hostile = runner = None
+    history: list[Metrics] = []
+    before = after = 0.0
+    try:
+        if attack is not None:
+            shapes = {name: values.shape for name, values in init_mlp([64, 64, 10], seed=0).items()}
+            hostile = Hostile(deployment, attack, shapes)
+            runner = threading.Thread(target=hostile.run, daemon=True)
+            runner.start()
+        give_up = time.monotonic() + 600
+        while server.poll() is None and time.monotonic() < give_up and not (history and history[-1].finished):
+            for helper in helpers:
+                helper.poll()
+            message = watcher.receive(timeout=0.2)
+            if message is None:
+                continue
             try:
-                if message.topic == self.topics.ctrl(HOSTILE):
-                    self.seq = max(self.seq, Control.from_bytes(message.payload, tolerant=True).seq_base)
-                    continue
-                barrier = Barrier.from_bytes(message.payload, tolerant=True)
+                metrics = Metrics.from_bytes(message.payload)
             except MessageError:
                 continue
-            if barrier.state == "finished":
-                break
-            if HOSTILE in barrier.left and barrier.version != rejoined_at:
-                self.commit(barrier.version, payloads[self.sent % len(payloads)])
-                rejoined_at = barrier.version
-        self.transport.close()
-
-
-def _client(setup, name: str, shard: Path, broker) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "edgeps.cli", "client", "--broker", f"{broker.host}:{broker.port}", "--job", JOB,
-         "--device", name, "--data", str(shard), "--username", name,
-         "--password-file", str(setup.credentials_dir / f"{name}.password"), "--tls-ca", str(setup.ca_cert),
-         "--seed", name[-1]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-    )  # fmt: skip
-
-
-def run_job(
-    hostile: bool,
-    rounds: int,
-    deadline: float,
-    workdir: Path,
-    shards,
-    setup,
-    absent: bool = False,
-    flood: int = 0,
-) -> dict[str, Any]:
-    """One job over a fresh broker from ``setup``; the metrics of its end. ``absent``: the third
-    device takes no part at all (what the honest two can do alone); ``flood``: it floods junk
-    commits of that many bytes instead of attacking otherwise."""
-    from broker.client import BrokerAddress
-    from broker.launcher import start_broker
-    from learning.model import init_mlp
-
-    broker = start_broker(workdir=workdir / "broker", embedded=False, template=setup.config)
-    processes: list[subprocess.Popen] = []
-    attacker = None
-    report = workdir / "metrics.json"
-    try:
-        address = BrokerAddress(broker.host, broker.port, HOSTILE,
-                                setup.passwords[HOSTILE], tls_ca=str(setup.ca_cert))  # fmt: skip
-        if hostile or flood:
-            shapes = {name: values.shape for name, values in init_mlp([64, 64, 10], seed=0).items()}
-            attacker = HostileDevice(address, shapes)
-        if hostile:
-            attacker.poison()
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{broker.host}:{broker.port}", "--job", JOB,
-             "--username", "ps", "--password-file", str(setup.credentials_dir / "ps.password"),
-             "--tls-ca", str(setup.ca_cert), "--devices", ",".join(DEVICES), "--rounds", str(rounds),
-             "--min-devices", "2" if absent or flood else "3", "--round-deadline", str(deadline),
-             "--eval-data", str(shards.holdout), "--report", str(report)],
-            stdout=subprocess.DEVNULL, stderr=open(workdir / "ps.log", "wb"), cwd=ROOT,  # noqa: SIM115
-        ))  # fmt: skip
-        honest = [d for d in DEVICES if not ((hostile or absent or flood) and d == HOSTILE)]
-        processes += [_client(setup, name, shards.devices[DEVICES.index(name)], broker) for name in honest]
-        runner = None
-        if attacker is not None:
-            work = attacker.run if hostile else partial(attacker.flood, flood, attacker.finished)
-            runner = threading.Thread(target=work, daemon=True)
-            runner.start()
-        if processes[0].wait(timeout=600) != 0:
-            raise RuntimeError(f"the server failed; see {workdir / 'ps.log'}")
-        if attacker is not None and runner is not None:
-            attacker.finished.set()
-            runner.join(timeout=30)
+            if not before and metrics.version >= 1:  # the job is under way: everything started
+                before = _memory(server, helpers)
+            after = _memory(server, helpers) or after
+            history.append(metrics)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.terminate()
+        if hostile is not None and runner is not None:
+            hostile.done.set()
+            runner.join(timeout=30)
+        watcher.close()
+        stopped = [helper.stop() for helper in helpers]
+        if server.poll() is None and not (history and history[-1].finished):
+            server.terminate()
+        for process in [server, *clients]:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
                 process.wait(timeout=10)
-        broker.stop()
-    final = read_report(report)["metrics"][-1]
+    accuracies = [m.accuracy for m in history if m.accuracy is not None]
+    final = history[-1] if history else None
     return {
-        "run": "hostile" if hostile else "two alone" if absent else f"flood {flood} B" if flood else "clean",
-        "final_accuracy": final["accuracy"],
-        "versions": final["version"],
-        "elapsed_s": final["elapsed_s"],
-        "versions_per_s": round(final["version"] / final["elapsed_s"], 3) if final["elapsed_s"] else None,
-        "rejected": final["rejected"],
-        "hostile_commits": attacker.sent if attacker is not None else 0,
+        "final_accuracy": final.accuracy or 0.0 if final else 0.0,
+        "mean_accuracy": float(np.mean(accuracies[len(accuracies) // 2 :])) if accuracies else 0.0,
+        "versions": final.version if final else 0,
+        "versions_per_s": round(final.version / final.elapsed_s, 3) if final and final.elapsed_s else 0.0,
+        "rejected": dict(final.rejected) if final else {},
+        "crashes": sum(h.crashes for h in helpers) + (0 if server.returncode == 0 else 1),
+        "rss_mib_before": round(before, 1),
+        "rss_mib_after": round(after, 1),
+        "sigterm_s": round(max(stopped, default=0.0), 2),
+        "hostile_sent": hostile.sent if hostile is not None else 0,
     }
 
 
-def bench_attack(rounds: int = 100, deadline: float = 2.0, floods: tuple[int, ...] = (), say=print) -> dict[str, Any]:
-    """The clean job, the hostile one, the two honest devices alone, and one job per size in
-    ``floods`` in which the third device floods junk commits of that many bytes."""
-    from broker.secure import init_secure_broker
+def _client(deployment: Deployment, device: str, shards: Any, workdir: Path) -> subprocess.Popen[bytes]:
+    """An honest device: ``edgeps client`` on its account, on its broker."""
+    login = deployment.login(deployment.broker_of(device), device)
+    command = [sys.executable, "-m", "edgeps.cli", "client", *login, "--device", device, "--step-time", str(STEP_S),
+               "--data", str(shards.devices[DEVICES.index(device)]), "--seed", device[-1]]  # fmt: skip
+    log = (workdir / f"{device}.log").open("wb")
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
+
+
+def _memory(server: subprocess.Popen[bytes], helpers: list[Supervised]) -> float:
+    """The resident memory of the server and its aggregators or workers together, MiB."""
+    return rss_mib(server.pid) + sum(rss_mib(h.process.pid) for h in helpers)
+
+
+# ----------------------------------------------------------------------------- the bench
+def bench_attack(
+    paths: tuple[str, ...] = PATHS,
+    attacks: tuple[str, ...] = tuple(ATTACKS),
+    rounds: int = 150,
+    deadline: float = 1.0,
+    say: Any = print,
+) -> dict[str, Any]:
+    """On each of ``paths``, the clean job and one job per attack of ``attacks``."""
     from learning.data import load_digits
     from learning.prepare import prepare_shards
 
+    unknown = [p for p in paths if p not in PATHS] + [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        raise ValueError(f"unknown paths or attacks: {', '.join(unknown)}; paths: {', '.join(PATHS)}; attacks: "
+                         f"{', '.join(ATTACKS)}")  # fmt: skip
+    entries = []
     with tempfile.TemporaryDirectory(prefix="edgeps-attack-") as tmp:
         root = Path(tmp)
-        setup = init_secure_broker(root / "setup", JOB, devices=list(DEVICES), operators=["op"])
         shards = prepare_shards(load_digits(), root / "data", devices=len(DEVICES), alpha=0.5, seed=0)
-        runs = []
-        kinds = [("clean", False, False, 0), ("hostile", True, False, 0), ("two alone", False, True, 0)]
-        kinds += [(f"flood-{size}", False, False, size) for size in floods]
-        for name, hostile, absent, flood in kinds:
-            say(f"{name} run: {rounds} bsp rounds, round deadline {deadline:g} s ...")
-            (root / name).mkdir()
-            runs.append(run_job(hostile, rounds, deadline, root / name, shards, setup, absent, flood))
-    clean, attacked, alone = runs[:3]
-    return {
-        "rounds": rounds,
-        "round_deadline_s": deadline,
-        "runs": runs,
-        "accuracy_drop": round(clean["final_accuracy"] - attacked["final_accuracy"], 4),
-        "speed_ratio": round(attacked["versions_per_s"] / clean["versions_per_s"], 3),
-        "accuracy_drop_vs_two_alone": round(alone["final_accuracy"] - attacked["final_accuracy"], 4),
-        "flood_speed_ratios": {r["run"]: round(r["versions_per_s"] / alone["versions_per_s"], 3) for r in runs[3:]},
-    }
+        for path in paths:
+            with deploy(path, root / path) as deployment:
+                say(f"{path}: clean job ({rounds} bsp rounds) ...", end=" ", flush=True)
+                clean = run_job(deployment, None, rounds, deadline, shards, root / path / "clean")
+                say(f"accuracy {clean['final_accuracy']:.4f}")
+                for attack in attacks:
+                    if attack == "site_flood" and path != "sites":
+                        continue
+                    say(f"{path}: {attack} ...", end=" ", flush=True)
+                    run = run_job(deployment, attack, rounds, deadline, shards, root / path / attack)
+                    say(f"accuracy {run['final_accuracy']:.4f}, {run['crashes']} crashes")
+                    entries.append({
+                        "name": attack, "path": path, "clean_metric": clean["final_accuracy"],
+                        "attacked_metric": run["final_accuracy"], "attacked_mean": run["mean_accuracy"],
+                        "crashes": run["crashes"], "rss_mib_before": run["rss_mib_before"],
+                        "rss_mib_after": run["rss_mib_after"], "versions_per_s": run["versions_per_s"],
+                        "clean_versions_per_s": clean["versions_per_s"], "versions": run["versions"],
+                        "rejected": run["rejected"], "hostile_sent": run["hostile_sent"],
+                        "sigterm_s": run["sigterm_s"],
+                    })  # fmt: skip
+    held = [e for e in entries if e["crashes"] == 0 and min(e["attacked_metric"], e["attacked_mean"])
+            >= 0.9 * e["clean_metric"]]  # fmt: skip
+    return {"rounds": rounds, "round_deadline_s": deadline, "attacks": entries, "held": len(held),
+            "of": len(entries)}  # fmt: skip
 
 
 def format_attack(report: dict[str, Any]) -> Table:
-    table = Table(["run", "final acc", "versions", "seconds", "versions/s", "hostile sent", "rejected"])
-    for r in report["runs"]:
-        rejected = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items())) or "none"
-        table.add(r["run"], f"{r['final_accuracy']:.4f}", r["versions"], f"{r['elapsed_s']:.2f}",
-                  f"{r['versions_per_s']:.2f}", r["hostile_commits"], rejected)  # fmt: skip
-    table.after.append(f"hostile against clean: accuracy drop {report['accuracy_drop']:+.4f}, versions/s ratio "
-                       f"{report['speed_ratio']:.2f}; against the two honest devices alone: accuracy drop "
-                       f"{report['accuracy_drop_vs_two_alone']:+.4f}")  # fmt: skip
-    for run, ratio in report["flood_speed_ratios"].items():
-        table.after.append(f"{run}: versions/s {ratio:.2f}x the two honest devices' alone")
+    title = (
+        f"each path's clean job, and one per attack ({report['rounds']} bsp rounds, deadline "
+        f"{report['round_deadline_s']:g} s): held-out accuracy at the end and over its second half"
+    )
+    table = Table(["path", "attack", "clean", "final", "mean", "v/s ratio", "crashes", "RSS MiB", "refused"],
+                  before=[title])  # fmt: skip
+    for e in report["attacks"]:
+        ratio = e["versions_per_s"] / e["clean_versions_per_s"] if e["clean_versions_per_s"] else 0.0
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(e["rejected"].items())) or "none"
+        table.add(e["path"], e["name"], f"{e['clean_metric']:.4f}", f"{e['attacked_metric']:.4f}",
+                  f"{e['attacked_mean']:.4f}", f"{ratio:.2f}", e["crashes"],
+                  f"{e['rss_mib_before']:.0f} -> {e['rss_mib_after']:.0f}", refused[:60])  # fmt: skip
+    table.after.append(f"{report['held']} of {report['of']} attacks held: no crash, accuracy at the end and during "
+                       "the attack at least 0.9 of the clean job's")  # fmt: skip
     return table
 
 
-def run_bench_attack(rounds: int, deadline: float, floods: tuple[int, ...], json_path: str | None) -> dict[str, Any]:
-    report = bench_attack(rounds, deadline, floods)
+def run_bench_attack(
+    paths: tuple[str, ...], attacks: tuple[str, ...], rounds: int, deadline: float, json_path: str | None
+) -> dict[str, Any]:
+    report = bench_attack(paths, attacks, rounds, deadline)
     from edgeps.bench.common import show
 
     return show(report, format_attack(report), json_path)

@@ -111,11 +111,9 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 def cmd_bench_attack(args: argparse.Namespace) -> int:
     from edgeps.bench.attack import run_bench_attack
 
-    if not args.verbose:
-        logging.getLogger("edgeps").setLevel(logging.WARNING)
-    floods = tuple(int(float(x.rstrip("kKmM")) * {"k": 1 << 10, "m": 1 << 20}.get(x[-1].lower(), 1))
-                   for x in args.flood.split(",") if x)  # fmt: skip
-    run_bench_attack(args.rounds, args.round_deadline, floods, args.json)
+    paths = tuple(p for p in args.paths.split(",") if p)
+    attacks = tuple(a for a in args.attacks.split(",") if a)
+    run_bench_attack(paths, attacks, args.rounds, args.round_deadline, args.json)
     return 0
 
 
@@ -281,12 +279,16 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 
-    attack = bench.add_parser("attack", help="a job with one of three devices hostile, beside a clean one (TLS broker)")
-    attack.add_argument("--rounds", type=int, default=100, help="bsp versions in each job")
-    attack.add_argument("--round-deadline", type=float, default=2.0, help="the jobs' round deadline, seconds")
-    attack.add_argument("--flood", default="", help="also: the third device floods junk commits of these sizes, "
-                        "e.g. 100,8M")  # fmt: skip
-    attack.add_argument("--json", help="write the report as JSON here")
+    from edgeps.bench.attack import ATTACKS, PATHS
+
+    attack = bench.add_parser("attack", help="the hostile-client audit against real deployments (broker init: TLS, "
+                              "ACLs): flat, bridged sites with an aggregator, ingest workers")  # fmt: skip
+    attack.add_argument("--paths", default=",".join(PATHS), help="comma-separated: flat, sites, workers")
+    attack.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated: " + "; ".join(
+        f"{name}: {what}" for name, what in ATTACKS.items()))  # fmt: skip
+    attack.add_argument("--rounds", type=int, default=150, help="bsp versions in each job")
+    attack.add_argument("--round-deadline", type=float, default=1.0, help="the jobs' round deadline, seconds")
+    attack.add_argument("--json", help="write the report as JSON here (its list: attacks)")
     attack.set_defaults(func=cmd_bench_attack)
 
     restart = bench.add_parser("restart", help="a job whose server, then one of whose devices, restarts N times")

@@ -202,7 +202,8 @@ def test_the_server_listens_only_to_devices_it_knows_or_allows() -> None:
     open_job = small_server()
     hello(open_job, "a")
     t = open_job.topics
-    assert open_job.subscriptions() == [t.all_status, t.cmd, t.cmd_of("+"), t.grad("a")]  # no grad/+: strangers cost nothing
+    # no grad/+: strangers cost nothing
+    assert open_job.subscriptions() == [t.all_status, t.cmd, t.cmd_of("+"), t.grad("a")]
     closed = small_server(allowed_devices=frozenset({"x", "y"}))
     assert [s for s in closed.subscriptions() if "/grad/" in s] == [t.grad("x"), t.grad("y")]
     closed.on_message(t.cmd, b'{"cmd": "evict", "device": "y"}', 0.0)  # not known yet: refused
