@@ -110,7 +110,9 @@ class ServerConfig(BaseModel):
         "(one below 1/16 of it is refused as outlier)",
     )
     samples_factor: float = Field(
-        1.0, ge=1, description="a device's declared data size counts at most this many times the lower median of "
+        1.0,
+        ge=1,
+        description="a device's declared data size counts at most this many times the lower median of "
         "the job's declared sizes (1: no device weighs more than the typical one)",
     )
     max_device_samples: int | None = Field(
