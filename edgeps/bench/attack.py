@@ -407,6 +407,7 @@ def run_job(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+    _forget_sessions(deployment)
     accuracies = [m.accuracy for m in history if m.accuracy is not None]
     final = history[-1] if history else None
     return {
@@ -421,6 +422,21 @@ def run_job(
         "sigterm_s": round(max(stopped, default=0.0), 2),
         "hostile_sent": hostile.sent if hostile is not None else 0,
     }
+
+
+def _forget_sessions(deployment: Deployment) -> None:
+    """End the persistent sessions of the job's server, aggregator and workers, so that what they
+    left unacknowledged (a hostile device's last commits) is not handed to the next job's."""
+    from broker.client import MqttTransport
+    from broker.sites import aggregator_account
+
+    accounts = [(deployment.core, "ps"), *((deployment.core, w) for w in deployment.setup.workers)]
+    accounts += [(deployment.sites[s], aggregator_account(s)) for s in deployment.sites]
+    for broker, account in accounts:
+        if account in deployment.setup.passwords:
+            session = MqttTransport(deployment.address(broker, account), account, [], persistent=False)
+            session.wait_connected(10)  # a clean session replaces the persistent one
+            session.close()
 
 
 def _client(deployment: Deployment, device: str, shards: Any, workdir: Path) -> subprocess.Popen[bytes]:

@@ -25,6 +25,7 @@ def test_no_attack_crashes_a_process_or_costs_the_job_its_model(path: str) -> No
     for e in report["attacks"]:
         what = f"{path}/{e['name']}: {e}"
         assert e["crashes"] == 0, what  # 1.5: seq >= 2^53 made every ingest worker's restart die
+        assert e["sigterm_s"] <= 2.0, what  # 1.5: an aggregator twice needed SIGKILL after SIGTERM (> 8 s)
         assert e["versions"] == 60, what  # the job ran to its end
         assert e["attacked_metric"] >= 0.9 * e["clean_metric"], what
         assert e["attacked_mean"] >= 0.9 * e["clean_metric"], what  # during the attack too
