@@ -27,6 +27,14 @@ def honest_job(pace: str = "bsp", rounds: int = 40, **config):
     return server, relay
 
 
+def straggling_job():
+    """Two honest devices and x, which never commits: three rounds in, it missed a 30 s deadline."""
+    server, relay = honest_job(round_deadline_s=30.0)
+    hello(server, "x")
+    relay.train(rounds=3)
+    return server, relay
+
+
 def accuracy(server) -> float:
     return Evaluator(blobs(seed=99))(server.store.view()).values["accuracy"]
 
@@ -150,13 +158,7 @@ def test_a_message_the_server_fails_on_is_a_counted_rejection_not_a_crash_loop(m
 def test_a_device_that_keeps_missing_deadlines_cannot_hold_the_rounds_up() -> None:
     """1.0: a device that rejoined the barrier just after each round deadline cut the job from 4.4
     to 0.03 versions/s: each rejoin made the next round wait a whole deadline again."""
-    server = small_server(pace="bsp", rounds=10**6, round_deadline_s=30.0)
-    relay = Relay(server)
-    relay.start()
-    for i in range(2):
-        relay.connect(small_device(f"h{i}", seed=i))
-    hello(server, "x")
-    relay.train(rounds=3)  # honest rounds, and the first deadline missed by x: 30 s
+    server, relay = straggling_job()
     started, seq = relay.now, 0
     for _ in range(60):
         if "x" in server.membership.left:  # the flapper rejoins at once: an on-time commit
@@ -216,13 +218,7 @@ def test_a_device_going_offline_and_online_again_stays_out_of_the_barrier_until_
     """The audit: a device alternating offline and online statuses cut a bsp job from 4.5 to 1.18
     versions/s after a first 30 s stall: going offline cleared ``left``, so every round waited the
     probation deadline for it again."""
-    server = small_server(pace="bsp", rounds=10**6, round_deadline_s=30.0)
-    relay = Relay(server)
-    relay.start()
-    for i in range(2):
-        relay.connect(small_device(f"h{i}", seed=i))
-    hello(server, "x")
-    relay.train(rounds=3)  # x never commits: it misses the first deadline (30 s) and leaves
+    server, relay = straggling_job()
     assert "x" in server.membership.left
     started = relay.now
     for _ in range(30):
