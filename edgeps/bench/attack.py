@@ -517,10 +517,41 @@ def format_attack(report: dict[str, Any]) -> Table:
     return table
 
 
+def plot_attack(report: dict[str, Any], path: str | Path) -> None:
+    """PNG: for each path, each attack's accuracy at the end and during it, against the clean job's
+    (the line) and 0.9 of it (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    deployments = list(dict.fromkeys(e["path"] for e in report["attacks"]))
+    fig, axes = plt.subplots(1, len(deployments), figsize=(4.8 * len(deployments), 3.6), squeeze=False, sharey=True)
+    for ax, deployment in zip(axes[0], deployments, strict=True):
+        entries = [e for e in report["attacks"] if e["path"] == deployment]
+        x = np.arange(len(entries))
+        ax.bar(x - 0.2, [e["attacked_metric"] for e in entries], 0.4, label="at the end")
+        ax.bar(x + 0.2, [e["attacked_mean"] for e in entries], 0.4, label="during (second half)")
+        clean = entries[0]["clean_metric"]
+        ax.axhline(clean, color="black", lw=1, label=f"clean {clean:.3f}")
+        ax.axhline(0.9 * clean, color="black", lw=1, ls="--", label="0.9 of clean")
+        crashes = sum(e["crashes"] for e in entries)
+        ax.set(title=f"{deployment}: {crashes} crashes", xticks=x, ylim=(0.5, 1.0), ylabel="held-out accuracy")
+        ax.set_xticklabels([e["name"] for e in entries], rotation=40, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(loc="lower left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def run_bench_attack(
-    paths: tuple[str, ...], attacks: tuple[str, ...], rounds: int, deadline: float, json_path: str | None
-) -> dict[str, Any]:
+    paths: tuple[str, ...], attacks: tuple[str, ...], rounds: int, deadline: float, json_path: str | None,
+    plot: str | None = "bench-attack.png",
+) -> dict[str, Any]:  # fmt: skip
     report = bench_attack(paths, attacks, rounds, deadline)
+    if plot:
+        plot_attack(report, plot)
     from edgeps.bench.common import show
 
     return show(report, format_attack(report), json_path)

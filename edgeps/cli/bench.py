@@ -113,7 +113,7 @@ def cmd_bench_attack(args: argparse.Namespace) -> int:
 
     paths = tuple(p for p in args.paths.split(",") if p)
     attacks = tuple(a for a in args.attacks.split(",") if a)
-    run_bench_attack(paths, attacks, args.rounds, args.round_deadline, args.json)
+    run_bench_attack(paths, attacks, args.rounds, args.round_deadline, args.json, args.plot)
     return 0
 
 
@@ -289,6 +289,9 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     attack.add_argument("--rounds", type=int, default=150, help="bsp versions in each job")
     attack.add_argument("--round-deadline", type=float, default=1.0, help="the jobs' round deadline, seconds")
     attack.add_argument("--json", help="write the report as JSON here (its list: attacks)")
+    attack.add_argument(
+        "--plot", default="bench-attack.png", help="PNG of each attack's accuracy against the clean job's"
+    )
     attack.set_defaults(func=cmd_bench_attack)
 
     restart = bench.add_parser("restart", help="a job whose server, then one of whose devices, restarts N times")
