@@ -38,7 +38,7 @@ from collections import Counter
 from typing import Any, NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from ps_service.aggregate import Clip, partial
 from ps_service.config import nest_fields
@@ -87,7 +87,16 @@ class SiteConfig(BaseModel):
         False, description="an ingest worker beside the server: read the job's commits from shared subscriptions "
         "$share/edgeps-{job}/edgeps/{job}/grad/{device} on the core broker, a site commit per batch",
     )  # fmt: skip
+    allowed_devices: frozenset[str] | None = Field(
+        None, description="comma-separated devices whose commits it reads from the start, as the server's --devices "
+        "(default: each once its status came; a device's first commit can race its status)",
+        json_schema_extra={"flag": "devices"},
+    )  # fmt: skip
     door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
+
+    @field_serializer("allowed_devices")
+    def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:
+        return None if devices is None else sorted(devices)
 
     @model_validator(mode="before")
     @classmethod
@@ -112,7 +121,7 @@ class SiteAggregator:
     def __init__(self, config: SiteConfig) -> None:
         self.config = config
         self.topics = Topics(config.job)
-        self.registry = DeviceRegistry(None)
+        self.registry = DeviceRegistry(config.allowed_devices)
         self.door = Door(config.door, self.registry)
         self.events = Events()
         self.version = 0
@@ -137,12 +146,13 @@ class SiteAggregator:
         self.report = Report(self.topics, 0.0, self.events)  # its refusals, counted and noticed as the server's
 
     def subscriptions(self) -> list[str]:
-        """Statuses, the job's broadcasts, controls, and the commit topic of each device whose status
-        it saw and that it does not mute (shared subscriptions for an ingest worker)."""
+        """Statuses, the job's broadcasts, controls, and the commit topic of each device of
+        ``allowed_devices`` or whose status it saw, but those it mutes (``DeviceRegistry.listening``,
+        the server's rule; shared subscriptions for an ingest worker)."""
         t = self.topics
         share = f"$share/edgeps-{self.config.job}/" if self.config.shared else ""
-        devices = sorted(d for d in self.registry.devices() if self.registry.known(d) and not self.registry.muted(d))
-        return [t.all_status, t.params, t.delta, t.barrier, t.ctrl("+"), *(share + t.grad(d) for d in devices)]
+        commits = [share + t.grad(d) for d in self.registry.listening()]
+        return [t.all_status, t.params, t.delta, t.barrier, t.ctrl("+"), *commits]
 
     def all_commit_topics(self) -> list[str]:
         """Every commit subscription an earlier process of this aggregator may have left in its session."""

@@ -101,10 +101,12 @@ class Deployment:
             from broker.sites import aggregator_account
 
             account = aggregator_account("s1")
-            return {"aggregator s1": [*edgeps, "aggregator", "--site", "s1", *self.login(self.sites["s1"], account)]}
+            members = ",".join(self.setup.sites["s1"])
+            return {"aggregator s1": [*edgeps, "aggregator", "--site", "s1", "--devices", members,
+                                      *self.login(self.sites["s1"], account)]}  # fmt: skip
         if self.path == "workers":
-            return {worker: [*edgeps, "aggregator", "--site", worker, "--shared", *self.login(self.core, worker)]
-                    for worker in self.setup.workers}  # fmt: skip
+            return {worker: [*edgeps, "aggregator", "--site", worker, "--shared", "--devices", ",".join(DEVICES),
+                             *self.login(self.core, worker)] for worker in self.setup.workers}  # fmt: skip
         return {}
 
 

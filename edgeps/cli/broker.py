@@ -73,12 +73,13 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
               f"there; it bridges to the core as {bridge_account(site)})")  # fmt: skip
         if setup.aggregators:
             account = aggregator_account(site)
-            print(f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --broker SITE-HOST:PORT "
-                  f"--username {account} --password-file {creds}/{account}.password "
+            print(f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --devices {','.join(members)} "
+                  f"--broker SITE-HOST:PORT --username {account} --password-file {creds}/{account}.password "
                   f"--tls-ca {setup.ca_cert}")  # fmt: skip
     for worker in setup.workers:
-        print(f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared --broker HOST:PORT "
-              f"--username {worker} --password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}")  # fmt: skip
+        print(f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared "
+              f"--devices {','.join(setup.devices)} --broker HOST:PORT --username {worker} "
+              f"--password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}")  # fmt: skip
     print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
           f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
     return 0

@@ -54,7 +54,8 @@ def run_job(
     stop = threading.Event()
     summing = []
     for site, where in (aggregators or {}).items():
-        aggregator = SiteAggregator(SiteConfig(job=JOB, site=site, shared=shared))
+        members = DEVICES if shared or not sites else sites[site]
+        aggregator = SiteAggregator(SiteConfig(job=JOB, site=site, shared=shared, allowed_devices=frozenset(members)))
         link = MqttTransport(where, f"agg-{site}", aggregator.subscriptions())
         link.wait_connected(5)
         thread = threading.Thread(target=serve_site, args=(aggregator, link, stop), daemon=True)

@@ -45,7 +45,7 @@ def test_a_sigkilled_worker_loses_and_repeats_no_commit(tmp_path) -> None:
     again to the new process. Every commit is applied once and the job ends."""
     broker = start_broker(workdir=tmp_path / "broker", embedded=False)
     command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", WORKERS[0], "--shared",
-               "--broker", f"{broker.host}:{broker.port}"]  # fmt: skip
+               "--devices", ",".join(DEVICES), "--broker", f"{broker.host}:{broker.port}"]  # fmt: skip
     logs = tmp_path / "worker.log"
     processes = [subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT)]
     kills = []

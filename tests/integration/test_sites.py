@@ -130,7 +130,7 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
     broker = sites["a"]
     account = aggregator_account("a")
     command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", "a",
-               "--broker", f"{broker.host}:{broker.port}", "--username", account,
+               "--devices", ",".join(SITES["a"]), "--broker", f"{broker.host}:{broker.port}", "--username", account,
                "--password-file", str(setup.credentials_dir / f"{account}.password"),
                "--tls-ca", str(setup.ca_cert)]  # fmt: skip
     logs = tmp_path / "aggregator.log"

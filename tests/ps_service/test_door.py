@@ -229,3 +229,19 @@ def test_the_door_refuses_before_it_reads() -> None:
     assert isinstance(refusal, Refusal) and refusal.rejection.reason is R.RATE_LIMITED
     door.release_updates([update])
     assert door.held_bytes == 0 and not door.held
+
+
+def test_an_aggregator_listens_to_its_listed_devices_from_the_start() -> None:
+    """A worker that subscribed to a device's commits only once its status came could miss its first
+    commit (the device commits as soon as the server's control reaches it): with ``--devices`` it
+    listens from the start, as the server does to its allow-list, and refuses others' commits."""
+    server = small_server(pace="bsp", sites=frozenset({"s"}), sites_only=True)
+    server.start(0.0)
+    worker = aggregator_of(server, (), 0.0, shared=True, allowed_devices=frozenset({"a", "b"}))
+    assert [t for t in worker.subscriptions() if "/grad/" in t] == [
+        "$share/edgeps-t/" + server.topics.grad(d) for d in ("a", "b")
+    ]
+    hello(server, "x")
+    out = worker.on_message(server.topics.grad("x"), commit_bytes(server, "x", 1), 1.0)
+    out += worker.on_tick(1.0 + WAIT_S)
+    assert verdict(out) == ["unknown_device"]
