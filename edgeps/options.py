@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from ps_service.config import nest_fields
+from ps_service.config import nest_fields, nested_model
 
 __all__ = ["add_model_options", "flag", "model_values", "nest_fields", "to_flags", "validation_line"]
 
@@ -32,13 +32,6 @@ def _extra(info: FieldInfo) -> dict[str, Any]:
 def flag(name: str, info: FieldInfo) -> str:
     """The option that sets field ``name``."""
     return "--" + str(_extra(info).get("flag", name)).replace("_", "-")
-
-
-def _nested(info: FieldInfo) -> type[BaseModel] | None:
-    """The model a field holds, for a field that holds a set of options of its own (its flags are
-    the nested model's, given flat: ``ServerConfig.door`` is ``--max-commit-rate`` and the rest)."""
-    annotation = info.annotation
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def _base(annotation: Any) -> tuple[Any, bool]:
@@ -92,7 +85,7 @@ def add_model_options(
     for name, info in model.model_fields.items():
         if name in skip:
             continue
-        nested = _nested(info)
+        nested = nested_model(info)
         if nested is not None:
             add_model_options(parser, nested, skip, defaults)
             continue
@@ -126,7 +119,7 @@ def model_values(model: type[BaseModel], args: argparse.Namespace, skip: Iterabl
     a nested model's flat (its holder's validator nests them: ``nest_fields``)."""
     values: dict[str, Any] = {}
     for name, info in model.model_fields.items():
-        nested = _nested(info)
+        nested = nested_model(info)
         if nested is not None and name not in skip:
             values.update(model_values(nested, args, skip))
         elif name not in skip and hasattr(args, name):
@@ -141,7 +134,7 @@ def to_flags(config: BaseModel, skip: Iterable[str] = (), defaults: Mapping[str,
     defaults = defaults or {}
     for name, info in type(config).model_fields.items():
         value = getattr(config, name)
-        if isinstance(value, BaseModel) and _nested(info) is not None:
+        if isinstance(value, BaseModel) and nested_model(info) is not None:
             out += to_flags(value, skip, defaults)
             continue
         if name in skip or value == defaults.get(name, info.default):

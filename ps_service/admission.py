@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ps_service.door import Refusal, SiteRefusal
+from ps_service.door import STATUS_BURST, STATUS_RATE, Refusal, SiteRefusal
 from ps_service.round import release_slow
 from ps_service.validation import Rejection
 from schemas.messages import DeviceStatus, MessageError, RejectReason
@@ -16,11 +16,6 @@ from schemas.topics import Publish
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
-
-
-#: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
-#: report a second at most): a flood of statuses is refused as ``rate_limited``.
-STATUS_BURST, STATUS_RATE = 10, 2.0
 
 
 def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list[Publish]:

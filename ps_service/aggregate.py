@@ -158,7 +158,7 @@ def aggregate_all(
 ) -> Aggregate:
     """``aggregate`` over devices' commits and sites' summed commits together: the devices' own
     commits become one more ``Partial`` (weighted by ``sizes``, bounded by ``clips``), each site's
-    is taken as the server bounded it on arrival (ps_service.sitecheck), and ``combine`` finishes
+    is taken as the server bounded it (ps_service.robust ``bounded_part``), and ``combine`` finishes
     the aggregate. Without site commits this is ``aggregate`` itself."""
     updates = [c for c in contributions if isinstance(c, Update)]
     sites = [c for c in contributions if isinstance(c, SiteUpdate)]

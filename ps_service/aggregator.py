@@ -25,9 +25,9 @@ batch, one commit a device in each (the server then checks sequence numbers in a
 worker's site commit may pass another's), and alone any commit whose device the barrier already
 lists as committed for its round (a resend whose first copy another worker had).
 
-Either way it subscribes to each device's commit topic it knows of (its status seen), not to
-``grad/+``, and leaves a flooding device's out for a while, as the server does: the broker then
-drops the flood (for an ingest worker, once every worker left it).
+Either way it subscribes to the commit topic of each device of its ``--devices`` or whose status
+it saw (the server's rule), not to ``grad/+``, and leaves a flooding device's out for a while, as
+the server does: the broker then drops the flood (for an ingest worker, once every worker left it).
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from ps_service.aggregate import Clip, partial
 from ps_service.config import nest_fields
-from ps_service.door import Checks, Door, DoorConfig, Refusal
+from ps_service.door import STATUS_BURST, STATUS_RATE, Checks, Door, DoorConfig, Refusal
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report
-from ps_service.robust import per_device
+from ps_service.robust import MODEL_FRACTION, bounded_sizes, claimed_sizes, per_device
 from ps_service.update import Update
 from ps_service.validation import Rejection
 from schemas.events import Events
@@ -67,9 +67,6 @@ from schemas.topics import Publish, Topics
 #: How long a commit waits for what it is checked against (the parameters of its base version, its
 #: device's status and control): after an aggregator's restart the broker may deliver commits first.
 WAIT_S = 10.0
-#: With no bound from the barrier yet, a device's update per step is clipped to this share of the
-#: model's norm (the server's own bound for a first update: ps_service.robust).
-MODEL_FRACTION = 0.5
 
 
 class SiteConfig(BaseModel):
@@ -128,7 +125,7 @@ class SiteAggregator:
         self.run: int | None = None  # the job's run the version belongs to (its parameters' and barrier's)
         self.ended_runs: set[int] = set()  # runs a newer one replaced: their retained messages are ignored
         self.shapes: dict[str, tuple[int, ...]] | None = None
-        self.model_norm = 0.0  # of the newest snapshot read
+        self.snapshot: bytes | None = None  # the newest parameters (their norm: the bound before the barrier's)
         self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
         self.left: frozenset[str] = frozenset()
         self.finished = False  # the barrier said the job has finished: commits are refused here
@@ -230,7 +227,7 @@ class SiteAggregator:
             self.registry.set_offline(device)
             return
         record = self.registry.record(device)
-        if record is not None and not record.statuses.take(1, now, 2.0, 10):  # as the server: a flood is ignored
+        if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):  # as the server's
             return
         status = DeviceStatus.from_bytes(payload)
         if status.device != device:
@@ -250,9 +247,7 @@ class SiteAggregator:
     def _on_params(self, payload: bytes) -> None:
         raw = parse_frame(payload)
         if raw.kind == FrameKind.PARAMS and self._follow(raw.seq, raw.base_version):  # a snapshot's seq: its run
-            self.shapes = raw.shapes
-            tensors = decode_frame(payload).tensors
-            self.model_norm = math.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in tensors.values()))
+            self.shapes, self.snapshot = raw.shapes, payload
         elif raw.kind == FrameKind.DELTA and self.run is not None:  # deltas follow the run's snapshot
             self.version = max(self.version, raw.base_version)
 
@@ -414,21 +409,22 @@ class SiteAggregator:
     def bounds(self) -> tuple[float, float]:
         """(the per-step norm each device's update is clipped to, the most data size it is weighted
         by): the barrier's, else, before the server said, half the model's norm and no cap."""
-        norm = self.max_norm if self.max_norm is not None else MODEL_FRACTION * self.model_norm or math.inf
-        return norm, self.max_weight if self.max_weight is not None else math.inf
+        return self.max_norm if self.max_norm is not None else self._first_bound(), self.max_weight or math.inf
+
+    def _first_bound(self) -> float:
+        """Half the norm of the newest parameters (read only until the barrier says a bound)."""
+        if self.snapshot is None:
+            return math.inf
+        tensors = decode_frame(self.snapshot).tensors
+        return MODEL_FRACTION * math.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in tensors.values()))
 
     def _sum(self, updates: list[Update]) -> bytes:
         """The site commit of ``updates``: each device's update per step clipped to the server's
         bound and weighted by its bounded data size, with its stated weight and norm."""
         max_norm, max_weight = self.bounds()
-        declared = self.registry.sizes()
+        weights = bounded_sizes(claimed_sizes(updates, self.registry.sizes()), min(max_weight, MAX_U32))
         norms = per_device(updates, self.version)
-        weights: dict[str, int] = {}
-        clips: dict[str, Clip] = {}
-        for device, (norm, steps) in norms.items():
-            claimed = declared.get(device) or sum(u.samples for u in updates if u.device == device)
-            weights[device] = max(1, int(min(float(claimed), max_weight, MAX_U32)))
-            clips[device] = Clip(max_norm / norm if norm > max_norm else 1.0, steps)
+        clips = {d: Clip(max_norm / norm if norm > max_norm else 1.0, steps) for d, (norm, steps) in norms.items()}
         part = partial(updates, self.version, weights, clips)
         entries = []
         for device in dict.fromkeys(u.device for u in updates):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from ps_service.door import DoorConfig
 from schemas.codecs import make_codec
@@ -12,13 +13,20 @@ from schemas.messages import Name
 from schemas.topics import check_name
 
 
+def nested_model(info: FieldInfo) -> type[BaseModel] | None:
+    """The model a field holds, for a field that holds a set of options of its own (given flat:
+    ``ServerConfig.door``'s options are ``--max-commit-rate`` and the rest)."""
+    annotation = info.annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
 def flat_names(model: type[BaseModel]) -> set[str]:
     """The names ``model`` takes flat: its fields, and those of the models it holds (``door``'s)."""
     names = set(model.model_fields)
     for info in model.model_fields.values():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            names |= flat_names(annotation)
+        nested = nested_model(info)
+        if nested is not None:
+            names |= flat_names(nested)
     return names
 
 

@@ -38,6 +38,9 @@ from schemas.sitecommit import parse_site_commit
 
 R = RejectReason
 
+#: Statuses a device may send at once, and per second sustained (a hello per connection, a speed
+#: report a second at most): a flood of statuses is refused as ``rate_limited`` (at a site: ignored).
+STATUS_BURST, STATUS_RATE = 10, 2.0
 #: The largest commit taken before the receiver knows the model (a site aggregator just started).
 UNKNOWN_MODEL_BYTES = 8 << 20
 #: How far a site commit's sums may exceed what its entries state (float32 sums of float64 norms).

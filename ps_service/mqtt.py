@@ -164,8 +164,8 @@ def serve_site(
     """Drive a site aggregator until ``stop``. A device's commit is acknowledged to the site broker
     only once the site commit holding it is acknowledged by the broker (or it was refused): an
     aggregator that dies loses nothing, and the broker delivers what it held to the next one. Its
-    subscriptions follow ``SiteAggregator.subscriptions`` after every batch (a device's commit
-    topic once its status came, none while it is muted)."""
+    subscriptions follow ``SiteAggregator.subscriptions`` after every batch (the commit topics of
+    its devices, none of a muted one)."""
     clock = time.monotonic
     unacked: list[Inbound] = []  # settled, waiting for the broker to take what was published with them
     reported = clock()

@@ -45,39 +45,33 @@ from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
 SMALL = 1 / 16
+#: With nothing to compare with, a whole update is held to this share of the model's norm.
+MODEL_FRACTION = 0.5
 
 
-def bounded_sizes(
-    claimed: dict[str, int], reference: list[int], factor: float, ceiling: int | None = None
-) -> dict[str, int]:
-    """Each device's data size for weighting: what it ``claimed``, at most ``factor`` times the
-    median of ``reference`` (the sizes the job's devices declared) and at most ``ceiling``."""
-    cap = size_cap(reference, factor, ceiling)
-    return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
-
-
-def size_cap(reference: list[int], factor: float, ceiling: int | None = None) -> float:
-    """The largest data size a device is weighted by: ``factor`` times the median of ``reference``,
-    at most ``ceiling`` (inf with neither)."""
+def size_cap(declared: dict[str, int], factor: float, ceiling: int | None = None) -> float:
+    """The largest data size a device is weighted by: ``factor`` times the lower median of the
+    sizes the job's devices ``declared`` (0: none declared; of two sizes the smaller, so that no
+    device's claim sets its own cap), at most ``ceiling`` (inf with neither)."""
     cap = float(ceiling) if ceiling is not None else math.inf
-    if reference:  # the lower median: of two sizes the smaller, so that no device's claim sets its own cap
+    reference = [size for size in declared.values() if size > 0]
+    if reference:
         cap = min(cap, factor * float(statistics.median_low(reference)))  # a few numbers: no numpy call
     return cap
 
 
-def data_sizes(updates: list[Update], declared: dict[str, int], factor: float, ceiling: int | None) -> dict[str, int]:
-    """The data size each device of an aggregate is weighted by: what it ``declared`` (else the
-    samples its commits consumed), bounded against the median of the declared sizes (``bounded_sizes``)."""
+def claimed_sizes(updates: list[Update], declared: dict[str, int]) -> dict[str, int]:
+    """Each device's data size as it says: what it ``declared``, else the samples its commits consumed."""
     claimed = {u.device: declared.get(u.device) or 0 for u in updates}
     for u in updates:
         if not declared.get(u.device):
             claimed[u.device] += u.samples
-    return bounded_sizes(claimed, declared_reference(declared), factor, ceiling)
+    return claimed
 
 
-def declared_reference(declared: dict[str, int]) -> list[int]:
-    """The sizes the weight bound is taken against: those declared (0: none declared)."""
-    return [size for size in declared.values() if size > 0]
+def bounded_sizes(claimed: dict[str, int], cap: float) -> dict[str, int]:
+    """Each device's data size for weighting: what it ``claimed``, at most ``cap`` (``size_cap``), at least 1."""
+    return {device: max(1, int(min(float(size), cap))) for device, size in claimed.items()}
 
 
 class Seen(NamedTuple):
@@ -127,7 +121,7 @@ class FleetBounds:
 
     factor: float = 2.0
     steps_factor: float = 2.0
-    model_fraction: float = 0.5
+    model_fraction: float = MODEL_FRACTION
     memory: int = 50
     recent: dict[str, Seen] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ps_service import reporting
 from ps_service.aggregate import Clip, norm_kept, norms_hold
-from ps_service.robust import bounded_part, data_sizes, declared_reference, per_device, size_cap
+from ps_service.robust import bounded_part, bounded_sizes, claimed_sizes, per_device, size_cap
 from ps_service.round import JobState
 from ps_service.store import NonFinite
 from ps_service.update import Contribution, SiteUpdate, Update
@@ -48,7 +48,7 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
         parts, taken_from_sites = [], []
         for site in sites:
             part, verdicts = bounded_part(site, limits, weight_cap(core))
-            judged.update({d: v for d, v in verdicts.items()})
+            judged.update(verdicts)
             for entry in site.entries:
                 if verdicts[entry.device].refused:
                     out.append(refuse_outlier(core, entry.device, entry.seq))
@@ -96,8 +96,8 @@ def refuse_outlier(core: ServerCore, device: str, seq: int) -> Publish:
 
 
 def sizes(core: ServerCore, updates: list[Update]) -> dict[str, int]:
-    """The data size each device of an aggregate is weighted by (ps_service.robust ``data_sizes``)."""
-    return data_sizes(updates, core.registry.sizes(), core.config.samples_factor, core.config.max_device_samples)
+    """The data size each device of an aggregate is weighted by: its claim, bounded by ``weight_cap``."""
+    return bounded_sizes(claimed_sizes(updates, core.registry.sizes()), weight_cap(core))
 
 
 def steps_ceiling(core: ServerCore) -> float:
@@ -112,8 +112,7 @@ def weight_cap(core: ServerCore) -> float:
     only when a device came, went or declared another size (it is asked at every commit)."""
     generation, cap = core.weight_cap_cache
     if generation != core.registry.generation:
-        declared = declared_reference(core.registry.sizes())
-        cap = size_cap(declared, core.config.samples_factor, core.config.max_device_samples)
+        cap = size_cap(core.registry.sizes(), core.config.samples_factor, core.config.max_device_samples)
         core.weight_cap_cache = (core.registry.generation, cap)
     return cap
 

@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from edgeps.bench.common import rss_mib
 from edgeps.tables import Table
+from schemas.messages import MAX_SAFE_INT
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 JOB = "attack"
@@ -51,7 +53,6 @@ ATTACKS = {
     "flap": "its status offline and online again every 0.3 s, never a commit",
     "site_flood": "site s2's aggregator account floods junk site commits (sites only)",
 }
-MAX_SAFE_INT = 2**53 - 1
 #: The honest devices' emulated compute time per local step: a job paced by its devices (about 8
 #: versions a second, as the audit's), not by the two cores it shares with the broker and the attacker.
 STEP_S = 0.01
@@ -132,42 +133,31 @@ def deploy(path: str, root: Path) -> Iterator[Deployment]:
             brokers.append(sites[site])
         deployment = Deployment(path, setup, brokers[0], sites)
         if sites:
-            _bridges_up(deployment)
+            wait_for_bridges(deployment.address(deployment.core, "op"), JOB, list(sites))
         yield deployment
     finally:
         for broker in brokers:
             broker.stop()
 
 
-def _bridges_up(deployment: Deployment, timeout: float = 20.0) -> None:
-    """Wait until every site's bridge says it is up (retained on the core)."""
+def wait_for_bridges(operator: Any, job: str, sites: list[str], timeout: float = 20.0) -> None:
+    """Wait until each of ``job``'s ``sites``' bridges says it is up (``1``, retained on the core),
+    read with the ``operator`` account's address; RuntimeError after ``timeout`` seconds."""
     from broker.client import MqttTransport
     from schemas.topics import Topics
 
-    t = Topics(JOB)
-    watcher = MqttTransport(deployment.address(deployment.core, "op"), "bench-op", [t.site("+")], persistent=False)
+    t = Topics(job)
+    watcher = MqttTransport(operator, f"watch-{operator.username}", [t.site("+")], persistent=False)
     try:
         up: dict[str, bytes] = {}
         deadline = time.monotonic() + timeout
-        while set(up) != {t.site(s) for s in deployment.sites} or set(up.values()) != {b"1"}:
+        while up != {t.site(s): b"1" for s in sites}:
             message = watcher.receive(timeout=max(0.0, deadline - time.monotonic()))
             if message is None:
                 raise RuntimeError(f"the site bridges did not come up in {timeout:g} s: {up}")
             up[message.topic] = message.payload
     finally:
         watcher.close()
-
-
-# ----------------------------------------------------------------------------- processes
-def rss_mib(pid: int) -> float:
-    """A process's resident memory, MiB (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 class Supervised:
@@ -452,7 +442,7 @@ def _client(deployment: Deployment, device: str, shards: Any, workdir: Path) -> 
 
 def _memory(server: subprocess.Popen[bytes], helpers: list[Supervised]) -> float:
     """The resident memory of the server and its aggregators or workers together, MiB."""
-    return rss_mib(server.pid) + sum(rss_mib(h.process.pid) for h in helpers)
+    return sum(rss_mib(pid) or 0.0 for pid in [server.pid, *(h.process.pid for h in helpers)])
 
 
 # ----------------------------------------------------------------------------- the bench

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeps.bench.load import ROOT, BenchServer, _rss_mib, commit_template, patch
+from edgeps.bench.common import rss_mib
+from edgeps.bench.load import ROOT, BenchServer, commit_template, patch
 from edgeps.tables import Table
 
 WINDOW = 64  # QoS 1 publishes in flight per generator connection
@@ -320,7 +321,7 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
         while time.monotonic() - started < seconds:
             read_metrics(0.2)
             allowed.value = (samples[-1][2] - start_commits + BACKLOG) // generators
-            rss.append(_rss_mib(server.process.pid) or 0.0)
+            rss.append(rss_mib(server.process.pid) or 0.0)
             if cpu_from is None and time.monotonic() - started >= seconds / 4:  # the window the rate is taken on
                 cpu_from, cpu_at = {name: cpu_s(pid) for name, pid in pids.items()}, time.monotonic()
         assert cpu_from is not None

@@ -32,6 +32,15 @@ def time_calls(obj: object, method: str, spent: Callable[[tuple[Any, ...], float
     setattr(obj, method, timed)
 
 
+def rss_mib(pid: int) -> float | None:
+    """A running process's resident memory (VmRSS), MiB; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024 if "VmRSS:" in status else None
+
+
 def fmt_time(value: float | None) -> str:
     """A time to target in seconds, or ``never``."""
     return "never" if value is None else f"{value:.2f}"

@@ -19,20 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from edgeps.bench.common import rss_mib
 from edgeps.report import read_report
 from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 MAX_DEVICES = 1000
 MAX_SECONDS = 600.0
-
-
-def _rss_mib(pid: int) -> float | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
 class BenchServer:
@@ -206,7 +199,7 @@ def bench_load(
         started = time.monotonic()
         go.set()
         while time.monotonic() - started < seconds:
-            rss.append((round(time.monotonic() - started, 2), _rss_mib(server.pid) or 0.0))
+            rss.append((round(time.monotonic() - started, 2), rss_mib(server.pid) or 0.0))
             read_metrics(0.5)
         sent = sum(results.get(timeout=60) for _ in workers)
         load_s = time.monotonic() - started
@@ -214,7 +207,7 @@ def bench_load(
         deadline = time.monotonic() + 60
         while latest.get("commits", 0) < sent and time.monotonic() < deadline:
             read_metrics(0.2)
-            rss.append((round(time.monotonic() - started, 2), _rss_mib(server.pid) or 0.0))
+            rss.append((round(time.monotonic() - started, 2), rss_mib(server.pid) or 0.0))
         drain_s = time.monotonic() - started - load_s
         peak = max(r for _, r in rss)
         bench.stop("load bench done")

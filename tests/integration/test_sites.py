@@ -16,6 +16,7 @@ from broker.launcher import BrokerProcess, free_port, start_broker
 from broker.secure import SecureSetup, init_secure_broker
 from broker.sites import aggregator_account, bridge_account, core_acl
 from edge_client.core import DeviceCore
+from edgeps.bench.attack import wait_for_bridges
 from ps_service.core import ServerCore
 from schemas.topics import Publish, Topics
 from tests.helpers import next_message, wait_until
@@ -37,15 +38,7 @@ def bridged_brokers(root: Path, aggregators: bool):
         for site in SITES:
             brokers.append(start_broker(workdir=root / site, embedded=False, template=setup.site_config(site)))
         core, *sites = brokers
-        watcher = account(setup, core, "op", [Topics(JOB).site("+")])
-        try:  # each bridge announces itself on the core (retained) once it is up
-            up = {}
-            while len(up) < len(SITES):
-                message = next_message(watcher, timeout=15)
-                up[message.topic] = message.payload
-            assert up == {Topics(JOB).site(site): b"1" for site in SITES}
-        finally:
-            watcher.close()
+        wait_for_bridges(address(setup, core, "op"), JOB, list(SITES), timeout=15)  # each bridge announces itself
         yield setup, core, dict(zip(SITES, sites, strict=True))
     finally:
         for broker in brokers:
