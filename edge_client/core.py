@@ -21,7 +21,17 @@ from learning.model import Params
 from schemas.codecs import CodecError, ErrorFeedback, make_codec
 from schemas.events import Events
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
-from schemas.messages import CARRIED, MAX_SAFE_INT, Barrier, Control, DeviceStatus, MessageError, Notice, RejectReason
+from schemas.messages import (
+    CARRIED,
+    MAX_SAFE_INT,
+    Barrier,
+    Control,
+    DeviceStatus,
+    MessageError,
+    Notice,
+    RejectReason,
+    as_reason,
+)
 from schemas.topics import Publish, TopicError, Topics
 
 
@@ -131,6 +141,7 @@ class DeviceCore:
             busy_s=round(self.busy_s, 6),
             idle_s=round(self.idle_s, 6),
             step_s=self.speed.reported,
+            error=None if self.fatal is None else as_reason(self.fatal),
         )
         return Publish(self.topics.status(self.device), body.to_bytes(), qos=1, retain=True)
 
@@ -379,11 +390,12 @@ class DeviceCore:
 
     def resend(self) -> list[Publish]:
         """The newest commit again, the same bytes, while the device waits on it (for parameters,
-        or, under one commit per version, for the next version). A commit the server never received
+        or, under one commit per version, for the next version, or, under ssp, for the slowest clock to
+        move: a lost commit keeps ``slowest_clock`` below it for good). A commit the server never received
         (dropped by the broker while the server was not listening to this device, say) would
         otherwise hold the device for good, and a job it is alone in. A copy of a commit the server
         holds is counted as ``replayed`` and not noticed (docs/PROTOCOL.md §6): sending it twice
         applies it once. The driver calls this after ``RESEND_S`` without news."""
-        if self.sent is None or self.finished or not (self.waiting or self.holding):
+        if self.sent is None or self.finished or not (self.waiting or self.holding or self.blocked):
             return []
         return [self.sent.message]

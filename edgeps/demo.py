@@ -297,7 +297,8 @@ def run_demo(
     settings_dict = settings.model_dump(mode="json")
     report = build_report(result.history, time.monotonic() - started, settings_dict)
     report["idle_fraction"] = round(result.idle_fraction, 4)
-    report["device_backends"] = dict(Counter(s.backend for s in result.statuses.values()))
+    report["device_backends"] = dict(Counter(s.backend if s.error is None else f"{s.backend} (could not take part)"
+                                             for s in result.statuses.values()))  # fmt: skip
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)

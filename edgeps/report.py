@@ -47,6 +47,7 @@ def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]
         "bytes_down": last.bytes_down,
         "rejected": sum(last.rejected.values()),
         "rejected_by_reason": dict(last.rejected),
+        "unable": dict(last.unable),
         "history": [
             {**m.model_dump(include={"version", "accuracy", "loss", "commits", "elapsed_s"}), "value": v}
             for m, v in zip(history, values, strict=True)
@@ -102,6 +103,8 @@ def format_report(report: dict[str, Any], max_rows: int = 25) -> Table:
         f"bytes up        {_mb(report['bytes_up'])}",
         f"bytes down      {_mb(report['bytes_down'])}",
     ]
+    for device, reason in sorted(report.get("unable", {}).items()):
+        table.after.append(f"device {device} could not take part: {reason}")
     if report.get("device_backends"):
         backends = ", ".join(f"{n} {name}" for name, n in sorted(report["device_backends"].items()))
         table.after.append(f"device trainers {backends}")

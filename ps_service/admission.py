@@ -36,6 +36,10 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
     if not core.registry.permits(device):
         return core.reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
     assert status.incarnation is not None  # DeviceStatus requires it online
+    if status.error is not None:
+        return unable(core, device, status, now)
+    if core.registry.unable.pop(device, None) is not None:
+        core.events.info("device %s can take part again", device)
     if status.step_s is not None:
         core.frequency.balancer.on_report(device, status.step_s)
     first, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
@@ -55,6 +59,19 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
         core.events.info("start quorum of %d devices reached", core.config.min_devices)
         out += core.advance(now)
     return [*out, *core.barrier(now)]
+
+
+def unable(core: ServerCore, device: str, status: DeviceStatus, now: float) -> list[Publish]:
+    """A device that says it cannot take part in the job as it stands (its trainer lacks the model,
+    loss or codec; the model does not fit its memory): logged once per reason, kept for ``ctl
+    status``, the metrics and the report, and out of the barrier, so that no round waits for it. A
+    new incarnation still gets its Control: a new run may bring a model it can take."""
+    assert status.incarnation is not None and status.error is not None
+    if core.registry.unable.get(device) != status.error:
+        core.events.warning("device %s cannot take part in the job: %s", device, status.error)
+    core.registry.unable[device] = status.error
+    _, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
+    return ([core.control(device)] if rebooted else []) + core.device_left(device, now, status.incarnation)
 
 
 def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:

@@ -104,6 +104,7 @@ class DeviceRegistry:
     def __init__(self, allowed: frozenset[str] | None = None) -> None:
         self.allowed = allowed
         self.evicted: set[str] = set()  # removed by an operator: refused from then on
+        self.unable: dict[str, str] = {}  # devices whose status says they cannot take part, and why (1.7)
         self._devices: dict[str, DeviceRecord] = {}
         self._active: frozenset[str] | None = None  # the online devices, until one comes or goes
         self.generation = 0  # counts changes of who is online and what sizes they declared (for caches)

@@ -140,6 +140,7 @@ def metrics(core: ServerCore, now: float) -> Publish:
         trend=frequency.policy.trend,
         server_step=round(core.server_step, 4),
         push_every=_push_every(core),
+        unable=dict(core.registry.unable),
     )
     report.record(record)
     return Publish(core.topics.metrics, record.to_bytes(), qos=1)
@@ -165,6 +166,7 @@ def status(core: ServerCore, now: float) -> dict[str, Any]:
         "waiting_for": core.waiting_for(),
         "left": sorted(core.membership.left),
         "evicted": sorted(core.registry.evicted),
+        "unable": dict(core.registry.unable),
         "codec": core.codec,
         "pull_codec": core.config.pull_codec,
         "frequency": {

@@ -73,6 +73,17 @@ class MessageError(ValueError):
     """A JSON message that does not validate."""
 
 
+#: A one-line human reason a device gives (printable ASCII, no quotes or backslashes: a C device
+#: writes it without escaping).
+Reason = Annotated[str, StringConstraints(pattern=r"^[ !#-\[\]-~]{1,200}$")]
+
+
+def as_reason(text: str) -> str:
+    """``text`` as a ``Reason``: its first line, at most 200 characters, any other character as '?'."""
+    line = (text.strip().splitlines() or ["?"])[0][:200]
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in line) or "?"
+
+
 class DeviceStatus(Message):
     """``status/{device}``, retained. ``online`` on connect; the last will publishes ``offline``.
 
@@ -91,6 +102,11 @@ class DeviceStatus(Message):
     idle_s: float = Field(0.0, ge=0, description="seconds spent waiting for parameters or the staleness bound")
     step_s: float | None = Field(
         None, ge=1e-6, le=3600, description="measured compute seconds per local step (sent again when it drifts)"
+    )
+    error: Reason | None = Field(
+        None,
+        description="(1.7) why the device cannot take part in the job as it stands: a model, loss or codec its "
+        "trainer lacks, a model too large for its memory; absent: it can",
     )
 
     @model_validator(mode="after")
@@ -278,6 +294,9 @@ class Metrics(Message):
     trend: float | None = Field(None, description="trend policy: share of the remaining error closed over its window")
     push_every: dict[str, int] = Field(default_factory=dict, description="push_every per online device")
     server_step: float = Field(1.0, ge=0, description="the last aggregate's step: 1 plain averaging, more extrapolated")
+    unable: dict[DeviceId, str] = Field(
+        default_factory=dict, description="(1.7) devices whose status says they cannot take part, with their reason"
+    )
 
 
 class Command(Message):

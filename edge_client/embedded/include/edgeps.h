@@ -1,4 +1,5 @@
-/* edgeps device SDK: the wire contract of docs/PROTOCOL.md (version 1.3; not yet 1.4's resend) in C99.
+/* edgeps device SDK: the wire contract of docs/PROTOCOL.md (version 1.7: a device of every version
+ * up to it, resend and error status included) in C99.
  *
  * This part: the tensor frame (CRC-32, a bounds-checked reader, a writer into a caller's
  * buffer) and the codecs (every decoder; encoders for what a device commits). Pure logic: no
@@ -39,7 +40,10 @@ typedef enum {
     EPS_ERR_TRAILING,  /* bytes between the last tensor and the CRC */
     EPS_ERR_PAYLOAD,   /* a payload whose length or content does not fit its codec and shape */
     EPS_ERR_SPACE,     /* the caller's buffer is too small */
-    EPS_ERR_VALUE      /* a value the codec cannot encode (NaN or infinity) */
+    EPS_ERR_VALUE,     /* a value the codec cannot encode (NaN or infinity) */
+    EPS_ERR_FIELD,     /* a JSON message that is not valid, or a field of it out of its range (NaN, Inf, too large) */
+    EPS_ERR_MODEL,     /* a model this trainer does not compute (not an MLP of dense layers), or a loss it lacks */
+    EPS_ERR_PORT       /* the port refused a publish or a subscription (tried again) */
 } eps_status;
 
 /* A short English name of a status, for logs. */
@@ -165,7 +169,9 @@ typedef struct {
  * dense{i}.b (out), i = 0, 1, ..., in any order); EPS_ERR_NAME if the tensors are not one. */
 eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp);
 
-/* Floats of the parameters; floats of scratch one step on a batch needs. */
+/* Floats of the parameters; floats of scratch one step on a batch needs. Sizes computed from a
+ * frame's shapes saturate at SIZE_MAX instead of wrapping (a 32-bit size_t included), so a model
+ * no memory could hold is refused by any "does it fit" check. */
 size_t eps_mlp_params(const eps_mlp *mlp);
 size_t eps_mlp_scratch(const eps_mlp *mlp, uint32_t batch);
 
@@ -198,6 +204,10 @@ typedef struct {
      * label (a class number) or target value into *y; 0 if it cannot be had (the step is skipped).
      * Data may live in flash, a file, or a sensor's ring buffer. */
     int (*sample)(void *ctx, uint32_t index, float *x, float *y);
+    /* Optional (NULL: nothing is said). Every message refused and every problem met, with its
+     * status and a one-line reason ("Control: lr not a number in (0, 100]"); status EPS_OK for
+     * news that is not a problem (a commit sent again). Called from within the device's calls. */
+    void (*log)(void *ctx, eps_status status, const char *reason);
 } eps_port;
 
 /* A Control message (PROTOCOL.md §3). */
@@ -217,6 +227,9 @@ typedef struct {
 size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch, eps_codec codec, eps_codec pull_codec);
 
 #define EPS_TOPIC_MAX 160u
+#define EPS_REASON_MAX 120u
+#define EPS_RESEND_S 30.0 /* a commit the device waits on goes out again after this long without news */
+#define EPS_RETRY_MAX_S 30.0 /* a publish or subscribe the port refused is tried again: 1 s, doubling to this */
 
 /* One device. All of its memory is this struct and the arena given to eps_device_init; the
  * fields are the state of PROTOCOL.md §6, for reading (tests, logs), not for writing. */
@@ -247,6 +260,22 @@ typedef struct {
     uint32_t timed_steps;
     double busy_s, idle_s, untimed_s;
     eps_status error; /* the last problem met (a model too large for the arena, a frame refused) */
+    char reason[EPS_REASON_MAX]; /* ... and its reason, as the log hook got it */
+    /* Why this device cannot take part in the job as it stands (a model, loss or codec it lacks, a
+     * model too large for its arena): EPS_OK when it can. Said in its status ("error", PROTOCOL.md
+     * §3); cleared when a Control or a model it can take arrives. */
+    eps_status unable;
+    int unable_by_control;
+    /* Delivery: a commit built but refused by the port's publish (not sent: retried, never counted
+     * as sent), a status or subscriptions to send again, when, and the resend of §6. */
+    int unpublished, status_pending, subscriptions_pending;
+    uint64_t pending_seq;
+    int64_t pending_base;
+    uint32_t pending_steps, pending_samples;
+    double retry_at, retry_s, resend_s, progress_at;
+    int64_t progress_version;
+    uint64_t progress_seq;
+    uint32_t resends, port_failures;
 } eps_device;
 
 /* Set up a device of job with id device holding samples training samples, its memory in arena
@@ -255,11 +284,23 @@ typedef struct {
 eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job, const char *device, uint32_t samples,
                            void *arena, size_t arena_size, uint32_t max_batch);
 
-/* After every (re)connect: subscribe, and publish the online status (retained). */
+/* After every (re)connect: subscribe, and publish the online status (retained). What the port
+ * refuses is tried again by eps_device_tick. */
 void eps_device_connected(eps_device *d);
 
-/* An inbound message; bad ones are ignored (d->error says why). */
-void eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len);
+/* An inbound message. EPS_OK if it was taken or had nothing for this device (another run's,
+ * an older version); otherwise the problem, said to the port's log hook with its reason, and the
+ * message is dropped whole: a Control, Barrier or Notice with a field out of its range (NaN, Inf,
+ * an integer beyond its bound) changes nothing. */
+eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len);
+
+/* The port calls this every loop with its clock (the same seconds as port.clock): it tries again
+ * what the port refused (a commit, the status, the subscriptions; 1 s, doubling to
+ * EPS_RETRY_MAX_S), and sends the newest commit again, the same bytes, while the device waits on
+ * it (bsp's parameters, acbsp's next version, ssp's staleness bound) and neither a new version nor
+ * a new commit came for d->resend_s seconds (EPS_RESEND_S; a port may set it after init), then
+ * every resend_s again (PROTOCOL.md §6, "Resending"). Returns the port's failure if a retry failed. */
+eps_status eps_device_tick(eps_device *d, double now);
 
 /* Whether eps_device_step may run now. */
 int eps_device_ready(const eps_device *d);

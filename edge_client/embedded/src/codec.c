@@ -4,14 +4,16 @@
  * reference's bytes; sign's bucket means are summed as schemas/_kernels.c sums them; ternary and
  * qsgd draw their randomness from the caller's generator. Build with -ffp-contract=off. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "edgeps.h"
+#include "json.h"
+#include "size.h"
 #include "wire.h"
 
-#define BUCKETS(n) (((n) + EPS_BUCKET - 1) / EPS_BUCKET)
-#define BITBYTES(n) (((size_t)(n) + 7) / 8)
+/* ceil(n / 512), ceil(n / 8): with no n + 511 or n + 7 that could wrap */
+#define BUCKETS(n) ((n) / EPS_BUCKET + ((n) % EPS_BUCKET != 0))
+#define BITBYTES(n) ((size_t)(n) / 8 + ((n) % 8 != 0))
 
 static const struct {
     const char *name;
@@ -36,16 +38,11 @@ eps_status eps_codec_parse(const char *spec, eps_codec *codec) {
         if (strlen(NAMES[i].name) != name_len || strncmp(NAMES[i].name, spec, name_len) != 0) continue;
         codec->id = NAMES[i].id;
         codec->arg = codec->id == EPS_QSGD ? 16.0f : codec->id == EPS_TOPK ? 0.01f : 0.0f;
-        if (colon != NULL) {
-            char *end = NULL;
-            if (codec->id != EPS_QSGD && codec->id != EPS_TOPK) return EPS_ERR_ARG;
-            if (codec->id == EPS_QSGD) {
-                long levels = strtol(colon + 1, &end, 10);
-                codec->arg = levels >= 1 && levels <= 127 ? (float)levels : -1.0f;
-            } else {
-                codec->arg = (float)strtod(colon + 1, &end);
-            }
-            if (end == colon + 1 || *end != '\0') return EPS_ERR_ARG;
+        if (colon != NULL) { /* qsgd's levels 1..127 or topk's fraction in (0, 1], in JSON's number grammar */
+            double arg;
+            if ((codec->id != EPS_QSGD && codec->id != EPS_TOPK) || !eps_parse_number(colon + 1, strlen(colon + 1), &arg))
+                return EPS_ERR_ARG;
+            codec->arg = arg >= 0 && arg <= 127 ? (float)arg : -1.0f; /* never a cast out of range */
         }
         return eps_codec_check(*codec);
     }
@@ -64,18 +61,18 @@ uint32_t eps_topk_keep(float fraction, uint32_t n) {
 
 static unsigned qsgd_bits(float levels) { return levels <= 1.0f ? 2u : levels <= 7.0f ? 4u : 8u; }
 
-static size_t packed(uint32_t n, unsigned bits) { return ((size_t)n * bits + 7) / 8; }
+static size_t packed(uint32_t n, unsigned bits) { return eps_size_mad(n, bits, 7) / 8; }
 
 size_t eps_codec_max_size(eps_codec c, uint32_t n) {
-    size_t nb = BUCKETS(n);
+    size_t scales = eps_size_mul(4, BUCKETS(n)), bits = BITBYTES(n); /* saturating: n is a frame's */
     switch (c.id) {
-    case EPS_FP32: return 4u * (size_t)n;
-    case EPS_FP16: return 2u * (size_t)n;
-    case EPS_INT8: return 4 * nb + n;
-    case EPS_SIGN: return 4 * nb + BITBYTES(n);
-    case EPS_TERNARY: return 4 * nb + 2 * BITBYTES(n);
-    case EPS_QSGD: return 4 * nb + packed(n, qsgd_bits(c.arg));
-    case EPS_TOPK: return 9 + 5 * (size_t)eps_topk_keep(c.arg, n);
+    case EPS_FP32: return eps_size_mul(4, n);
+    case EPS_FP16: return eps_size_mul(2, n);
+    case EPS_INT8: return eps_size_add(scales, n);
+    case EPS_SIGN: return eps_size_add(scales, bits);
+    case EPS_TERNARY: return eps_size_mad(2, bits, scales);
+    case EPS_QSGD: return eps_size_add(scales, packed(n, qsgd_bits(c.arg)));
+    case EPS_TOPK: return eps_size_mad(5, eps_topk_keep(c.arg, n), 9);
     }
     return 0;
 }

@@ -3,10 +3,12 @@
  * and the arena, laid out once the first parameter frame says what the model is. */
 #include <float.h>
 #include <math.h>
+#include <stdarg.h>
 #include <string.h>
 
 #include "edgeps.h"
 #include "json.h"
+#include "size.h"
 
 #define SPEED_SAMPLES 3u     /* local steps timed before the first speed report */
 #define STATUS_INTERVAL_S 1.0 /* speed reports at most this often (in timed seconds) */
@@ -28,10 +30,18 @@ static int valid_name(const char *s) {
 static size_t largest_tensor(const eps_mlp *m) {
     size_t big = 0;
     for (uint32_t i = 0; i < m->layers; i++) {
-        size_t w = (size_t)m->sizes[i] * m->sizes[i + 1];
+        size_t w = eps_size_mul(m->sizes[i], m->sizes[i + 1]);
         big = w > big ? w : big;
     }
     return big;
+}
+
+/* One tensor record of n values: its fixed fields, and its payload in codec or in fp32 if that is
+ * larger. SIZE_MAX if n does not fit the wire's 32-bit count. */
+static size_t record_bytes(size_t n, eps_codec codec) {
+    if (n > UINT32_MAX) return SIZE_MAX;
+    size_t fp32 = eps_size_mul(4, n), coded = eps_codec_max_size(codec, (uint32_t)n);
+    return eps_size_add(1 + EPS_MAX_NAME + 1 + 2 * 4 + 4, coded > fp32 ? coded : fp32);
 }
 
 /* The commit frame in codec, or in fp32 if that is larger (it is, but for top-k keeping more than
@@ -39,11 +49,8 @@ static size_t largest_tensor(const eps_mlp *m) {
 static size_t frame_bytes(const eps_mlp *m, eps_codec codec) {
     size_t size = EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4;
     for (uint32_t i = 0; i < m->layers; i++) {
-        uint32_t n[2] = {m->sizes[i] * m->sizes[i + 1], m->sizes[i + 1]};
-        for (int k = 0; k < 2; k++) {
-            size_t fp32 = 4u * (size_t)n[k], coded = eps_codec_max_size(codec, n[k]);
-            size += 1 + EPS_MAX_NAME + 1 + 2 * 4 + 4 + (coded > fp32 ? coded : fp32);
-        }
+        size = eps_size_add(size, record_bytes(eps_size_mul(m->sizes[i], m->sizes[i + 1]), codec));
+        size = eps_size_add(size, record_bytes(m->sizes[i + 1], codec));
     }
     return size;
 }
@@ -56,11 +63,15 @@ static size_t work_floats(const eps_mlp *m, uint32_t max_batch) {
 }
 
 /* local, anchor; the work area; a batch; the replica (compressed pulls: the base of the next
- * delta, bit for bit); the residual (biased commit codecs); the commit frame. */
+ * delta, bit for bit); the residual (biased commit codecs); the commit frame. SIZE_MAX when it
+ * does not fit size_t (a frame's shapes are chosen by whoever sent it). */
 static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int replica, int residual, eps_codec codec) {
-    size_t p = eps_mlp_params(m);
-    size_t floats = (2 + (replica != 0) + (residual != 0)) * p + work_floats(m, max_batch) + (size_t)max_batch * m->sizes[0];
-    return floats * sizeof(float) + (size_t)max_batch * sizeof(float) + frame_bytes(m, codec);
+    size_t copies = 2 + (replica != 0) + (residual != 0);
+    size_t floats = eps_size_mul(copies, eps_mlp_params(m));
+    floats = eps_size_add(floats, work_floats(m, max_batch));
+    floats = eps_size_mad(max_batch, m->sizes[0], floats);
+    floats = eps_size_add(floats, max_batch); /* the batch's labels */
+    return eps_size_add(eps_size_mul(floats, sizeof(float)), frame_bytes(m, codec));
 }
 
 size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec codec, eps_codec pull_codec) {
@@ -134,6 +145,58 @@ static void tensor_name(char out[24], uint32_t layer, char kind) {
     put(&t, suffix);
 }
 
+/* ---- problems said out loud ---- */
+
+/* The reason, from pieces of text up to a NULL; the status into d->error; the port's log hook. */
+static eps_status say(eps_device *d, eps_status status, ...) {
+    char text[EPS_REASON_MAX];
+    writer t = {text, sizeof text, 0};
+    va_list pieces;
+    va_start(pieces, status);
+    for (const char *piece; (piece = va_arg(pieces, const char *)) != NULL;) put(&t, piece);
+    va_end(pieces);
+    memcpy(d->reason, text, sizeof text);
+    if (status != EPS_OK) d->error = status;
+    if (d->port.log != NULL) d->port.log(d->port.ctx, status, d->reason);
+    return status;
+}
+
+/* A number as text for say(): n into out. */
+static const char *num(char out[24], uint64_t n) {
+    writer t = {out, 24, 0};
+    put_uint(&t, n);
+    return out;
+}
+
+static void publish_status(eps_device *d, const char *state);
+
+/* The device cannot take part in the job as it stands: said in its status, which the server logs,
+ * counts and shows (PROTOCOL.md §3, DeviceStatus.error). */
+static eps_status unable(eps_device *d, eps_status status, int by_control) {
+    int news = d->unable != status;
+    d->unable = status;
+    d->unable_by_control = by_control;
+    if (news) publish_status(d, "online");
+    return status;
+}
+
+static void able(eps_device *d, int by_control) {
+    if (d->unable == EPS_OK || (by_control && !d->unable_by_control)) return;
+    d->unable = EPS_OK;
+    d->reason[0] = '\0';
+    publish_status(d, "online");
+}
+
+/* The port refused a publish or a subscription: try again from eps_device_tick. */
+static void port_failed(eps_device *d, const char *what) {
+    d->port_failures++;
+    if (d->retry_at <= 0) {
+        d->retry_s = d->retry_s > 0 ? d->retry_s : 1.0;
+        d->retry_at = d->port.clock(d->port.ctx) + d->retry_s;
+    }
+    say(d, EPS_ERR_PORT, "the port refused to ", what, "; trying again", NULL);
+}
+
 /* ---- status and topics ---- */
 
 size_t eps_device_status(const eps_device *d, const char *state, char *out, size_t cap) {
@@ -153,14 +216,30 @@ size_t eps_device_status(const eps_device *d, const char *state, char *out, size
     put(&t, ",\"step_s\":");
     if (d->step_s > 0) put_fixed6(&t, d->step_s < 3600 ? d->step_s : 3600);
     else put(&t, "null");
+    if (d->unable != EPS_OK) { /* the reason is ASCII without quotes or backslashes: see say() callers */
+        put(&t, ",\"error\":\"");
+        put(&t, d->reason);
+        put(&t, "\"");
+    }
     put(&t, "}");
     return t.len < cap ? t.len : 0;
 }
 
 static void publish_status(eps_device *d, const char *state) {
-    char body[320];
+    char body[320 + EPS_REASON_MAX];
     size_t n = eps_device_status(d, state, body, sizeof body);
-    if (n) d->port.publish(d->port.ctx, d->t_status, (const uint8_t *)body, n, 1);
+    d->status_pending = 0;
+    if (n && d->port.publish(d->port.ctx, d->t_status, (const uint8_t *)body, n, 1) != 0) {
+        d->status_pending = strcmp(state, "online") == 0; /* an offline one is the will's to say */
+        port_failed(d, "publish the status");
+    }
+}
+
+static void subscribe(eps_device *d, const char *topic, int on) {
+    if ((on ? d->port.subscribe : d->port.unsubscribe)(d->port.ctx, topic) != 0) {
+        d->subscriptions_pending = 1;
+        port_failed(d, on ? "subscribe" : "unsubscribe");
+    }
 }
 
 /* Subscribe to params while a snapshot is needed: fp32 pulls, no version yet, or a gap. */
@@ -169,10 +248,10 @@ static void sync_subscriptions(eps_device *d) {
     int want = !deltas || d->server_version < 0 || d->gap;
     if (d->resync) { /* a new run: its newest version is the retained snapshot */
         d->resync = 0;
-        d->port.subscribe(d->port.ctx, d->t_params);
+        subscribe(d, d->t_params, 1);
         d->params_subscribed = 1;
     } else if (want != d->params_subscribed) {
-        (want ? d->port.subscribe : d->port.unsubscribe)(d->port.ctx, d->t_params);
+        subscribe(d, d->t_params, want);
         d->params_subscribed = want;
     }
 }
@@ -204,15 +283,21 @@ eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job,
     d->incarnation = 1 + port->entropy(port->ctx) % SAFE_INT;
     d->server_version = -1;
     d->committed_on = -1;
+    d->resend_s = EPS_RESEND_S;
     return EPS_OK;
 }
 
-void eps_device_connected(eps_device *d) {
+static void subscribe_all(eps_device *d) {
     const char *topics[] = {d->t_delta, d->t_ctrl, d->t_barrier, d->t_notice};
-    for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) d->port.subscribe(d->port.ctx, topics[i]);
+    d->subscriptions_pending = 0;
+    for (size_t i = 0; i < sizeof topics / sizeof topics[0]; i++) subscribe(d, topics[i], 1);
     d->params_subscribed = 0;
     d->resync = 0;
     sync_subscriptions(d);
+}
+
+void eps_device_connected(eps_device *d) {
+    subscribe_all(d);
     publish_status(d, "online");
 }
 
@@ -270,39 +355,53 @@ static int place(const eps_device *d, const eps_tensor *t, size_t *at) {
     return 0;
 }
 
-static void on_params(eps_device *d, const eps_frame *f) {
+/* The model as a frame's tensor names say; EPS_OK, or why this trainer cannot take it. */
+static eps_status model_of(eps_device *d, const eps_frame *f, eps_mlp *shape) {
+    eps_tensor t;
+    size_t cursor = 0;
+    if (eps_mlp_from_frame(f, shape) == EPS_OK) return EPS_OK;
+    if (!eps_frame_next(f, &cursor, &t)) t.name[0] = '\0';
+    say(d, EPS_ERR_MODEL, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
+        "shapes; first tensor ", t.name, ")", NULL);
+    return unable(d, EPS_ERR_MODEL, 0);
+}
+
+static eps_status on_params(eps_device *d, const eps_frame *f) {
     eps_mlp shape;
     eps_tensor t;
     size_t cursor = 0, at;
+    eps_status st;
     if (!d->has_control) { /* the arena's layout needs the Control: read the snapshot again after it */
         d->params_ignored = 1;
-        return;
+        return EPS_OK;
     }
-    if (f->seq != d->run) return; /* a snapshot of another run */
-    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return;
-    if ((d->error = eps_mlp_from_frame(f, &shape)) != EPS_OK) return;
+    if (f->seq != d->run) return EPS_OK; /* a snapshot of another run */
+    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return EPS_OK;
+    if ((st = model_of(d, f, &shape)) != EPS_OK) return st;
     if (!d->has_model || memcmp(&shape, &d->mlp, sizeof shape) != 0) { /* a new model: nothing carries over */
-        d->has_model = d->has_replica = d->has_local = 0;
+        d->has_model = d->has_replica = d->has_local = d->unpublished = 0;
         d->residual = d->replica = NULL;
         d->residual_held = 0;
         if (!lay_out(d, &shape)) {
+            size_t need = layout_bytes(&shape, d->max_batch, d->control.pull_codec.id != EPS_FP32,
+                                       eps_codec_biased(d->control.codec), d->control.codec);
+            char a[24], b[24];
             d->has_model = 0;
-            d->error = EPS_ERR_SPACE;
-            return;
+            if (need == SIZE_MAX) say(d, EPS_ERR_SPACE, "the job's model is larger than this device's memory", NULL);
+            else say(d, EPS_ERR_SPACE, "the job's model needs an arena of ", num(a, need), " bytes; this device has ",
+                     num(b, d->arena_size), NULL);
+            return unable(d, EPS_ERR_SPACE, 0);
         }
     }
     for (cursor = 0; eps_frame_next(f, &cursor, &t);) /* every tensor the model's, before anything changes */
-        if (!place(d, &t, &at)) {
-            d->error = EPS_ERR_NAME;
-            return;
-        }
+        if (!place(d, &t, &at)) return say(d, EPS_ERR_NAME, "parameters: tensor ", t.name, " is not the model's", NULL);
     for (cursor = 0; eps_frame_next(f, &cursor, &t);) {
         place(d, &t, &at);
         float *into = d->replica != NULL ? d->replica + at : d->work;
-        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, into)) != EPS_OK) {
+        if ((st = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, into)) != EPS_OK) {
             d->has_replica = d->has_local = 0; /* part of it is overwritten: start again from the next snapshot */
             d->server_version = -1;
-            return;
+            return say(d, st, "parameters: tensor ", t.name, " does not decode", NULL);
         }
         if (d->replica == NULL) adopt_tensor(d, at, d->work, t.elements);
     }
@@ -316,82 +415,118 @@ static void on_params(eps_device *d, const eps_frame *f) {
         d->has_local = 1;
         d->waiting = 0;
     }
+    able(d, 0);
+    return EPS_OK;
 }
 
-static void on_delta(eps_device *d, const eps_frame *f) {
+static eps_status on_delta(eps_device *d, const eps_frame *f) {
     eps_tensor t;
     size_t cursor = 0, at;
-    if ((int64_t)f->base_version <= d->server_version) return;
-    if (d->replica == NULL) return; /* fp32 pulls: deltas are not for us */
+    eps_status st;
+    if ((int64_t)f->base_version <= d->server_version) return EPS_OK;
+    if (d->replica == NULL) return EPS_OK; /* fp32 pulls: deltas are not for us */
     if ((int64_t)f->seq != d->server_version || !d->has_replica || !d->has_run || d->replica_run != d->run) {
         d->gap = 1; /* resubscribe to params; unsubscribe once its snapshot repaired the gap */
-        return;
+        return EPS_OK;
     }
-    if (f->count != 2 * d->mlp.layers) {
-        d->error = EPS_ERR_NAME;
-        return;
-    }
+    if (f->count != 2 * d->mlp.layers) return say(d, EPS_ERR_NAME, "delta: not the model's tensors", NULL);
     while (eps_frame_next(f, &cursor, &t)) {
         if (!place(d, &t, &at)) {
-            d->error = EPS_ERR_NAME;
             d->gap = 1;
-            return;
+            return say(d, EPS_ERR_NAME, "delta: tensor ", t.name, " is not the model's", NULL);
         }
-        if ((d->error = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->work)) != EPS_OK) {
+        if ((st = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, d->work)) != EPS_OK) {
             d->gap = 1;
             d->has_replica = 0;
-            return;
+            return say(d, st, "delta: tensor ", t.name, " does not decode", NULL);
         }
         for (uint64_t i = 0; i < t.elements; i++) d->replica[at + i] += d->work[i]; /* float32, as the server */
     }
     adopt(d, (int64_t)f->base_version);
+    return EPS_OK;
 }
 
-/* ---- JSON messages ---- */
+/* ---- JSON messages: every field range-checked before it is used, the message refused whole ---- */
 
-static int read_codec(const eps_json_value *v, eps_codec *codec) {
-    char spec[32];
-    return eps_json_string(v, spec, sizeof spec) && eps_codec_parse(spec, codec) == EPS_OK;
-}
-
-/* The Control's loss; 0 (the control is not followed, d->error says why) if this trainer lacks it. */
-static int read_loss(eps_device *d, const eps_json_value *v, eps_loss *loss) {
-    char name[32];
-    if (eps_json_string(v, name, sizeof name) && eps_loss_from_name(name, strlen(name), loss)) return 1;
-    d->error = EPS_ERR_ARG;
+/* A field of message out of its rule: the message is refused whole. Returns 0. */
+static int refuse_field(eps_device *d, const char *message, const char *key, const char *rule) {
+    say(d, EPS_ERR_FIELD, message, ": ", key, " ", rule, NULL);
     return 0;
 }
 
-static void on_control(eps_device *d, const char *text, size_t len) {
+/* An integer field in lo .. hi (digits only), or the message's refusal. */
+static int field_uint(eps_device *d, const char *message, const eps_json_value *v, const char *key, uint64_t lo,
+                      uint64_t hi, uint64_t *out) {
+    char a[24], b[24];
+    if (eps_json_uint(v, out) && *out >= lo && *out <= hi) return 1;
+    say(d, EPS_ERR_FIELD, message, ": ", key, " not an integer in ", num(a, lo), "..", num(b, hi), NULL);
+    return 0;
+}
+
+/* A string field: ASCII, no escapes, shorter than cap (see eps_json_string). */
+static int field_string(eps_device *d, const char *message, const eps_json_value *v, const char *key, char *out,
+                        size_t cap) {
+    return eps_json_string(v, out, cap) || refuse_field(d, message, key, "not a short plain string");
+}
+
+#define MAX_ID 9007199254740991u /* 2^53 - 1 */
+
+static eps_status on_control(eps_device *d, const char *text, size_t len) {
+    static const char *const M = "Control";
     eps_json j;
     eps_json_value v;
     eps_control c = {0};
-    char device[EPS_MAX_NAME + 1] = "";
+    char device[EPS_MAX_NAME + 1] = "", spec[32] = "", loss[32] = "";
     uint64_t u = 0;
     double x = 0;
-    int r, b = 0, seen = 0;
+    int r, b = 0, seen = 0, ok = 1, has_loss = 0;
     c.codec.id = c.pull_codec.id = EPS_FP32;
     c.staleness_bound = -1;
-    if (!eps_json_begin(&j, text, len)) return;
-    while ((r = eps_json_member(&j, &v)) == 1) {
-        if (eps_json_is(&v, "device")) seen |= eps_json_string(&v, device, sizeof device);
-        else if (eps_json_is(&v, "run") && eps_json_uint(&v, &u)) c.run = u, seen |= 2;
-        else if (eps_json_is(&v, "incarnation") && eps_json_uint(&v, &u)) c.incarnation = u, seen |= 4;
-        else if (eps_json_is(&v, "seq_base") && eps_json_uint(&v, &u)) c.seq_base = u;
-        else if (eps_json_is(&v, "max_uncommitted_steps") && eps_json_uint(&v, &u)) c.max_uncommitted_steps = (uint32_t)u;
-        else if (eps_json_is(&v, "push_every") && eps_json_uint(&v, &u)) c.push_every = (uint32_t)u, seen |= 8;
-        else if (eps_json_is(&v, "batch_size") && eps_json_uint(&v, &u)) c.batch_size = (uint32_t)u, seen |= 16;
-        else if (eps_json_is(&v, "lr") && eps_json_number(&v, &x)) c.lr = (float)x, seen |= 32;
-        else if (eps_json_is(&v, "loss") && !read_loss(d, &v, &c.loss)) return;
-        else if (eps_json_is(&v, "codec") && !read_codec(&v, &c.codec)) return;
-        else if (eps_json_is(&v, "pull_codec") && !read_codec(&v, &c.pull_codec)) return;
-        else if (eps_json_is(&v, "wait_for_params") && eps_json_bool(&v, &b)) c.wait_for_params = b;
-        else if (eps_json_is(&v, "one_commit_per_version") && eps_json_bool(&v, &b)) c.one_commit_per_version = b;
-        else if (eps_json_is(&v, "staleness_bound") && eps_json_uint(&v, &u)) c.staleness_bound = (int64_t)u;
+    if (!eps_json_begin(&j, text, len)) return say(d, EPS_ERR_FIELD, "Control: not a JSON object", NULL);
+    while (ok && (r = eps_json_member(&j, &v)) == 1) {
+        if (eps_json_is(&v, "device")) ok = field_string(d, M, &v, "device", device, sizeof device), seen |= 1;
+        else if (eps_json_is(&v, "run")) ok = field_uint(d, M, &v, "run", 1, MAX_ID, &u), c.run = u, seen |= 2;
+        else if (eps_json_is(&v, "incarnation"))
+            ok = field_uint(d, M, &v, "incarnation", 1, MAX_ID, &u), c.incarnation = u, seen |= 4;
+        else if (eps_json_is(&v, "seq_base")) ok = field_uint(d, M, &v, "seq_base", 0, MAX_ID, &u), c.seq_base = u;
+        else if (eps_json_is(&v, "max_uncommitted_steps"))
+            ok = field_uint(d, M, &v, "max_uncommitted_steps", 1, 10000000, &u), c.max_uncommitted_steps = (uint32_t)u;
+        else if (eps_json_is(&v, "push_every"))
+            ok = field_uint(d, M, &v, "push_every", 1, 100000, &u), c.push_every = (uint32_t)u, seen |= 8;
+        else if (eps_json_is(&v, "batch_size"))
+            ok = field_uint(d, M, &v, "batch_size", 1, 65536, &u), c.batch_size = (uint32_t)u, seen |= 16;
+        else if (eps_json_is(&v, "lr")) {
+            ok = (eps_json_number(&v, &x) && x > 0 && x <= 100) || refuse_field(d, M, "lr", "not a number in (0, 100]");
+            c.lr = ok ? (float)x : 0.0f, seen |= 32;
+        } else if (eps_json_is(&v, "loss")) ok = field_string(d, M, &v, "loss", loss, sizeof loss), has_loss = 1;
+        else if (eps_json_is(&v, "codec") || eps_json_is(&v, "pull_codec")) {
+            int commit = eps_json_is(&v, "codec");
+            ok = field_string(d, M, &v, commit ? "codec" : "pull_codec", spec, sizeof spec);
+            if (ok && eps_codec_parse(spec, commit ? &c.codec : &c.pull_codec) != EPS_OK) {
+                say(d, EPS_ERR_CODEC, "Control: codec ", spec, " is not one this device implements", NULL);
+                return unable(d, EPS_ERR_CODEC, 1);
+            }
+        } else if (eps_json_is(&v, "wait_for_params") || eps_json_is(&v, "one_commit_per_version")) {
+            int wait = eps_json_is(&v, "wait_for_params");
+            ok = eps_json_bool(&v, &b) || refuse_field(d, M, wait ? "wait_for_params" : "one_commit_per_version",
+                                                       "not true or false");
+            if (wait) c.wait_for_params = b;
+            else c.one_commit_per_version = b;
+        } else if (eps_json_is(&v, "staleness_bound")) {
+            if (v.type == EPS_JSON_NULL) c.staleness_bound = -1;
+            else ok = field_uint(d, M, &v, "staleness_bound", 0, MAX_ID, &u), c.staleness_bound = (int64_t)u;
+        }
     } /* any other field, of any type, is a newer server's: ignored */
-    if (r < 0 || seen != 63 || c.push_every == 0 || c.batch_size == 0 || !(c.lr > 0)) return;
-    if (strcmp(device, d->device) != 0 || c.incarnation != d->incarnation) return; /* an earlier boot's */
-    if (c.max_uncommitted_steps == 0) c.max_uncommitted_steps = 8 * c.push_every;
+    if (!ok) return EPS_ERR_FIELD;
+    if (r < 0) return say(d, EPS_ERR_FIELD, "Control: not valid JSON", NULL);
+    if (seen != 63) return say(d, EPS_ERR_FIELD, "Control: lacks one of device, run, incarnation, push_every, batch_size, lr", NULL);
+    if (strcmp(device, d->device) != 0 || c.incarnation != d->incarnation) return EPS_OK; /* an earlier boot's */
+    c.loss = EPS_LOSS_CROSS_ENTROPY; /* a 1.1 server's */
+    if (has_loss && !eps_loss_from_name(loss, strlen(loss), &c.loss)) {
+        say(d, EPS_ERR_MODEL, "the job's loss ", loss, " is not one the C trainer computes (cross_entropy, bce, mse, mae)", NULL);
+        return unable(d, EPS_ERR_MODEL, 1);
+    }
+    if (c.max_uncommitted_steps == 0) c.max_uncommitted_steps = 8 * c.push_every; /* absent: the reference's */
     if (d->has_run && c.run != d->run) forget(d); /* a new run of the job: start from its parameters */
     if (d->has_replica && d->replica_run != c.run) forget(d);
     int relayout = d->has_model && ((eps_codec_biased(c.codec) && d->residual == NULL) ||
@@ -402,12 +537,15 @@ static void on_control(eps_device *d, const char *text, size_t len) {
     d->seq = c.seq_base > d->seq ? c.seq_base : d->seq;
     d->control = c;
     d->has_control = 1;
+    able(d, 1);
     if (relayout) { /* a codec that needs another layout (set_codec): the model stays where it is */
         eps_mlp shape = d->mlp;
         int had_replica = d->replica != NULL;
+        d->unpublished = 0;
         if (!lay_out(d, &shape)) {
             d->has_model = d->has_replica = d->has_local = 0;
-            d->error = EPS_ERR_SPACE;
+            say(d, EPS_ERR_SPACE, "the job's codecs need a larger arena than this device has", NULL);
+            return unable(d, EPS_ERR_SPACE, 1);
         } else if (!had_replica && d->replica != NULL) { /* compressed pulls from now: a snapshot first */
             d->has_replica = 0;
             d->resync = 1;
@@ -417,45 +555,55 @@ static void on_control(eps_device *d, const char *text, size_t len) {
         d->params_ignored = 0;
         d->resync = 1;
     }
+    return EPS_OK;
 }
 
-static void on_barrier(eps_device *d, const char *text, size_t len) {
+static eps_status on_barrier(eps_device *d, const char *text, size_t len) {
+    static const char *const M = "Barrier";
     eps_json j;
     eps_json_value v;
     uint64_t run = 0, slowest = 0;
     char state[16] = "";
-    if (!eps_json_begin(&j, text, len)) return;
-    while (eps_json_member(&j, &v) == 1) {
-        if (eps_json_is(&v, "run")) eps_json_uint(&v, &run);
-        else if (eps_json_is(&v, "slowest_clock")) eps_json_uint(&v, &slowest);
-        else if (eps_json_is(&v, "state")) eps_json_string(&v, state, sizeof state);
+    int r, ok = 1;
+    if (!eps_json_begin(&j, text, len)) return say(d, EPS_ERR_FIELD, "Barrier: not a JSON object", NULL);
+    while (ok && (r = eps_json_member(&j, &v)) == 1) {
+        if (eps_json_is(&v, "run")) ok = field_uint(d, M, &v, "run", 1, MAX_ID, &run);
+        else if (eps_json_is(&v, "slowest_clock")) ok = field_uint(d, M, &v, "slowest_clock", 0, MAX_ID, &slowest);
+        else if (eps_json_is(&v, "state")) ok = field_string(d, M, &v, "state", state, sizeof state);
     }
-    if (!d->has_run || run != d->run) return; /* another run's barrier says nothing about ours */
+    if (!ok) return EPS_ERR_FIELD;
+    if (r < 0) return say(d, EPS_ERR_FIELD, "Barrier: not valid JSON", NULL);
+    if (!d->has_run || run != d->run) return EPS_OK; /* another run's barrier says nothing about ours */
     d->slowest_clock = slowest;
     if (strcmp(state, "finished") == 0) d->finished = 1;
+    return EPS_OK;
 }
 
-static void on_notice(eps_device *d, const char *text, size_t len) {
+static eps_status on_notice(eps_device *d, const char *text, size_t len) {
     static const char *const carried[] = {"rate_limited", "unknown_device", "replayed", "out_of_order"};
     eps_json j;
     eps_json_value v;
     uint64_t seq = 0;
-    int has_seq = 0;
+    int has_seq = 0, r, ok = 1;
     char reason[32] = "";
-    if (!eps_json_begin(&j, text, len)) return;
-    while (eps_json_member(&j, &v) == 1) {
-        if (eps_json_is(&v, "seq")) has_seq = eps_json_uint(&v, &seq);
-        else if (eps_json_is(&v, "reason")) eps_json_string(&v, reason, sizeof reason);
+    if (!eps_json_begin(&j, text, len)) return say(d, EPS_ERR_FIELD, "Notice: not a JSON object", NULL);
+    while (ok && (r = eps_json_member(&j, &v)) == 1) {
+        if (eps_json_is(&v, "seq") && v.type != EPS_JSON_NULL) ok = has_seq = field_uint(d, "Notice", &v, "seq", 0, MAX_ID, &seq);
+        else if (eps_json_is(&v, "reason")) ok = field_string(d, "Notice", &v, "reason", reason, sizeof reason);
     }
+    if (!ok) return EPS_ERR_FIELD;
+    if (r < 0) return say(d, EPS_ERR_FIELD, "Notice: not valid JSON", NULL);
     if (strcmp(reason, "evicted") == 0) {
         d->finished = 1;
-        return;
+        return say(d, EPS_OK, "evicted from the job by an operator", NULL);
     }
-    if (!d->has_sent || !has_seq || seq != d->sent_seq) return; /* not about our newest commit */
+    if (!d->has_sent || !has_seq || seq != d->sent_seq) return EPS_OK; /* not about our newest commit */
     if (strcmp(reason, "finished") == 0) { /* one about another commit was queued for an earlier run */
         d->finished = 1;
-        return;
+        return EPS_OK;
     }
+    char a[24];
+    say(d, EPS_OK, "commit ", num(a, seq), " refused: ", reason, NULL);
     d->has_sent = 0;
     d->waiting = 0; /* a refused commit releases the device */
     if (d->committed_on == d->sent_base) d->committed_on = -1;
@@ -464,7 +612,7 @@ static void on_notice(eps_device *d, const char *text, size_t len) {
         eps_tensor t;
         size_t cursor = 0, at;
         if (strcmp(reason, carried[i]) != 0 || !d->has_local || d->sent_base > d->server_version) continue;
-        if (eps_frame_parse(d->frame, d->frame_len, 0, &f) != EPS_OK) return;
+        if (eps_frame_parse(d->frame, d->frame_len, 0, &f) != EPS_OK) return EPS_OK;
         while (eps_frame_next(&f, &cursor, &t)) /* what the server would have added goes into the next commit */
             if (place(d, &t, &at) && eps_codec_decode(f.codec, t.payload, t.length, (uint32_t)t.elements,
                                                       d->work) == EPS_OK)
@@ -472,19 +620,31 @@ static void on_notice(eps_device *d, const char *text, size_t len) {
         d->steps += d->sent_steps;
         d->step_samples += d->sent_samples;
     }
+    return EPS_OK;
 }
 
-void eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len) {
-    if (strcmp(topic, d->t_params) == 0 || strcmp(topic, d->t_delta) == 0) {
+/* The most values a parameter frame may declare: what the arena could ever hold as floats (a new
+ * run's bigger model included), at most the frame reader's default. */
+static uint64_t value_bound(const eps_device *d) {
+    uint64_t floats = d->arena_size / sizeof(float), cap = (uint64_t)1 << 28;
+    return floats < cap ? (floats ? floats : 1) : cap;
+}
+
+eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len) {
+    eps_status st = EPS_OK;
+    int params = strcmp(topic, d->t_params) == 0;
+    if (params || strcmp(topic, d->t_delta) == 0) {
         eps_frame f;
-        uint64_t bound = d->has_model ? eps_mlp_params(&d->mlp) : 0;
-        d->error = eps_frame_parse(payload, len, bound, &f);
-        if (d->error == EPS_OK && f.kind == EPS_PARAMS && strcmp(topic, d->t_params) == 0) on_params(d, &f);
-        else if (d->error == EPS_OK && f.kind == EPS_DELTA && d->has_model) on_delta(d, &f);
-    } else if (len > 0 && strcmp(topic, d->t_ctrl) == 0) on_control(d, (const char *)payload, len);
-    else if (len > 0 && strcmp(topic, d->t_barrier) == 0) on_barrier(d, (const char *)payload, len);
-    else if (strcmp(topic, d->t_notice) == 0) on_notice(d, (const char *)payload, len);
+        if ((st = eps_frame_parse(payload, len, value_bound(d), &f)) != EPS_OK)
+            st = say(d, st, params ? "parameters: " : "delta: ", eps_status_name(st), NULL);
+        else if (f.kind == EPS_PARAMS && params) st = on_params(d, &f);
+        else if (f.kind == EPS_DELTA && !params && d->has_model) st = on_delta(d, &f);
+        else if (f.kind == EPS_COMMIT) st = say(d, EPS_ERR_KIND, "a commit frame where parameters go", NULL);
+    } else if (len > 0 && strcmp(topic, d->t_ctrl) == 0) st = on_control(d, (const char *)payload, len);
+    else if (len > 0 && strcmp(topic, d->t_barrier) == 0) st = on_barrier(d, (const char *)payload, len);
+    else if (strcmp(topic, d->t_notice) == 0) st = on_notice(d, (const char *)payload, len);
     sync_subscriptions(d);
+    return st;
 }
 
 /* ---- training ---- */
@@ -493,13 +653,19 @@ static int holding(const eps_device *d) {
     return d->control.one_commit_per_version && d->committed_on == d->server_version;
 }
 
-static int commit_due(const eps_device *d) { return d->since_commit >= d->control.push_every && !holding(d); }
+static int blocked(const eps_device *d) {
+    return d->control.staleness_bound >= 0 && (int64_t)(d->seq - d->slowest_clock) > d->control.staleness_bound;
+}
+
+/* A commit is due; not while one the port refused is still to go (its frame would be overwritten). */
+static int commit_due(const eps_device *d) {
+    return d->since_commit >= d->control.push_every && !holding(d) && !d->unpublished;
+}
 
 int eps_device_ready(const eps_device *d) {
     if (!d->has_control || !d->has_model || !d->has_local || !d->has_replica || d->replica_run != d->run ||
-        d->waiting || d->finished)
+        d->waiting || d->finished || d->unable != EPS_OK || blocked(d))
         return 0;
-    if (d->control.staleness_bound >= 0 && (int64_t)(d->seq - d->slowest_clock) > d->control.staleness_bound) return 0;
     return d->since_commit < d->control.max_uncommitted_steps || commit_due(d);
 }
 
@@ -514,13 +680,14 @@ static int train(eps_device *d) {
     }
     float loss =
         eps_mlp_step(&d->mlp, d->local, d->batch_x, d->batch_y, batch, d->control.lr, d->control.loss, d->work);
-    if (loss < 0) {
-        d->error = EPS_ERR_VALUE; /* a label beyond the model's classes, or outputs the loss does not take */
+    if (loss < 0) { /* a label beyond the model's classes, or outputs the loss does not take */
+        say(d, EPS_ERR_VALUE, "this device's labels or the model's outputs do not fit the job's loss", NULL);
+        unable(d, EPS_ERR_VALUE, 0);
         return 0;
     }
     if (!(loss <= FLT_MAX)) { /* NaN or infinite: every commit from here on would be refused as non_finite */
         d->diverged = d->finished = 1;
-        d->error = EPS_ERR_VALUE;
+        say(d, EPS_ERR_VALUE, "the local loss is not finite (the job's lr is too high for this data): stopping", NULL);
         return 0;
     }
     d->last_loss = loss;
@@ -545,12 +712,30 @@ static void timed(eps_device *d, double seconds) {
     publish_status(d, "online");
 }
 
+/* Hand the commit in the arena to the port; only once it took it is the commit sent (§6). */
+static void deliver(eps_device *d) {
+    if (d->port.publish(d->port.ctx, d->t_grad, d->frame, d->frame_len, 0) != 0) {
+        d->unpublished = 1;
+        port_failed(d, "publish a commit");
+        return;
+    }
+    d->unpublished = 0;
+    d->has_sent = 1;
+    d->sent_seq = d->pending_seq;
+    d->sent_base = d->pending_base;
+    d->sent_steps = d->pending_steps;
+    d->sent_samples = d->pending_samples;
+    d->committed_on = d->pending_base;
+    d->waiting = d->control.wait_for_params && d->pending_base == d->server_version;
+}
+
 static void commit(eps_device *d) {
     static const char kinds[] = {'w', 'b'};
     const eps_codec codec = d->control.codec;
     const int biased = eps_codec_biased(codec);
     size_t p = eps_mlp_params(&d->mlp), len = 0;
     eps_writer w;
+    eps_status st;
     d->seq++;
     for (size_t i = 0; i < p; i++) { /* t = local - anchor (+ the residual), in anchor's place */
         float t = d->local[i] - d->anchor[i];
@@ -576,17 +761,18 @@ static void commit(eps_device *d) {
         }
     d->residual_held = biased;
     memcpy(d->anchor, d->local, p * sizeof(float));
-    if ((d->error = eps_writer_end(&w, &len)) != EPS_OK) return;
+    if ((st = eps_writer_end(&w, &len)) != EPS_OK) {
+        say(d, st, "a commit could not be encoded: ", eps_status_name(st), NULL);
+        return;
+    }
     d->frame_len = len;
-    d->port.publish(d->port.ctx, d->t_grad, d->frame, len, 0);
-    d->has_sent = 1;
-    d->sent_seq = d->seq;
-    d->sent_base = d->server_version;
-    d->sent_steps = d->steps;
-    d->sent_samples = d->step_samples;
+    d->pending_seq = d->seq;
+    d->pending_base = d->server_version;
+    d->pending_steps = d->steps;
+    d->pending_samples = d->step_samples;
     d->steps = d->step_samples = d->since_commit = 0;
-    d->committed_on = d->server_version;
-    d->waiting = d->control.wait_for_params;
+    d->has_sent = 0; /* the frame in the arena is this commit from now on */
+    deliver(d);
 }
 
 int eps_device_step(eps_device *d) {
@@ -599,4 +785,35 @@ int eps_device_step(eps_device *d) {
     }
     if (commit_due(d)) commit(d);
     return d->trained;
+}
+
+eps_status eps_device_tick(eps_device *d, double now) {
+    eps_status st = EPS_OK;
+    if (d->retry_at > 0 && now >= d->retry_at) { /* what the port refused, again */
+        uint32_t failures = d->port_failures;
+        d->retry_at = 0;
+        if (d->subscriptions_pending) subscribe_all(d);
+        if (d->status_pending) publish_status(d, "online");
+        if (d->unpublished && d->has_model) deliver(d);
+        if (d->port_failures != failures) { /* failed again: wait twice as long (port_failed set retry_at) */
+            d->retry_s = d->retry_s * 2 < EPS_RETRY_MAX_S ? d->retry_s * 2 : EPS_RETRY_MAX_S;
+            d->retry_at = now + d->retry_s;
+            st = EPS_ERR_PORT;
+        } else {
+            d->retry_s = 0;
+        }
+    }
+    if (d->progress_at <= 0 || d->server_version != d->progress_version || d->seq != d->progress_seq) {
+        d->progress_at = now; /* a new version or a new commit restarts the resend clock */
+        d->progress_version = d->server_version;
+        d->progress_seq = d->seq;
+    } else if (now - d->progress_at >= d->resend_s && d->has_sent && !d->finished &&
+               (d->waiting || holding(d) || blocked(d))) {
+        d->progress_at = now; /* every resend_s while nothing comes */
+        if (d->port.publish(d->port.ctx, d->t_grad, d->frame, d->frame_len, 0) != 0) return EPS_ERR_PORT;
+        d->resends++;
+        char a[24];
+        say(d, EPS_OK, "commit ", num(a, d->sent_seq), " brought no new version: sent again", NULL);
+    }
+    return st;
 }

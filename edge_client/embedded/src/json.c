@@ -1,7 +1,10 @@
 /* A small JSON reader for the server's flat messages (Control, Barrier, Notice): the members of
  * one top-level object, one at a time; nested values are skipped, so unknown fields of any shape
- * are tolerated (docs/PROTOCOL.md: devices ignore fields they do not know). No allocation. */
-#include <stdlib.h>
+ * are tolerated (docs/PROTOCOL.md: devices ignore fields they do not know). Numbers are read by
+ * the SDK's own parser (no strtod, whose newlib version allocates): JSON's grammar exactly, so
+ * "NaN", "-nan" and "Infinity" are not numbers, and a value is range-checked before any cast. No
+ * allocation. */
+#include <float.h>
 #include <string.h>
 
 #include "edgeps.h"
@@ -33,6 +36,64 @@ static int string_span(eps_json *j, size_t *start, size_t *end) {
     return 0;
 }
 
+/* The length of the JSON number at p (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), 0 if none. */
+static size_t number_span(const char *p, size_t len) {
+    size_t i = 0, digits;
+    if (i < len && p[i] == '-') i++;
+    if (i < len && p[i] == '0') i++;
+    else if (i < len && p[i] >= '1' && p[i] <= '9')
+        while (i < len && p[i] >= '0' && p[i] <= '9') i++;
+    else return 0;
+    if (i < len && p[i] == '.') {
+        for (digits = 0, i++; i < len && p[i] >= '0' && p[i] <= '9'; i++) digits++;
+        if (digits == 0) return 0;
+    }
+    if (i < len && (p[i] == 'e' || p[i] == 'E')) {
+        i++;
+        if (i < len && (p[i] == '+' || p[i] == '-')) i++;
+        for (digits = 0; i < len && p[i] >= '0' && p[i] <= '9'; i++) digits++;
+        if (digits == 0) return 0;
+    }
+    return i;
+}
+
+/* Powers of ten that are exact in binary64 (10^0 .. 10^22). */
+static const double EXACT[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* m * 10^e for e beyond the exact powers: by 10^22 steps (a few units in the last place). */
+static double scaled(double m, int e) {
+    for (; e > 22 && m <= DBL_MAX; e -= 22) m *= 1e22;
+    for (; e < -22 && m > 0; e += 22) m /= 1e22;
+    return e >= 0 ? m * EXACT[e] : m / EXACT[-e];
+}
+
+int eps_parse_number(const char *p, size_t len, double *out) {
+    uint64_t mantissa = 0;
+    long exponent = 0, e = 0;
+    int negative = 0, exp_negative = 0, digits = 0;
+    size_t i = 0;
+    if (len == 0 || number_span(p, len) != len) return 0;
+    if (p[i] == '-') negative = 1, i++;
+    for (; i < len && p[i] >= '0' && p[i] <= '9'; i++) /* 19 significant digits fit; the rest scale */
+        if (digits < 19) mantissa = mantissa * 10 + (uint64_t)(p[i] - '0'), digits += mantissa != 0;
+        else exponent++;
+    if (i < len && p[i] == '.')
+        for (i++; i < len && p[i] >= '0' && p[i] <= '9'; i++)
+            if (digits < 19) mantissa = mantissa * 10 + (uint64_t)(p[i] - '0'), digits += mantissa != 0, exponent--;
+    if (i < len) { /* the exponent, bounded: 1e-99999 is 0, 1e99999 infinite */
+        i++;
+        if (p[i] == '+' || p[i] == '-') exp_negative = p[i++] == '-';
+        for (; i < len; i++) e = e < 100000 ? e * 10 + (p[i] - '0') : e;
+        exponent += exp_negative ? -e : e;
+    }
+    if (mantissa != 0 && exponent > 400) return 0; /* far beyond binary64 */
+    double v = mantissa == 0 || exponent < -400 ? 0.0 : scaled((double)mantissa, (int)exponent);
+    if (!(v <= DBL_MAX)) return 0; /* overflowed: not a finite number */
+    *out = negative ? -v : v;
+    return 1;
+}
+
 /* Skip one value of any kind; 0 if it is not valid JSON (depth bounded). */
 static int skip_value(eps_json *j, int depth) {
     size_t a, b;
@@ -58,10 +119,17 @@ static int skip_value(eps_json *j, int depth) {
             if (next != ',') return 0;
         }
     }
-    size_t start = j->pos; /* a number, true, false or null */
-    while (j->pos < j->len && j->p[j->pos] != '\0' && strchr("+-.0123456789eEtruefalsn", j->p[j->pos]) != NULL)
-        j->pos++;
-    return j->pos > start;
+    static const char *const words[] = {"true", "false", "null"};
+    for (size_t i = 0; i < 3; i++) {
+        size_t n = strlen(words[i]);
+        if (j->len - j->pos >= n && memcmp(j->p + j->pos, words[i], n) == 0) {
+            j->pos += n;
+            return 1;
+        }
+    }
+    size_t n = number_span(j->p + j->pos, j->len - j->pos);
+    j->pos += n;
+    return n > 0;
 }
 
 int eps_json_begin(eps_json *j, const char *text, size_t len) {
@@ -119,19 +187,18 @@ int eps_json_string(const eps_json_value *v, char *out, size_t cap) {
 }
 
 int eps_json_number(const eps_json_value *v, double *out) {
-    char text[40];
-    char *end = NULL;
-    if (v->type != EPS_JSON_NUMBER || v->len >= sizeof text) return 0;
-    memcpy(text, v->start, v->len);
-    text[v->len] = '\0';
-    *out = strtod(text, &end);
-    return end == text + v->len;
+    return v->type == EPS_JSON_NUMBER && eps_parse_number(v->start, v->len, out);
 }
 
 int eps_json_uint(const eps_json_value *v, uint64_t *out) {
-    double d;
-    if (!eps_json_number(v, &d) || d < 0 || d > 9007199254740991.0 || d != (double)(uint64_t)d) return 0;
-    *out = (uint64_t)d;
+    uint64_t n = 0; /* digits only (no sign, fraction or exponent), at most 2^53 - 1: 16 digits */
+    if (v->type != EPS_JSON_NUMBER || v->len == 0 || v->len > 16 || (v->start[0] == '0' && v->len > 1)) return 0;
+    for (size_t i = 0; i < v->len; i++) {
+        if (v->start[i] < '0' || v->start[i] > '9') return 0;
+        n = n * 10 + (uint64_t)(v->start[i] - '0');
+    }
+    if (n > 9007199254740991u) return 0;
+    *out = n;
     return 1;
 }
 

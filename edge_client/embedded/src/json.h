@@ -29,8 +29,13 @@ int eps_json_member(eps_json *j, eps_json_value *v);
 int eps_json_is(const eps_json_value *v, const char *key);
 /* A string without escapes into out (cap bytes, terminated); 0 otherwise. */
 int eps_json_string(const eps_json_value *v, char *out, size_t cap);
+/* A JSON number (its grammar exactly: no NaN, Infinity, hex or leading '+'), finite in binary64
+ * (within a few units in the last place; exact for up to 15 digits and powers of ten to 22); 0
+ * otherwise. No strtod: the SDK's own parser, which allocates nothing. */
+int eps_parse_number(const char *text, size_t len, double *out);
 int eps_json_number(const eps_json_value *v, double *out);
-/* An integer 0 .. 2^53 - 1. */
+/* An integer 0 .. 2^53 - 1 written as digits only; 0 for anything else (a fraction, an exponent,
+ * a sign, a larger value). */
 int eps_json_uint(const eps_json_value *v, uint64_t *out);
 int eps_json_bool(const eps_json_value *v, int *out);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "edgeps.h"
+#include "size.h"
 
 /* "dense{i}.w" or "dense{i}.b": the layer i and the kind ('w' or 'b'); 0 if the name is neither. */
 static int dense_name(const char *name, uint32_t *layer, char *kind) {
@@ -52,19 +53,19 @@ eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp) {
 
 size_t eps_mlp_weight_at(const eps_mlp *m, uint32_t layer) {
     size_t at = 0;
-    for (uint32_t i = 0; i < layer; i++) at += (size_t)m->sizes[i] * m->sizes[i + 1] + m->sizes[i + 1];
+    for (uint32_t i = 0; i < layer; i++) at = eps_size_add(at, eps_size_mad(m->sizes[i], m->sizes[i + 1], m->sizes[i + 1]));
     return at;
 }
 
 size_t eps_mlp_bias_at(const eps_mlp *m, uint32_t layer) {
-    return eps_mlp_weight_at(m, layer) + (size_t)m->sizes[layer] * m->sizes[layer + 1];
+    return eps_size_add(eps_mlp_weight_at(m, layer), eps_size_mul(m->sizes[layer], m->sizes[layer + 1]));
 }
 
 size_t eps_mlp_params(const eps_mlp *m) { return eps_mlp_weight_at(m, m->layers); }
 
 static size_t hidden_width(const eps_mlp *m) {
     size_t hidden = 0;
-    for (uint32_t i = 1; i < m->layers; i++) hidden += m->sizes[i];
+    for (uint32_t i = 1; i < m->layers; i++) hidden = eps_size_add(hidden, m->sizes[i]);
     return hidden;
 }
 
@@ -74,7 +75,9 @@ static size_t widest(const eps_mlp *m) {
     return wide;
 }
 
-size_t eps_mlp_scratch(const eps_mlp *m, uint32_t batch) { return (size_t)batch * (hidden_width(m) + 2 * widest(m)); }
+size_t eps_mlp_scratch(const eps_mlp *m, uint32_t batch) {
+    return eps_size_mul(batch, eps_size_add(hidden_width(m), eps_size_mul(2, widest(m))));
+}
 
 int eps_loss_from_name(const char *name, size_t len, eps_loss *loss) {
     static const char *const names[] = {"cross_entropy", "bce", "mse", "mae"};

@@ -4,9 +4,11 @@
  * DATA is a frame holding tensors x (n, features) and y (n,) (labels as floats). Records, both
  * ways: u8 kind, u16 topic length, topic, u32 payload length, payload (little-endian).
  *   in:  'C' connected; 'M' a message; 'T' train: payload u32 n, up to n steps while ready, ending
- *        after a commit; 'L' leave; 'Q' state
- *   out: 'P' publish (topic "R:" + topic when retained), 'S' subscribe, 'U' unsubscribe, 'Q' the
- *        state as JSON, 'E' the end of the answer to one input record
+ *        after a commit; 'L' leave; 'Q' state; 'K' tick: payload u32 ms the clock moves on first;
+ *        'F' fail: payload u32 n, the port refuses the next n publishes
+ *   out: 'P' publish (topic "R:" + topic when retained), 'S' subscribe, 'U' unsubscribe, 'G' the
+ *        log hook (topic: the status's name; payload: the reason), 'Q' the state as JSON, 'E' the
+ *        end of the answer to one input record
  * The clock advances 0.5 ms a reading; entropy is splitmix64 from SEED. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ typedef struct {
     uint32_t n, features;
     uint64_t seed;
     double now;
+    uint32_t fail; /* publishes still to refuse */
 } harness;
 
 static void out(char kind, const char *topic, const uint8_t *payload, size_t len) {
@@ -35,7 +38,11 @@ static void out(char kind, const char *topic, const uint8_t *payload, size_t len
 
 static int publish(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain) {
     char named[EPS_TOPIC_MAX + 2];
-    (void)ctx;
+    harness *h = ctx;
+    if (h->fail > 0) {
+        h->fail--;
+        return -1;
+    }
     snprintf(named, sizeof named, "%s%s", retain ? "R:" : "", topic);
     out('P', named, payload, len);
     return 0;
@@ -51,6 +58,11 @@ static int unsubscribe(void *ctx, const char *topic) {
     (void)ctx;
     out('U', topic, NULL, 0);
     return 0;
+}
+
+static void say(void *ctx, eps_status status, const char *reason) {
+    (void)ctx;
+    out('G', eps_status_name(status), (const uint8_t *)reason, strlen(reason));
 }
 
 static double clock_s(void *ctx) {
@@ -128,7 +140,7 @@ int main(int argc, char **argv) {
     h.seed = strtoull(argv[4], NULL, 10);
     size_t arena_size = argc > 5 ? (size_t)strtoull(argv[5], NULL, 10) : (size_t)1 << 20;
     void *arena = malloc(arena_size);
-    eps_port port = {&h, publish, subscribe, unsubscribe, clock_s, entropy, sample};
+    eps_port port = {&h, publish, subscribe, unsubscribe, clock_s, entropy, sample, say};
     if (arena == NULL || eps_device_init(&d, &port, argv[1], argv[2], h.n, arena, arena_size, 256) != EPS_OK) {
         fprintf(stderr, "epsd: bad job or device id\n");
         return 2;
@@ -140,6 +152,12 @@ int main(int argc, char **argv) {
         if (kind == 'C') eps_device_connected(&d);
         else if (kind == 'M') eps_device_message(&d, topic, payload, len);
         else if (kind == 'L') eps_device_leave(&d);
+        else if ((kind == 'K' || kind == 'F') && len == 4) {
+            uint32_t n = (uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |
+                         (uint32_t)payload[3] << 24;
+            if (kind == 'F') h.fail = n;
+            else eps_device_tick(&d, h.now += n / 1000.0);
+        }
         else if (kind == 'T' && len == 4) {
             uint32_t n = (uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |
                          (uint32_t)payload[3] << 24;
@@ -149,13 +167,15 @@ int main(int argc, char **argv) {
                 if (d.seq != seq) break; /* a commit went out */
             }
         } else if (kind == 'Q') {
-            char state[512];
+            char state[768];
             int k = snprintf(state, sizeof state,
                              "{\"seq\":%" PRIu64 ",\"server_version\":%" PRId64 ",\"waiting\":%d,\"ready\":%d,"
                              "\"finished\":%d,\"incarnation\":%" PRIu64 ",\"steps\":%" PRIu32 ",\"loss\":%.6f,"
-                             "\"error\":\"%s\",\"run\":%" PRIu64 "}",
+                             "\"error\":\"%s\",\"run\":%" PRIu64 ",\"unable\":\"%s\",\"resends\":%" PRIu32
+                             ",\"unpublished\":%d,\"has_sent\":%d}",
                              d.seq, d.server_version, d.waiting, eps_device_ready(&d), d.finished, d.incarnation,
-                             d.steps, (double)d.last_loss, eps_status_name(d.error), d.run);
+                             d.steps, (double)d.last_loss, eps_status_name(d.error), d.run, eps_status_name(d.unable),
+                             d.resends, d.unpublished, d.has_sent);
             out('Q', "", (const uint8_t *)state, (size_t)k);
         }
         out('E', "", NULL, 0);

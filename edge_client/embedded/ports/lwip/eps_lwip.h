@@ -12,10 +12,13 @@
  *
  * Usage (NO_SYS or one tcpip thread; every call below from that thread):
  *   eps_lwip_init(&net, &dev, inbound_buffer, sizeof inbound_buffer);
- *   eps_lwip_port(&net, &port);            // publish/subscribe/unsubscribe; set clock, entropy, sample
+ *   eps_lwip_port(&net, &port);            // publish/subscribe/unsubscribe; set clock, entropy, sample,
+ *                                          // and log (every problem the core meets, with its reason)
  *   eps_device_init(&dev, &port, job, device, samples, arena, sizeof arena, max_batch);
  *   eps_lwip_connect(&net, &broker_ip, 1883, &client_info);  // client_info's will: the offline status
  *   loop: sys_check_timeouts(); if (eps_device_ready(&dev)) eps_device_step(&dev);
+ *         if (net.connected) eps_device_tick(&dev, port.clock(port.ctx));  // retries, resends
+ * A publish lwIP refuses (its ring buffer full, no connection) is tried again by the tick.
  */
 #ifndef EDGEPS_LWIP_H
 #define EDGEPS_LWIP_H

@@ -4,7 +4,12 @@
  *
  *   edgeps-device --job J --device D --data FILE [--broker HOST:PORT] [--username U]
  *                 [--password-file F] [--tls-ca CA] [--tls-cert C --tls-key K] [--seed N]
- *                 [--step-time S] [--arena BYTES] [--max-batch N]
+ *                 [--step-time S] [--arena BYTES] [--max-batch N] [--resend-s S]
+ *
+ * Every problem the core meets is one line on stderr (the log hook). It exits 0 when the job
+ * finished (or on SIGTERM), 2 when local training diverged, 3 when it cannot take part in the job
+ * (a model, loss or codec the C trainer lacks, a model larger than --arena: the reason is on
+ * stderr and in its status, which the server logs and shows), 1 when it cannot connect.
  *
  * FILE is a data frame: an EPSF frame (docs/PROTOCOL.md §4, fp32) holding x (n, features) and
  * y (n,), the labels as floats; `edgeps data --format frame` writes one per device. */
@@ -55,6 +60,12 @@ static void pause_for(double seconds) {
 static int port_publish(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain) {
     gateway *g = ctx;
     return mosquitto_publish(g->mosq, NULL, topic, (int)len, payload, 1, retain != 0);
+}
+
+static void port_log(void *ctx, eps_status status, const char *reason) {
+    gateway *g = ctx;
+    fprintf(stderr, "edgeps-device: %s: %s%s%s\n", g->device->device, status == EPS_OK ? "" : eps_status_name(status),
+            status == EPS_OK ? "" : ": ", reason);
 }
 
 static int port_subscribe(void *ctx, const char *topic) {
@@ -161,7 +172,7 @@ static char *read_secret(const char *path) {
 static int usage(const char *why) {
     fprintf(stderr, "edgeps-device: %s\nusage: edgeps-device --job J --device D --data FILE [--broker HOST:PORT] "
                     "[--username U] [--password-file F] [--tls-ca CA] [--tls-cert C --tls-key K] [--seed N] "
-                    "[--step-time S] [--arena BYTES] [--max-batch N]\n",
+                    "[--step-time S] [--arena BYTES] [--max-batch N] [--resend-s S]\n",
             why);
     return 2;
 }
@@ -169,7 +180,7 @@ static int usage(const char *why) {
 int main(int argc, char **argv) {
     const char *broker = "127.0.0.1:1883", *job = "demo", *device = NULL, *data = NULL, *username = NULL;
     const char *password_file = NULL, *tls_ca = NULL, *tls_cert = NULL, *tls_key = NULL;
-    double step_time = 0;
+    double step_time = 0, resend_s = EPS_RESEND_S;
     size_t arena_size = 1u << 20;
     unsigned long max_batch = 256;
     gateway g = {0};
@@ -190,6 +201,7 @@ int main(int argc, char **argv) {
         else if (strcmp(flag, "--step-time") == 0) step_time = strtod(value, NULL);
         else if (strcmp(flag, "--arena") == 0) arena_size = (size_t)strtoull(value, NULL, 10);
         else if (strcmp(flag, "--max-batch") == 0) max_batch = strtoul(value, NULL, 10);
+        else if (strcmp(flag, "--resend-s") == 0) resend_s = strtod(value, NULL);
         else {
             fprintf(stderr, "edgeps-device: unknown option %s\n", flag);
             return 2;
@@ -210,11 +222,13 @@ int main(int argc, char **argv) {
 
     static eps_device dev;
     void *arena = malloc(arena_size); /* the only allocation the core uses, made once at start */
-    eps_port p = {&g, port_publish, port_subscribe, port_unsubscribe, port_clock, port_entropy, port_sample};
+    eps_port p = {&g, port_publish, port_subscribe, port_unsubscribe, port_clock, port_entropy, port_sample, port_log};
     if (arena == NULL || max_batch == 0 || max_batch > 65536) return usage("bad --arena or --max-batch");
+    if (!(resend_s >= 0.1 && resend_s <= 3600)) return usage("--resend-s is 0.1 .. 3600 seconds");
     if (eps_device_init(&dev, &p, job, device, g.n, arena, arena_size, (uint32_t)max_batch) != EPS_OK)
         return usage("--job and --device are 1-64 of [A-Za-z0-9_.-], starting alphanumeric");
     g.device = &dev;
+    dev.resend_s = resend_s;
 
     mosquitto_lib_init();
     char client_id[160], will[320];
@@ -244,7 +258,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "edgeps-device: %s joins job %s on %s:%d (incarnation %llu, %u samples)\n", device, job, host,
             port, (unsigned long long)dev.incarnation, (unsigned)g.n);
     double backoff = 1, mark = monotonic();
-    while (!dev.finished && !stopping) {
+    while (!dev.finished && dev.unable == EPS_OK && !stopping) {
         int ready = g.connected && eps_device_ready(&dev);
         rc = mosquitto_loop(g.mosq, ready ? 0 : 50, 1);
         if (rc != MOSQ_ERR_SUCCESS && !stopping) { /* reconnect with backoff, 1 s to 30 s */
@@ -258,6 +272,7 @@ int main(int argc, char **argv) {
             if (eps_device_step(&dev)) pause_for(step_time - (monotonic() - started));
         }
         double now = monotonic();
+        if (g.connected) eps_device_tick(&dev, port_clock(&g)); /* retries, and the resend of a commit */
         if (ready) dev.busy_s += now - mark;
         else dev.idle_s += now - mark;
         mark = now;
@@ -268,11 +283,13 @@ int main(int argc, char **argv) {
     mosquitto_loop(g.mosq, 50, 1);
     mosquitto_destroy(g.mosq);
     mosquitto_lib_cleanup();
-    fprintf(stderr, "edgeps-device: %s leaves (%s)\n", device,
+    fprintf(stderr, "edgeps-device: %s leaves (%s%s)\n", device,
             dev.diverged ? "local training diverged: the job's learning rate is too high for this model and data"
-            : dev.finished ? "the job finished" : "stopped");
+            : dev.unable != EPS_OK ? "it cannot take part in this job: "
+            : dev.finished ? "the job finished" : "stopped", dev.unable != EPS_OK ? dev.reason : "");
+    int code = dev.unable != EPS_OK ? 3 : dev.diverged ? 2 : 0;
     free(arena);
     free(g.x);
     free(g.y);
-    return dev.diverged ? 2 : 0;
+    return code;
 }
