@@ -1,10 +1,16 @@
 """The C device SDK (edge_client/embedded), built and measured from Python: ``make`` with its
-Makefile, the Cortex-M4F image's size, a model's arena size, and the scripted exchange on QEMU.
-``edgeps bench embedded`` (edgeps/bench/embedded.py) reports them."""
+Makefile, the Cortex-M4F image's size (from its link map: the SDK's own code, libc/libm, the
+start-up), a model's arena size, the scripted exchange on QEMU (with its instruction counts and
+stack peak) and the hostile corpus on QEMU. ``edgeps bench embedded`` (edgeps/bench/embedded.py)
+reports them."""
 
 from __future__ import annotations
 
+import re
+import struct
 import subprocess
+import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +18,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 SDK = ROOT / "edge_client" / "embedded"
-STACK_RESERVE = 8192
+RAM_BYTES = 128 * 1024  # the part the image is linked for (an STM32F4-class Cortex-M4F)
+STACK_BYTES = 2048  # the image's stack: the measured peak (``stack_peak_bytes``) with room for a port's calls
+SDK_OBJECTS = ("frame.o", "codec.o", "mlp.o", "json.o", "device.o")
+BOARD_OBJECTS = ("board.o",)  # semihosting: QEMU's console, not a part of the device
 BATCH = 32
 MODELS = ("64-64-10", "64-32-10")
 CODECS = (("fp32", "fp32"), ("sign", "ternary"))  # (commits, pulls) of the real jobs
@@ -43,10 +52,48 @@ def build_device(build: Path) -> Path:
 
 
 def image_size(elf: Path) -> dict[str, int]:
-    """``arm-none-eabi-size`` of an image: text, data, bss; flash and RAM as the module says."""
+    """``arm-none-eabi-size`` of an image (text, data, bss: the stack and the static arena are in
+    bss), and its link map's flash by who brought it: ``sdk_bytes`` (src/*.c), ``libc_bytes``
+    (libc, libm, libgcc), ``startup_bytes`` (the vector table, reset and main), ``board_bytes``
+    (semihosting). ``flash_bytes`` is text + data less semihosting; ``ram_bytes`` data + bss."""
     out = subprocess.run(["arm-none-eabi-size", str(elf)], capture_output=True, text=True, check=True).stdout
     text, data, bss = (int(v) for v in out.splitlines()[1].split()[:3])
-    return {"text": text, "data": data, "bss": bss, "flash_bytes": text + data, "ram_bytes": data + bss + STACK_RESERVE}
+    share = flash_by_origin(Path(f"{elf}.map"))
+    return {"text": text, "data": data, "bss": bss, "flash_bytes": text + data - share["board"],
+            "ram_bytes": data + bss, "sdk_bytes": share["sdk"], "libc_bytes": share["libc"],
+            "startup_bytes": share["startup"], "board_bytes": share["board"]}  # fmt: skip
+
+
+_INPUT = re.compile(r"^ (\.(?:text|rodata|data|ARM\.exidx)\S*)\s*\n?\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)", re.M)
+
+
+def flash_by_origin(map_file: Path) -> Counter[str]:
+    """The flash each origin's input sections take in a GNU ld map: sdk, libc, startup, board."""
+    text = map_file.read_text()
+    text = text[text.index("Linker script and memory map") :]
+    share: Counter[str] = Counter()
+    for _, size, origin in _INPUT.findall(text):
+        name = origin.rsplit("/", 1)[-1]
+        kind = ("sdk" if name in SDK_OBJECTS else "board" if name in BOARD_OBJECTS
+                else "libc" if ".a(" in name else "startup")  # fmt: skip
+        share[kind] += int(size, 16)
+    return share
+
+
+def heap_forbidden(build: Path, workdir: Path) -> bool:
+    """Whether a Cortex-M program that calls malloc fails to link as the images are linked (and one
+    that does not, links): the proof that the images use no heap."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    asks = workdir / "asks.c"
+    asks.write_text("#include <stdlib.h>\nint main(void) { volatile char *p = malloc(16); p[0] = 1; return p[0]; }\n")
+    try:
+        make(build, "m4-heap", PROGRAM=asks)
+        return False
+    except RuntimeError as exc:
+        if "__wrap_malloc" not in str(exc):
+            raise
+    make(build, "m4")  # the device itself links under the same rule
+    return True
 
 
 def arena_bytes(epsf: Path, model: str, codec: str = "fp32", pull: str = "fp32", batch: int = BATCH) -> int:
@@ -94,14 +141,15 @@ def scripted_exchange(workdir: Path) -> dict[str, Any]:
         _c_array("DELTA", delta),
         _c_array("DATA", encode_data_frame(x, y)),
     ]))  # fmt: skip
-    make(workdir / "build", "m4-script", SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES)
-    elf = workdir / "build" / "m4-script.elf"
-    qemu = ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-semihosting", "-kernel", str(elf)]
-    run = subprocess.run(qemu, capture_output=True, text=True, timeout=300)
-    lines = (run.stdout + run.stderr).splitlines()
-    if run.returncode != 0 or not lines or lines[-1] != "DONE":
+    # the script's data and the larger arena need more RAM than the part: linked for QEMU's 4 MiB
+    make(workdir / "build", "m4-script", SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES, RAM_BYTES=4 << 20,
+         FLASH_BYTES=4 << 20)  # fmt: skip
+    lines = run_qemu(workdir / "build" / "m4-script.elf")
+    if not lines or lines[-1] != "DONE":
         return {"ok": False, "detail": "\n".join(lines[-5:])[-1000:]}
-    drawn = [int(line.split()[1]) for line in lines if line.startswith("IDX ")]
+    figures = {key.lower(): int(line.split()[1]) for line in lines
+               for key in ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK") if line.startswith(key + " ")}  # fmt: skip
+    drawn = [int(line.split()[1]) for line in lines if line.startswith("IDX ")]  # in the order drawn
     commits = [decode_frame(bytes.fromhex(line.split()[2])) for line in lines
                if line.startswith("PUB edgeps/emb/grad/mcu-0 ")]  # fmt: skip
     if len(commits) != 2 or len(drawn) != 2 * PUSH_EVERY * BATCH:
@@ -130,4 +178,113 @@ def scripted_exchange(workdir: Path) -> dict[str, Any]:
             worst = max(worst, float(np.max(np.abs(commit.tensors[name] - (local[name] - anchor[name])))))
         anchor = {name: v.copy() for name, v in local.items()}
     ok = headers_ok and worst <= 1e-5
-    return {"ok": ok, "max_abs_difference": worst, "detail": "" if ok else f"headers ok: {headers_ok}"}
+    return {"ok": ok, "max_abs_difference": worst, "detail": "" if ok else f"headers ok: {headers_ok}",
+            "params_frame_instructions": figures["params_instructions"],
+            "step_instructions": figures["step_instructions"], "stack_peak_bytes": figures["stack"]}  # fmt: skip
+
+
+def run_qemu(elf: Path, timeout: float = 300) -> list[str]:
+    """Run an image on QEMU's mps2-an386 with -icount (every instruction the same virtual time, so
+    SysTick counts instructions); its console lines, and a last line ``EXIT n`` if it did not exit 0."""
+    qemu = ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-semihosting", "-icount", "shift=0",
+            "-kernel", str(elf)]  # fmt: skip
+    run = subprocess.run(qemu, capture_output=True, text=True, timeout=timeout)
+    lines = (run.stdout + run.stderr).splitlines()
+    return lines if run.returncode == 0 else [*lines, f"EXIT {run.returncode}"]
+
+
+# ---------------------------------------------------------------- hostile input
+
+CORPUS_INCARNATION, CORPUS_RUN = 4242, 7
+
+
+def raw_frame(kind: int, codec: int, arg: float, base: int, seq: int, records: list[tuple[str, tuple[int, ...], bytes]],
+              device: str = "") -> bytes:  # fmt: skip
+    """A tensor frame written field by field (docs/PROTOCOL.md §4), with a valid CRC: one that
+    declares what no encoder would write (a tensor of 214 M values in 11 bytes of top-k)."""
+    body = struct.pack("<4sBBBBfQQII", b"EPSF", 1, kind, codec, 0, arg, base, seq, 0, 0)
+    body += struct.pack("<B", len(device)) + device.encode() + struct.pack("<H", len(records))
+    for name, dims, payload in records:
+        body += struct.pack("<B", len(name)) + name.encode() + struct.pack(f"<B{len(dims)}I", len(dims), *dims)
+        body += struct.pack("<I", len(payload)) + payload
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def wrapping_frame() -> bytes:
+    """The 105-byte parameter frame of issue 29: an MLP 2748 x 78118 in top-k (one value kept per
+    tensor) whose arena, in 32-bit arithmetic, wraps to 7 bytes."""
+    topk = struct.pack("<IfB", 1, 1.0, 1) + b"\x00\x01"  # k = 1, scale, gap width 1, gap 0, value 1
+    return raw_frame(2, 6, 1e-9, 0, CORPUS_RUN, [("dense0.w", (2748, 78118), topk), ("dense0.b", (78118,), topk)])
+
+
+def hostile_corpus() -> list[tuple[str, bytes, str]]:
+    """Messages for device ``d`` of job ``fz`` (incarnation ``CORPUS_INCARNATION``): a valid Control
+    and parameters, then hostile ones, each with the status the SDK must answer (its
+    eps_status_name), and last a valid Control again. Every hostile one changes nothing."""
+    from learning.model import init_mlp
+    from schemas.frame import Frame, FrameKind, encode_frame
+
+    def control(**fields: object) -> bytes:
+        body = {"device": "d", "run": CORPUS_RUN, "incarnation": CORPUS_INCARNATION, "seq_base": 0,
+                "max_uncommitted_steps": 8, "push_every": 2, "lr": 0.1, "batch_size": 4, "codec": "fp32",
+                "pull_codec": "fp32", "wait_for_params": True, "one_commit_per_version": False,
+                "staleness_bound": None} | fields  # fmt: skip
+        return "{" + ",".join(f'"{k}":{_json(v)}' for k, v in body.items()) + "}"  # type: ignore[return-value]
+
+    params = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=CORPUS_RUN, tensors=init_mlp([8, 4, 3], seed=0)))
+    bad = "bad message field"
+    cases: list[tuple[str, bytes, str]] = [("ctrl", control().encode(), "ok"), ("params", params, "ok")]
+    cases += [("params", wrapping_frame(), "too many tensors or values")]
+    for field, value in [("run", "-nan"), ("run", "NaN"), ("lr", "1e39"), ("lr", "Infinity"), ("lr", "-0.1"),
+                         ("lr", "1e-400"), ("lr", '"0.1"'), ("push_every", "4294967297"), ("push_every", "0"),
+                         ("push_every", "2.0"), ("batch_size", "65537"), ("max_uncommitted_steps", "10000001"),
+                         ("staleness_bound", "-1"), ("seq_base", "9007199254740992"), ("incarnation", "4242.5"),
+                         ("run", "1e3"), ("wait_for_params", "1"), ("codec", "7")]:  # fmt: skip
+        cases.append(("ctrl", control(**{field: _Raw(value)}).encode(), bad))
+    for body in ['{"run":7,"slowest_clock":-1,"state":"running"}', '{"run":7,"slowest_clock":1e308}',
+                 '{"run":-nan,"state":"finished"}', '{"run":7,"state":"finished",}']:  # fmt: skip
+        cases.append(("barrier", body.encode(), bad))
+    cases += [("notice", b'{"device":"d","seq":NaN,"reason":"evicted"}', bad),
+              ("notice", b'{"device":"d","seq":1,"reason":"evicted","x":tru}', bad)]  # fmt: skip
+    cases.append(("ctrl", control(lr=0.05).encode(), "ok"))
+    return cases
+
+
+class _Raw(str):
+    """A JSON value written as is (a hostile number)."""
+
+
+def _json(value: object) -> str:
+    import json
+
+    return str(value) if isinstance(value, _Raw) else json.dumps(value)
+
+
+def corpus_header(workdir: Path, mutations: int) -> Path:
+    """corpus.h for the image's CORPUS mode: the hostile corpus, and how many mutations to feed."""
+    cases = hostile_corpus()
+    lines = ["/* written by edgeps/embedded.py */", f"#define CORPUS_INCARNATION {CORPUS_INCARNATION}u",
+             f"#define CORPUS_MUTATIONS {mutations}u", f"#define CORPUS_MAX_BYTES {max(len(c[1]) for c in cases)}u"]  # fmt: skip
+    for i, (_, payload, _) in enumerate(cases):
+        lines.append(_c_array(f"C{i}", payload))
+    topics = {"ctrl": "edgeps/fz/ctrl/d", "params": "edgeps/fz/params", "barrier": "edgeps/fz/barrier",
+              "notice": "edgeps/fz/notice/d"}  # fmt: skip
+    entries = ", ".join(f'{{"{topics[t]}", C{i}, sizeof C{i}}}' for i, (t, _, _) in enumerate(cases))
+    lines.append("static const struct { const char *topic; const uint8_t *data; uint32_t len; } MESSAGES[] = {"
+                 f"{entries}}};")  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "corpus.h").write_text("\n".join(lines) + "\n")
+    return workdir
+
+
+def corpus_on_qemu(workdir: Path, mutations: int = 20000) -> dict[str, Any]:
+    """The hostile corpus fed to the Cortex-M4F image under QEMU, then ``mutations`` mutated copies:
+    each message's verdict (eps_status_name), what the corpus expects, how many mutations ran."""
+    corpus_header(workdir, mutations)
+    make(workdir / "build", "m4-corpus", CORPUS_DIR=workdir, ARENA_BYTES=65536)
+    lines = run_qemu(workdir / "build" / "m4-corpus.elf")
+    verdicts = [line.split(" ", 2)[2] for line in lines if line.startswith("V ")]
+    fuzzed = [int(line.split()[1]) for line in lines if line.startswith("FUZZED ")]
+    return {"ok": lines[-1:] == ["DONE"], "verdicts": verdicts, "expected": [c[2] for c in hostile_corpus()],
+            "fuzzed": fuzzed[0] if fuzzed else 0, "logs": [line for line in lines if line.startswith("LOG ")],
+            "tail": lines[-3:]}  # fmt: skip

@@ -7,8 +7,9 @@
  *        after a commit; 'L' leave; 'Q' state; 'K' tick: payload u32 ms the clock moves on first;
  *        'F' fail: payload u32 n, the port refuses the next n publishes
  *   out: 'P' publish (topic "R:" + topic when retained), 'S' subscribe, 'U' unsubscribe, 'G' the
- *        log hook (topic: the status's name; payload: the reason), 'Q' the state as JSON, 'E' the
- *        end of the answer to one input record
+ *        log hook (topic: the status's name; payload: the reason), 'R' what eps_device_message
+ *        returned (topic: the status's name), 'Q' the state as JSON, 'E' the end of the answer to
+ *        one input record
  * The clock advances 0.5 ms a reading; entropy is splitmix64 from SEED. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -150,7 +151,7 @@ int main(int argc, char **argv) {
     uint32_t len;
     while (read_record(&kind, topic, sizeof topic, &payload, &len)) {
         if (kind == 'C') eps_device_connected(&d);
-        else if (kind == 'M') eps_device_message(&d, topic, payload, len);
+        else if (kind == 'M') out('R', eps_status_name(eps_device_message(&d, topic, payload, len)), NULL, 0);
         else if (kind == 'L') eps_device_leave(&d);
         else if ((kind == 'K' || kind == 'F') && len == 4) {
             uint32_t n = (uint32_t)payload[0] | (uint32_t)payload[1] << 8 | (uint32_t)payload[2] << 16 |

@@ -1,0 +1,25 @@
+/* What the Cortex-M4F image uses of its board (ports/cortex-m/board.c, startup.c): semihosting's
+ * console and exit (QEMU -semihosting; a debugger on a real board), the painted stack's peak, and
+ * SysTick as an instruction counter under QEMU -icount. No libc stdio: nothing here allocates. */
+#ifndef EDGEPS_BOARD_H
+#define EDGEPS_BOARD_H
+
+#include <stdint.h>
+
+void board_write(const char *text);
+void board_write_uint(uint64_t value);
+void board_write_hex(const uint8_t *bytes, uint32_t len);
+void board_exit(int code) __attribute__((noreturn));
+
+/* Bytes of stack used so far (deepest point below the top; the stack is painted at reset). */
+uint32_t board_stack_peak(void);
+
+/* SysTick at the core's clock: ticks since board_ticks_start() (which calibrates itself once,
+ * on a loop of known length), up to 2^24 of them; under -icount every instruction takes the same
+ * virtual time, so a tick is a fixed number of instructions (board_instructions). */
+void board_ticks_start(void);
+uint64_t board_ticks(void);
+/* Instructions in `ticks`. */
+uint64_t board_instructions(uint64_t ticks);
+
+#endif /* EDGEPS_BOARD_H */
