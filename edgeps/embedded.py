@@ -147,8 +147,8 @@ def scripted_exchange(workdir: Path) -> dict[str, Any]:
     lines = run_qemu(workdir / "build" / "m4-script.elf")
     if not lines or lines[-1] != "DONE":
         return {"ok": False, "detail": "\n".join(lines[-5:])[-1000:]}
-    figures = {key.lower(): int(line.split()[1]) for line in lines
-               for key in ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK") if line.startswith(key + " ")}  # fmt: skip
+    keys = ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK")
+    figures = {key.lower(): int(line.split()[1]) for line in lines for key in keys if line.startswith(key + " ")}
     drawn = [int(line.split()[1]) for line in lines if line.startswith("IDX ")]  # in the order drawn
     commits = [decode_frame(bytes.fromhex(line.split()[2])) for line in lines
                if line.startswith("PUB edgeps/emb/grad/mcu-0 ")]  # fmt: skip
@@ -214,31 +214,34 @@ def wrapping_frame() -> bytes:
     """The 105-byte parameter frame of issue 29: an MLP 2748 x 78118 in top-k (one value kept per
     tensor) whose arena, in 32-bit arithmetic, wraps to 7 bytes."""
     topk = struct.pack("<IfB", 1, 1.0, 1) + b"\x00\x01"  # k = 1, scale, gap width 1, gap 0, value 1
-    return raw_frame(2, 6, 1e-9, 0, CORPUS_RUN, [("dense0.w", (2748, 78118), topk), ("dense0.b", (78118,), topk)])
+    return raw_frame(2, 6, 1e-9, 1, CORPUS_RUN, [("dense0.w", (2748, 78118), topk), ("dense0.b", (78118,), topk)])
 
 
-def hostile_corpus() -> list[tuple[str, bytes, str]]:
-    """Messages for device ``d`` of job ``fz`` (incarnation ``CORPUS_INCARNATION``): a valid Control
+def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, bytes, str]]:
+    """Messages for device ``d`` of job ``fz`` of that incarnation: a valid Control
     and parameters, then hostile ones, each with the status the SDK must answer (its
     eps_status_name), and last a valid Control again. Every hostile one changes nothing."""
     from learning.model import init_mlp
     from schemas.frame import Frame, FrameKind, encode_frame
 
     def control(**fields: object) -> bytes:
-        body = {"device": "d", "run": CORPUS_RUN, "incarnation": CORPUS_INCARNATION, "seq_base": 0,
+        body = {"device": "d", "run": CORPUS_RUN, "incarnation": incarnation, "seq_base": 0,
                 "max_uncommitted_steps": 8, "push_every": 2, "lr": 0.1, "batch_size": 4, "codec": "fp32",
                 "pull_codec": "fp32", "wait_for_params": True, "one_commit_per_version": False,
                 "staleness_bound": None} | fields  # fmt: skip
         return "{" + ",".join(f'"{k}":{_json(v)}' for k, v in body.items()) + "}"  # type: ignore[return-value]
 
-    params = encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=CORPUS_RUN, tensors=init_mlp([8, 4, 3], seed=0)))
+    params = encode_frame(
+        Frame(kind=FrameKind.PARAMS, base_version=0, seq=CORPUS_RUN, tensors=init_mlp([8, 4, 3], seed=0))
+    )
     bad = "bad message field"
     cases: list[tuple[str, bytes, str]] = [("ctrl", control().encode(), "ok"), ("params", params, "ok")]
-    cases += [("params", wrapping_frame(), "too many tensors or values")]
+    cases += [("params", wrapping_frame(), "buffer too small")]  # refused by its layout, whatever size_t is
     for field, value in [("run", "-nan"), ("run", "NaN"), ("lr", "1e39"), ("lr", "Infinity"), ("lr", "-0.1"),
                          ("lr", "1e-400"), ("lr", '"0.1"'), ("push_every", "4294967297"), ("push_every", "0"),
                          ("push_every", "2.0"), ("batch_size", "65537"), ("max_uncommitted_steps", "10000001"),
-                         ("staleness_bound", "-1"), ("seq_base", "9007199254740992"), ("incarnation", "4242.5"),
+                         ("staleness_bound", "-1"), ("seq_base", "9007199254740992"),
+                         ("incarnation", f"{incarnation}.5"),
                          ("run", "1e3"), ("wait_for_params", "1"), ("codec", "7")]:  # fmt: skip
         cases.append(("ctrl", control(**{field: _Raw(value)}).encode(), bad))
     for body in ['{"run":7,"slowest_clock":-1,"state":"running"}', '{"run":7,"slowest_clock":1e308}',
@@ -263,8 +266,9 @@ def _json(value: object) -> str:
 def corpus_header(workdir: Path, mutations: int) -> Path:
     """corpus.h for the image's CORPUS mode: the hostile corpus, and how many mutations to feed."""
     cases = hostile_corpus()
+    largest = max(len(payload) for _, payload, _ in cases)
     lines = ["/* written by edgeps/embedded.py */", f"#define CORPUS_INCARNATION {CORPUS_INCARNATION}u",
-             f"#define CORPUS_MUTATIONS {mutations}u", f"#define CORPUS_MAX_BYTES {max(len(c[1]) for c in cases)}u"]  # fmt: skip
+             f"#define CORPUS_MUTATIONS {mutations}u", f"#define CORPUS_MAX_BYTES {largest}u"]  # fmt: skip
     for i, (_, payload, _) in enumerate(cases):
         lines.append(_c_array(f"C{i}", payload))
     topics = {"ctrl": "edgeps/fz/ctrl/d", "params": "edgeps/fz/params", "barrier": "edgeps/fz/barrier",

@@ -46,8 +46,22 @@ def sdk(tmp_path_factory) -> Path:
     return build
 
 
+@pytest.fixture(scope="session")
+def sdk32(tmp_path_factory) -> Path:
+    """The SDK's host tools built for a 32-bit target (``-m32``: size_t of 32 bits, as on a 32-bit
+    Linux gateway or a microcontroller), with the sanitizers."""
+    from edgeps.embedded import make
+
+    build = tmp_path_factory.mktemp("sdk32")
+    try:
+        make(build, "all", SAN=1, CC=f"{os.environ.get('CC', 'cc')} -m32")
+    except RuntimeError as exc:
+        pytest.fail(f"the 32-bit build needs gcc-multilib (apt-get install gcc-multilib): {str(exc)[-300:]}")
+    return build
+
+
 #: Fixtures that start real processes: a test that uses one is an integration test.
-PROCESS_FIXTURES = {"mosquitto", "secure", "sdk", "epsf", "epsd", "edgeps_device", "toolchain", "browser"}
+PROCESS_FIXTURES = {"mosquitto", "secure", "sdk", "sdk32", "epsf", "epsd", "edgeps_device", "toolchain", "browser"}
 #: Folders whose tests start brokers, builds or jobs themselves.
 PROCESS_FOLDERS = ("integration", "broker")
 

@@ -25,6 +25,12 @@ def epsf(sdk) -> Path:
     return sdk / "epsf"
 
 
+@pytest.fixture(params=["64-bit", "32-bit"])
+def epsf_both(request) -> Path:
+    """epsf as built for this host, and for a 32-bit target (size_t of 32 bits)."""
+    return request.getfixturevalue("sdk" if request.param == "64-bit" else "sdk32") / "epsf"
+
+
 def tensors(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {f"t{i}": (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
@@ -103,7 +109,8 @@ def mutations(seed: int, count: int) -> list[bytes]:
     return out
 
 
-def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf, tmp_path) -> None:
+def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf_both, tmp_path) -> None:
+    epsf = epsf_both
     frames = mutations(seed=4, count=3000)
     paths = []
     for i, frame in enumerate(frames):
@@ -175,7 +182,8 @@ def test_a_label_or_model_the_loss_does_not_take_changes_nothing(epsf, tmp_path,
     assert subprocess.run(args, capture_output=True).returncode == 1
 
 
-def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf, tmp_path) -> None:
+def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf_both, tmp_path) -> None:
+    epsf = epsf_both
     """The C parsers (frame, codecs, JSON) and the device core fed 100,000 mutations of a Control,
     a Barrier, a Notice, a parameter frame and an int8 delta, under ASan and UBSan."""
     from learning.model import init_mlp

@@ -34,12 +34,14 @@ def data_frame(data: Dataset, path: Path) -> Path:
 class CDevice:
     """The C device core in an ``epsd`` process, shaped like a DeviceCore for the relay."""
 
-    def __init__(self, epsd: Path, name: str, data: Path, seed: int, job: str = "t") -> None:
+    def __init__(self, epsd: Path, name: str, data: Path, seed: int, job: str = "t", arena: int = 1 << 20) -> None:
         self.device, self.topics = name, Topics(job)
-        self.process = subprocess.Popen([str(epsd), job, name, str(data), str(seed)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE)  # fmt: skip
+        self.process = subprocess.Popen([str(epsd), job, name, str(data), str(seed), str(arena)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
         self.subscribed: set[str] = set()
         self.resync = False
+        self.logged: list[tuple[str, str]] = []  # (status, reason) from the port's log hook
+        self.verdict = "ok"  # what the last message returned
 
     def _call(self, kind: str, topic: str = "", payload: bytes = b"") -> list[Publish]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -64,6 +66,10 @@ class CDevice:
                 self.subscribed.discard(out_topic)
             elif what == "Q":
                 self.last_state = json.loads(body)
+            elif what == "G":
+                self.logged.append((out_topic, body.decode()))
+            elif what == "R":
+                self.verdict = out_topic
             elif what == "P":
                 retain = out_topic.startswith("R:")
                 published.append(Publish(out_topic.removeprefix("R:"), body, qos=1, retain=retain))
@@ -75,7 +81,14 @@ class CDevice:
         return sorted(self.subscribed)
 
     def on_message(self, topic: str, payload: bytes) -> None:
-        assert not self._call("M", topic, payload)  # the core publishes only when it steps
+        self.said = self._call("M", topic, payload)  # a status, when the device cannot take part
+
+    def tick(self, ms: int) -> list[Publish]:
+        """The port's tick, the clock moved on by ``ms`` first."""
+        return self._call("K", payload=struct.pack("<I", ms))
+
+    def fail_publishes(self, n: int) -> None:
+        self._call("F", payload=struct.pack("<I", n))
 
     def state(self) -> dict:
         self._call("Q")
@@ -181,5 +194,150 @@ def test_a_refused_commit_releases_a_bsp_c_device_and_its_work_is_carried(epsd, 
         state = device.state()
         assert dict(server.traffic.rejected) == {"rate_limited": 1}
         assert not state["waiting"] and state["ready"] and state["steps"] == 2  # released, its 2 steps carried
+    finally:
+        device.close()
+
+
+def step_until_commit(device: CDevice, limit: int = 50) -> list[Publish]:
+    for _ in range(limit):
+        published = device.step()
+        if any("/grad/" in p.topic for p in published):
+            return published
+    raise AssertionError(f"no commit in {limit} steps: {device.state()}")
+
+
+def test_a_commit_the_port_refused_is_tried_again_and_never_counted_as_sent(epsd, tmp_path) -> None:
+    server = small_server(pace="bsp", rounds=10**6, min_devices=1)
+    relay = CRelay(server)
+    relay.start()
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)
+    try:
+        relay.connect(device)
+        device.fail_publishes(1)
+        assert not any("/grad/" in p.topic for p in device.step() + device.step())  # push_every 2: refused
+        state = device.state()
+        assert state["unpublished"] == 1 and state["has_sent"] == 0 and not state["waiting"]
+        assert ("port refused", "the port refused to publish a commit; trying again") in device.logged
+        assert device.tick(500) == []  # the first retry comes after 1 s
+        again = device.tick(600)
+        assert [p.topic for p in again] == ["edgeps/t/grad/d1"]
+        relay.send(device, again)
+        relay.flush()
+        assert server.store.version == 1 and server.traffic.applied == 1  # delivered once, applied once
+        assert device.state()["has_sent"] == 1, (device.state(), device.logged)
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("pace", ["bsp", "ssp:2"])
+def test_a_lone_c_device_whose_commits_were_lost_sends_the_newest_again(epsd, tmp_path, pace) -> None:
+    """Commits lost on the way (the broker drops them while the server does not listen) hold a bsp
+    device for parameters, and an ssp device at its staleness bound, for good: after 30 s with no
+    news it sends its newest commit again, the same bytes, and the job goes on."""
+    server = small_server(pace=pace, rounds=10**6, min_devices=1)
+    relay = CRelay(server)
+    relay.start()
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)
+    try:
+        relay.connect(device)
+        lost = []
+        while device.ready:  # every commit lost, until the device may not go on
+            lost += [p for p in device.step() if "/grad/" in p.topic]
+        assert lost and server.store.version == 0
+        assert device.tick(29_000) == []
+        again = device.tick(1_500)
+        assert [p.payload for p in again] == [lost[-1].payload]  # the newest commit, byte for byte
+        relay.send(device, again)
+        relay.flush()
+        assert device.ready and server.traffic.applied == 1
+        assert device.state()["resends"] == 1
+        assert device.tick(10_000) == []  # news came: the clock starts again
+    finally:
+        device.close()
+
+
+def test_a_c_device_that_cannot_take_the_job_says_why_and_the_server_shows_it(epsd, tmp_path) -> None:
+    from schemas.messages import DeviceStatus
+
+    server = small_server(pace="bsp", rounds=10**6, min_devices=1)
+    relay = CRelay(server)
+    relay.start()
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)
+    try:
+        relay.connect(device)
+        assert device.ready
+        incarnation = device.state()["incarnation"]
+        control = json.loads(relay.retained["edgeps/t/ctrl/d1"]) | {"loss": "hinge"}
+        device.on_message("edgeps/t/ctrl/d1", json.dumps(control).encode())
+        assert device.verdict == "model not supported" and not device.ready
+        status = DeviceStatus.from_bytes(device.said[0].payload)
+        assert status.state == "online" and status.incarnation == incarnation
+        assert status.error == "the job's loss hinge is not one the C trainer computes (cross_entropy, bce, mse, mae)"
+        relay.send(device, device.said)
+        relay.flush()
+        assert server.registry.unable == {"d1": status.error}
+        assert server.status(relay.now)["unable"] == {"d1": status.error}
+        assert "d1" not in server.registry.active()  # no round waits for it
+        device.on_message("edgeps/t/ctrl/d1", relay.retained["edgeps/t/ctrl/d1"])  # the job's own loss again
+        assert device.state()["unable"] == "ok" and DeviceStatus.from_bytes(device.said[0].payload).error is None
+        relay.send(device, device.said)
+        relay.flush()
+        assert server.registry.unable == {} and "d1" in server.registry.active()
+    finally:
+        device.close()
+
+
+def conv_params(run: int) -> bytes:
+    rng = np.random.default_rng(0)
+    tensors = {"conv0.w": rng.standard_normal((3, 3, 1, 4)).astype(np.float32), "conv0.b": np.zeros(4, np.float32),
+               "dense0.w": rng.standard_normal((64, 3)).astype(np.float32),
+               "dense0.b": np.zeros(3, np.float32)}  # fmt: skip
+    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=tensors))
+
+
+def mlp_params(sizes: list[int], run: int) -> bytes:
+    from learning.model import init_mlp
+
+    return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=init_mlp(sizes, seed=0)))
+
+
+def control_for(device: CDevice, run: int = 7) -> bytes:
+    from tests.helpers import control_bytes
+
+    return control_bytes(run=run, incarnation=device.state()["incarnation"])
+
+
+@pytest.mark.parametrize(("params", "arena", "reason"), [
+    (conv_params(7), 1 << 20, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
+                              "shapes; first tensor conv0.w)"),
+    (mlp_params([8, 1024, 1024, 3], 7), 1 << 20, "the job's model needs an arena of "),
+])  # fmt: skip
+def test_a_model_the_c_device_cannot_take_is_said_in_its_status(epsd, tmp_path, params, arena, reason) -> None:
+    from schemas.messages import DeviceStatus
+
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1, arena=arena)
+    try:
+        device.connected()
+        device.on_message("edgeps/t/ctrl/d1", control_for(device))
+        device.on_message("edgeps/t/params", params)
+        error = DeviceStatus.from_bytes(device.said[0].payload).error
+        assert error is not None and error.startswith(reason), error
+        assert device.state()["unable"] != "ok" and not device.ready
+    finally:
+        device.close()
+
+
+def test_a_new_run_with_a_bigger_model_is_laid_out_again_without_a_reboot(epsd, tmp_path) -> None:
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)
+    try:
+        device.connected()
+        device.on_message("edgeps/t/ctrl/d1", control_for(device, run=7))
+        device.on_message("edgeps/t/params", mlp_params([8, 4, 3], 7))
+        assert device.ready and device.step() is not None
+        device.on_message("edgeps/t/ctrl/d1", control_for(device, run=8))
+        device.on_message("edgeps/t/params", mlp_params([8, 64, 64, 3], 8))  # 13 times the values
+        assert device.verdict == "ok" and device.ready, device.logged
+        assert [p.topic for p in step_until_commit(device)] == ["edgeps/t/grad/d1"]
+        assert device.state()["run"] == 8
     finally:
         device.close()

@@ -623,19 +623,15 @@ static eps_status on_notice(eps_device *d, const char *text, size_t len) {
     return EPS_OK;
 }
 
-/* The most values a parameter frame may declare: what the arena could ever hold as floats (a new
- * run's bigger model included), at most the frame reader's default. */
-static uint64_t value_bound(const eps_device *d) {
-    uint64_t floats = d->arena_size / sizeof(float), cap = (uint64_t)1 << 28;
-    return floats < cap ? (floats ? floats : 1) : cap;
-}
-
 eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len) {
     eps_status st = EPS_OK;
     int params = strcmp(topic, d->t_params) == 0;
     if (params || strcmp(topic, d->t_delta) == 0) {
         eps_frame f;
-        if ((st = eps_frame_parse(payload, len, value_bound(d), &f)) != EPS_OK)
+        /* a snapshot may bring a new run's bigger model (the layout then says whether the arena
+         * holds it); a delta declares no more values than the model has */
+        uint64_t bound = params || !d->has_model ? 0 : eps_mlp_params(&d->mlp);
+        if ((st = eps_frame_parse(payload, len, bound, &f)) != EPS_OK)
             st = say(d, st, params ? "parameters: " : "delta: ", eps_status_name(st), NULL);
         else if (f.kind == EPS_PARAMS && params) st = on_params(d, &f);
         else if (f.kind == EPS_DELTA && !params && d->has_model) st = on_delta(d, &f);
@@ -727,6 +723,9 @@ static void deliver(eps_device *d) {
     d->sent_samples = d->pending_samples;
     d->committed_on = d->pending_base;
     d->waiting = d->control.wait_for_params && d->pending_base == d->server_version;
+    d->progress_at = d->port.clock(d->port.ctx); /* the resend clock starts with the commit */
+    d->progress_seq = d->seq;
+    d->progress_version = d->server_version;
 }
 
 static void commit(eps_device *d) {

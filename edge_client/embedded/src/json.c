@@ -63,8 +63,8 @@ static const double EXACT[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 
 /* m * 10^e for e beyond the exact powers: by 10^22 steps (a few units in the last place). */
 static double scaled(double m, int e) {
-    for (; e > 22 && m <= DBL_MAX; e -= 22) m *= 1e22;
-    for (; e < -22 && m > 0; e += 22) m /= 1e22;
+    for (; e > 22; e -= 22) m *= 1e22; /* |e| <= 420: a bounded loop; an overflow stays infinite */
+    for (; e < -22; e += 22) m /= 1e22;
     return e >= 0 ? m * EXACT[e] : m / EXACT[-e];
 }
 

@@ -27,6 +27,7 @@ eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp) {
     uint32_t in[EPS_MAX_LAYERS] = {0}, out[EPS_MAX_LAYERS] = {0}, bias[EPS_MAX_LAYERS] = {0}, seen = 0;
     eps_tensor t;
     size_t cursor = 0;
+    memset(mlp, 0, sizeof *mlp); /* the sizes past the last layer too: shapes are compared whole */
     while (eps_frame_next(frame, &cursor, &t)) {
         uint32_t i;
         char kind;
