@@ -2,13 +2,17 @@
 how it trains in a real job.
 
 * **Image**: the device built for a Cortex-M4F (arm-none-eabi-gcc, hard float, -Os, newlib-nano)
-  with every entry point a gateway uses and no data; flash = text + data, static RAM = data + bss
-  + a stack reserve of ``STACK_RESERVE`` bytes (the stack grows down from the top of RAM). The
-  MQTT stack is not in it: the port's functions are stubs.
-* **Arena**: ``eps_device_arena_size`` for each model at batch ``BATCH``, with fp32 commits and
-  pulls (compressed pulls add a replica, biased commit codecs a residual: both are reported).
-* **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386, checked against
-  learning.model on the batches the image drew (``scripted_exchange``).
+  with every entry point a gateway uses and no data, linked for a part with ``RAM_BYTES`` of RAM,
+  the heap forbidden (``heap_forbidden``), the arena a static array and a stack of ``STACK_BYTES``.
+  Flash from the link map: the SDK's own code (src/*.c), and the image (the SDK, its libc/libm
+  share and the start-up, less semihosting); RAM = .data + .bss as linked (arena and stack
+  included), for each model with fp32 commits and pulls and with sign commits and ternary pulls
+  (compressed pulls add a replica, biased commit codecs a residual), or "does not fit" where the
+  link fails. The MQTT stack is not in it: the port's functions are stubs.
+* **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386 under -icount,
+  checked against learning.model on the batches the image drew (``scripted_exchange``): the
+  instructions that receiving the demo model's fp32 parameter frame and one local step take, and
+  the stack's peak (painted at reset).
 * **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
   Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes,
   with fp32 and with sign commits and ternary pulls: best accuracy, commits refused, and each device
@@ -26,8 +30,10 @@ from edgeps.embedded import (
     BATCH,
     CODECS,
     MODELS,
-    STACK_RESERVE,
+    RAM_BYTES,
+    STACK_BYTES,
     arena_bytes,
+    heap_forbidden,
     image_size,
     make,
     scripted_exchange,
@@ -107,20 +113,25 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
 
     with tempfile.TemporaryDirectory(prefix="edgeps-embedded-") as tmp:
         root = Path(tmp)
-        say("building the Cortex-M4F image, the host tools and edgeps-device ...")
-        make(root / "m4", "m4")
+        say("building the host tools, edgeps-device and the Cortex-M4F image for each model ...")
         make(root / "host", "all", "edgeps-device")
-        image = image_size(root / "m4" / "m4.elf")
-        models = {}
+        forbidden = heap_forbidden(root / "heap", root / "heap-check")
+        models, image = {}, {}
         for model in MODELS:
-            arena = arena_bytes(root / "host" / "epsf", model)
-            models[model] = {
-                "flash_bytes": image["flash_bytes"],
-                "ram_bytes": image["ram_bytes"],
-                "arena_bytes": arena,
-                "arena_bytes_sign_ternary": arena_bytes(root / "host" / "epsf", model, "sign", "ternary"),
-                "total_ram_bytes": image["ram_bytes"] + arena,
-            }
+            models[model] = {}
+            for codecs in CODECS:
+                arena = arena_bytes(root / "host" / "epsf", model, *codecs)
+                build = root / f"m4-{model}-{'-'.join(codecs)}"
+                try:
+                    make(build, "m4", ARENA_BYTES=arena)
+                    linked = image_size(build / "m4.elf")
+                    image = image or linked
+                    ram: int | None = linked["ram_bytes"]
+                except RuntimeError as exc:
+                    if "overflowed" not in str(exc):
+                        raise
+                    ram = None
+                models[model]["/".join(codecs)] = {"arena_bytes": arena, "ram_bytes": ram}
         say("the scripted exchange under QEMU (mps2-an386) ...")
         qemu = scripted_exchange(root / "qemu")
         shards = prepare_shards(load_digits(), root / "data", devices=devices, alpha=0.5, seed=0)
@@ -143,9 +154,16 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
     c_st, python_st = jobs["c sign/ternary"], jobs["python sign/ternary"]
     return {
         "image": image,
-        "stack_reserve_bytes": STACK_RESERVE,
+        "ram_part_bytes": RAM_BYTES,
+        "stack_bytes": STACK_BYTES,
         "batch": BATCH,
         "models": models,
+        "heap_forbidden_ok": forbidden,
+        "m4_flash_sdk_bytes": image["sdk_bytes"],
+        "m4_flash_image_bytes": image["flash_bytes"],
+        "stack_peak_bytes": qemu.get("stack_peak_bytes"),
+        "params_frame_instructions": qemu.get("params_frame_instructions"),
+        "step_instructions": qemu.get("step_instructions"),
         "qemu_ok": qemu["ok"],
         "qemu": qemu,
         "c_best_accuracy": c["best_accuracy"],
@@ -161,18 +179,25 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
 
 def format_embedded(report: dict[str, Any]) -> Table:
     image = report["image"]
-    table = Table(["model", "arena, fp32", "RAM + arena", "arena, sign/ternary"])
+    codecs = ["/".join(c) for c in CODECS]
+    table = Table(["model", *(f"arena, {c}" for c in codecs), *(f"RAM linked, {c}" for c in codecs)])
     table.before.append(
-        f"Cortex-M4F image (core, trainer, codecs, JSON, libc/libm; no MQTT stack): flash {image['flash_bytes']:,}"
-        f" bytes (text {image['text']:,} + data {image['data']:,}), static RAM {image['ram_bytes']:,} bytes "
-        f"(data + bss + a {report['stack_reserve_bytes']:,}-byte stack)"
+        f"Cortex-M4F image (no MQTT stack), linked for a part with {report['ram_part_bytes']:,} bytes of RAM, heap "
+        f"forbidden: {'yes' if report['heap_forbidden_ok'] else 'NO'}; flash {image['flash_bytes']:,} bytes (the SDK "
+        f"{image['sdk_bytes']:,}, libc/libm/libgcc {image['libc_bytes']:,}, start-up {image['startup_bytes']:,}; "
+        f"semihosting {image['board_bytes']:,} not counted); RAM = .data + .bss with the arena and a "
+        f"{report['stack_bytes']:,}-byte stack (measured peak {report['stack_peak_bytes']} bytes)"
     )
-    for model, m in report["models"].items():
-        table.add(model, f"{m['arena_bytes']:,}", f"{m['total_ram_bytes']:,}", f"{m['arena_bytes_sign_ternary']:,}")
+    for model, by_codecs in report["models"].items():
+        arenas = [f"{by_codecs[c]['arena_bytes']:,}" for c in codecs]
+        rams = [f"{r:,}" if (r := by_codecs[c]["ram_bytes"]) is not None else "does not fit" for c in codecs]
+        table.add(model, *arenas, *rams)
     qemu = report["qemu"]
     table.after.append(
         f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
-        + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model)" if qemu["ok"] else "")
+        + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
+           f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
+           f"{report['batch']} {qemu['step_instructions']:,}" if qemu["ok"] else "")  # fmt: skip
     )
     for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"

@@ -1,7 +1,8 @@
 """The device core cross-compiled for a Cortex-M4F (arm-none-eabi-gcc, hard float, newlib-nano) and
-run under QEMU (mps2-an386, semihosting): the scripted exchange of edgeps/embedded.py, checked
-step by step against learning.model; and the image's flash and RAM against the budgets of a
-256 KB microcontroller (issue 14)."""
+run under QEMU (mps2-an386, semihosting, -icount): the scripted exchange of edgeps/embedded.py,
+checked step by step against learning.model, with its instruction counts and stack peak; and the
+image as a linker counts it: no heap, flash and RAM within a 128 KiB-RAM part's, a too-large arena
+a link error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 
 import pytest
 
-from edgeps.embedded import arena_bytes, image_size, make, scripted_exchange
+from edgeps.embedded import RAM_BYTES, STACK_BYTES, arena_bytes, heap_forbidden, image_size, make, scripted_exchange
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +25,22 @@ def test_the_cortex_m4f_image_trains_and_commits_as_the_reference(toolchain, tmp
     result = scripted_exchange(tmp_path)
     assert result["ok"], result
     assert result["max_abs_difference"] <= 1e-5
+    assert result["params_frame_instructions"] <= 300_000  # receiving the demo model's fp32 parameters
+    assert 500 < result["stack_peak_bytes"] <= STACK_BYTES // 2  # the image's stack has twice the peak
 
 
-def test_the_image_fits_the_budgets_of_a_256_kb_part(toolchain, tmp_path) -> None:
-    make(tmp_path / "m4", "m4")
+def test_the_image_links_with_the_heap_forbidden(toolchain, tmp_path) -> None:
+    assert heap_forbidden(tmp_path / "m4", tmp_path)  # a program that calls malloc does not link; the device does
+
+
+def test_the_image_fits_a_128_kib_part_as_its_linker_counts(toolchain, tmp_path) -> None:
     make(tmp_path / "host", "all")
+    arena = arena_bytes(tmp_path / "host" / "epsf", "64-64-10")
+    make(tmp_path / "m4", "m4", ARENA_BYTES=arena)
     image = image_size(tmp_path / "m4" / "m4.elf")
-    assert image["flash_bytes"] <= 64 * 1024  # core, trainer, codecs, JSON and the libc/libm they pull in
-    epsf = tmp_path / "host" / "epsf"
-    assert image["ram_bytes"] + arena_bytes(epsf, "64-64-10") <= 128 * 1024  # the demo model, batch 32
-    assert image["ram_bytes"] + arena_bytes(epsf, "64-32-10") <= 64 * 1024  # the Arduino anchor's budget
+    assert image["sdk_bytes"] + image["libc_bytes"] + image["startup_bytes"] <= 32 * 1024
+    assert image["flash_bytes"] <= 32 * 1024
+    assert arena + STACK_BYTES < image["ram_bytes"] <= RAM_BYTES  # the arena and the stack are in it
+    too_big = arena_bytes(tmp_path / "host" / "epsf", "64-64-10", "sign", "ternary") + 8 * 1024
+    with pytest.raises(RuntimeError, match="region `RAM' overflowed"):
+        make(tmp_path / "big", "m4", ARENA_BYTES=too_big)
