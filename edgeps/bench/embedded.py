@@ -195,9 +195,13 @@ def format_embedded(report: dict[str, Any]) -> Table:
     qemu = report["qemu"]
     table.after.append(
         f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
-        + (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
-           f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
-           f"{report['batch']} {qemu['step_instructions']:,}" if qemu["ok"] else "")  # fmt: skip
+        + (
+            f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
+            f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
+            f"{report['batch']} {qemu['step_instructions']:,}"
+            if qemu["ok"]
+            else ""
+        )  # fmt: skip
     )
     for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"

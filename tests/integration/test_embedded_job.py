@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ from broker.client import BrokerAddress
 from learning.data import Dataset, load_digits
 from learning.prepare import prepare_shards
 from schemas.frame import encode_data_frame
-from tests.helpers import wait_until
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from tests.helpers import stop_devices, wait_until
 from tests.integration.test_mqtt_job import run_job, start_server
 
 
@@ -71,3 +75,81 @@ def test_the_demo_refuses_c_devices_it_cannot_run(tmp_path) -> None:
 
     with pytest.raises(ValueError, match="--embedded-devices 4: 1 to --devices"):
         run_demo(DemoSettings(devices=3, out=tmp_path / "demo", embedded_devices=4), quiet=True)
+
+
+def spawn_device(edgeps_device: Path, address: BrokerAddress, job: str, shard: Path, *extra: str) -> subprocess.Popen:
+    data = Dataset.load(shard)
+    frame = shard.with_suffix(".epsf")
+    frame.write_bytes(encode_data_frame(data.x, data.y))
+    command = [str(edgeps_device), "--broker", f"{address.host}:{address.port}", "--job", job, "--device", "dev-0",
+               "--data", str(frame), "--seed", "0", *extra]  # fmt: skip
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"})  # fmt: skip
+
+
+@pytest.mark.parametrize("pace", ["bsp", "ssp:2"])
+def test_a_lone_c_device_muted_for_its_rate_reaches_the_jobs_end(mosquitto, tmp_path, edgeps_device, pace) -> None:
+    """As the Python device (tests/integration/test_mqtt_job.py): the commits the broker dropped while
+    the server did not listen would hold it for good; it sends its newest again after --resend-s."""
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=1, alpha=0.5, seed=0)
+    rounds = 6
+    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cmute", pace=pace, rounds=rounds,
+                                        min_devices=1, max_commit_rate=20.0, max_commit_burst=2)  # fmt: skip
+    device = spawn_device(edgeps_device, address, "cmute", shards.devices[0], "--resend-s", "0.5")
+    try:
+        wait_until(lambda: server.finished, timeout=60, what="the job's end")
+        assert device.wait(timeout=30) == 0, device.stderr.read()  # type: ignore[union-attr]
+        log = device.stderr.read()  # type: ignore[union-attr]
+        assert server.traffic.rejected["rate_limited"] >= 1  # the limit did bite
+        assert "brought no new version: sent again" in log, log
+        assert server.store.version == rounds and server.traffic.applied == rounds  # no round lost or doubled
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        if device.poll() is None:
+            device.kill()
+
+
+def _cases() -> list:
+    from learning.model import init_cnn, init_mlp
+
+    return [
+        pytest.param({"params": init_cnn(8, 3, 4, [16], 10, seed=0)}, "is not an MLP the C trainer computes", id="cnn"),
+        pytest.param({"params": init_mlp([64, 1024, 1024, 10], seed=0)}, "needs an arena of", id="too-big"),
+        pytest.param(
+            {"loss": "hinge", "metrics": "accuracy"}, "loss hinge is not one the C trainer computes", id="loss"
+        ),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize(("config", "reason"), _cases())
+def test_a_c_device_that_cannot_take_the_job_says_why_and_exits_non_zero(mosquitto, tmp_path, edgeps_device, config,
+                                                                         reason) -> None:  # fmt: skip
+    from edgeps.report import build_report
+
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path, devices=2, alpha=0.5, seed=0)
+    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cannot", pace="asp", rounds=3,
+                                        min_devices=1, **config)  # fmt: skip
+    device = spawn_device(edgeps_device, address, "cannot", shards.devices[0])
+    try:
+        assert device.wait(timeout=60) == 3
+        log = device.stderr.read()  # type: ignore[union-attr]
+        assert reason in log and "it cannot take part in this job" in log, log
+        wait_until(lambda: "dev-0" in server.registry.unable, timeout=10, what="the server to hear why")
+        assert reason in server.registry.unable["dev-0"]
+        assert reason in server.status(0.0)["unable"]["dev-0"]  # what `edgeps ctl status` prints
+        if "loss" not in config:  # a Python device trains the model the C one cannot: the report says who could not
+            python = DeviceCore("cannot", "dev-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
+            runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
+            runner.start()
+            wait_until(lambda: server.finished, timeout=60, what="the job's end")
+            stop_devices([python], [runner])
+            report = build_report(server.history, 1.0, {})
+            assert reason in report["unable"]["dev-0"]
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        if device.poll() is None:
+            device.kill()

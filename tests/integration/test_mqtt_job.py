@@ -30,12 +30,12 @@ from tests.helpers import commit_bytes, next_message, stop_devices, wait_until
 
 
 def start_server(
-    address: BrokerAddress, holdout: Dataset, artifact: bytes | None = None, **config
+    address: BrokerAddress, holdout: Dataset, artifact: bytes | None = None, params=None, **config
 ) -> tuple[ServerCore, threading.Thread, threading.Event]:
-    sizes = [holdout.x.shape[1], 32, holdout.classes]
-    core = ServerCore(
-        ServerConfig(**config), init_mlp(sizes, seed=0), Evaluator(holdout, clock=time.perf_counter), artifact=artifact
-    )
+    """A ServerCore serving over MQTT in a thread; its model ``params`` (default: an MLP, 32 hidden)."""
+    if params is None:
+        params = init_mlp([holdout.x.shape[1], 32, holdout.classes], seed=0)
+    core = ServerCore(ServerConfig(**config), params, Evaluator(holdout, clock=time.perf_counter), artifact=artifact)
     transport = connect_server(core, address)
     stop = Event()
 
@@ -526,16 +526,18 @@ def test_commands_over_mqtt5_carry_their_reply_address_as_properties(mosquitto) 
         thread.join(timeout=10)
 
 
-def test_a_lone_device_muted_for_its_rate_resends_the_commit_the_broker_dropped(mosquitto, tmp_path) -> None:
-    """A device over its commit rate is refused and not listened to for a while; the commit it sends
-    meanwhile goes to a broker with no subscriber for it. Alone in a bsp job it used to wait for
-    parameters for good; it now sends that commit again (the same bytes) when no version came, and the
-    job runs to its end with every round applied once."""
+@pytest.mark.parametrize("pace", ["bsp", "ssp:2"])
+def test_a_lone_device_muted_for_its_rate_resends_the_commit_the_broker_dropped(mosquitto, tmp_path, pace) -> None:
+    """A device over its commit rate is refused and not listened to for a while; the commits it sends
+    meanwhile go to a broker with no subscriber for them. Alone in a bsp job it used to wait for
+    parameters for good (under ssp:2, at its staleness bound: the lost commits keep the slowest clock
+    low); it now sends its newest commit again (the same bytes) when no version came, and the job
+    runs to its end with every round applied once."""
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path, devices=1, alpha=0.5, seed=0)
     rounds = 6
     server, thread, stop = start_server(
-        address, Dataset.load(shards.holdout), job="mute", pace="bsp", rounds=rounds, min_devices=1,
+        address, Dataset.load(shards.holdout), job="mute", pace=pace, rounds=rounds, min_devices=1,
         max_commit_rate=20.0, max_commit_burst=2,
     )  # fmt: skip
     device = DeviceCore("mute", "dev-0", Dataset.load(shards.devices[0]), NumpyTrainer(), seed=0)
