@@ -193,16 +193,12 @@ def format_embedded(report: dict[str, Any]) -> Table:
         rams = [f"{r:,}" if (r := by_codecs[c]["ram_bytes"]) is not None else "does not fit" for c in codecs]
         table.add(model, *arenas, *rams)
     qemu = report["qemu"]
-    table.after.append(
-        f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}"
-        + (
-            f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
-            f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
-            f"{report['batch']} {qemu['step_instructions']:,}"
-            if qemu["ok"]
-            else ""
-        )  # fmt: skip
-    )
+    figures = ""
+    if qemu["ok"]:
+        figures = (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
+                   f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
+                   f"{report['batch']} {qemu['step_instructions']:,}")  # fmt: skip
+    table.after.append(f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}{figures}")
     for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from broker.client import BrokerAddress
-from learning.data import Dataset, load_digits
-from learning.prepare import prepare_shards
-from schemas.frame import encode_data_frame
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
+from learning.data import Dataset, load_digits
+from learning.prepare import prepare_shards
+from schemas.frame import encode_data_frame
 from tests.helpers import stop_devices, wait_until
 from tests.integration.test_mqtt_job import run_job, start_server
 
@@ -117,9 +117,7 @@ def _cases() -> list:
     return [
         pytest.param({"params": init_cnn(8, 3, 4, [16], 10, seed=0)}, "is not an MLP the C trainer computes", id="cnn"),
         pytest.param({"params": init_mlp([64, 1024, 1024, 10], seed=0)}, "needs an arena of", id="too-big"),
-        pytest.param(
-            {"loss": "hinge", "metrics": "accuracy"}, "loss hinge is not one the C trainer computes", id="loss"
-        ),  # fmt: skip
+        pytest.param({"loss": "hinge", "metrics": "accuracy"}, "loss hinge is not one the C", id="loss"),
     ]
 
 
