@@ -289,6 +289,7 @@ def corpus_on_qemu(workdir: Path, mutations: int = 20000) -> dict[str, Any]:
     lines = run_qemu(workdir / "build" / "m4-corpus.elf")
     verdicts = [line.split(" ", 2)[2] for line in lines if line.startswith("V ")]
     fuzzed = [int(line.split()[1]) for line in lines if line.startswith("FUZZED ")]
+    stack = [int(line.split()[1]) for line in lines if line.startswith("STACK ")]
     return {"ok": lines[-1:] == ["DONE"], "verdicts": verdicts, "expected": [c[2] for c in hostile_corpus()],
             "fuzzed": fuzzed[0] if fuzzed else 0, "logs": [line for line in lines if line.startswith("LOG ")],
-            "tail": lines[-3:]}  # fmt: skip
+            "stack_peak_bytes": stack[0] if stack else None, "tail": lines[-3:]}  # fmt: skip

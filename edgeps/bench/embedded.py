@@ -11,8 +11,9 @@ how it trains in a real job.
   link fails. The MQTT stack is not in it: the port's functions are stubs.
 * **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386 under -icount,
   checked against learning.model on the batches the image drew (``scripted_exchange``): the
-  instructions that receiving the demo model's fp32 parameter frame and one local step take, and
-  the stack's peak (painted at reset).
+  instructions that receiving the demo model's fp32 parameter frame and one local step take; the
+  hostile corpus and 20,000 mutations of it (``corpus_on_qemu``); the stack's peak over both
+  (painted at reset).
 * **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
   Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes,
   with fp32 and with sign commits and ternary pulls: best accuracy, commits refused, and each device
@@ -33,6 +34,7 @@ from edgeps.embedded import (
     RAM_BYTES,
     STACK_BYTES,
     arena_bytes,
+    corpus_on_qemu,
     heap_forbidden,
     image_size,
     make,
@@ -132,8 +134,9 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
                         raise
                     ram = None
                 models[model]["/".join(codecs)] = {"arena_bytes": arena, "ram_bytes": ram}
-        say("the scripted exchange under QEMU (mps2-an386) ...")
+        say("the scripted exchange and the hostile corpus under QEMU (mps2-an386) ...")
         qemu = scripted_exchange(root / "qemu")
+        hostile = corpus_on_qemu(root / "corpus")
         shards = prepare_shards(load_digits(), root / "data", devices=devices, alpha=0.5, seed=0)
         for shard in shards.devices:
             data = Dataset.load(shard)
@@ -161,7 +164,9 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
         "heap_forbidden_ok": forbidden,
         "m4_flash_sdk_bytes": image["sdk_bytes"],
         "m4_flash_image_bytes": image["flash_bytes"],
-        "stack_peak_bytes": qemu.get("stack_peak_bytes"),
+        # the deepest of the exchange and of the hostile corpus (refusals say why: a reason on the stack)
+        "stack_peak_bytes": max(qemu.get("stack_peak_bytes") or 0, hostile.get("stack_peak_bytes") or 0),
+        "hostile_ok": hostile["ok"] and hostile["verdicts"] == hostile["expected"],
         "params_frame_instructions": qemu.get("params_frame_instructions"),
         "step_instructions": qemu.get("step_instructions"),
         "qemu_ok": qemu["ok"],
@@ -199,6 +204,8 @@ def format_embedded(report: dict[str, Any]) -> Table:
                    f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
                    f"{report['batch']} {qemu['step_instructions']:,}")  # fmt: skip
     table.after.append(f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}{figures}")
+    table.after.append(f"QEMU hostile corpus (the 105-byte frame, NaN/Inf/out-of-range fields) and 20,000 mutations: "
+                       f"{'each refused with its reason, no fault' if report['hostile_ok'] else 'FAILED'}")  # fmt: skip
     for job in report["jobs"].values():
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"

@@ -209,6 +209,10 @@ def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf_both,
     assert result.stdout.startswith("fuzzed 100000 inputs")
 
 
+def test_gccs_static_analyzer_finds_nothing_in_the_sdk(tmp_path) -> None:
+    make(tmp_path, "lib", CFLAGS="-O2 -fanalyzer")  # -Werror: any finding fails the build
+
+
 def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
     """lwIP's MQTT client (lwip/apps/mqtt.h) is the stack of many MCU SDKs: the port builds with the
     SDK's warnings as errors, and refuses an lwipopts.h without room for five subscriptions."""

@@ -287,6 +287,21 @@ def test_a_c_device_that_cannot_take_the_job_says_why_and_the_server_shows_it(ep
         device.close()
 
 
+def test_a_reason_naming_what_the_server_sent_stays_a_valid_status(epsd, tmp_path) -> None:
+    """The reason quotes the Control's loss: whatever its bytes, the status stays printable ASCII."""
+    from schemas.messages import DeviceStatus
+
+    device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)
+    try:
+        device.connected()
+        control = json.loads(control_for(device)) | {"loss": "h\u00e9\u2603x"}
+        device.on_message("edgeps/t/ctrl/d1", json.dumps(control, ensure_ascii=False).encode())
+        error = DeviceStatus.from_bytes(device.said[0].payload).error
+        assert error is not None and error.startswith("the job's loss h?????x is not")  # UTF-8's bytes, each a '?'
+    finally:
+        device.close()
+
+
 def conv_params(run: int) -> bytes:
     rng = np.random.default_rng(0)
     tensors = {"conv0.w": rng.standard_normal((3, 3, 1, 4)).astype(np.float32), "conv0.b": np.zeros(4, np.float32),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeps.embedded import CORPUS_RUN, corpus_on_qemu, hostile_corpus, wrapping_frame
+from edgeps.embedded import CORPUS_RUN, STACK_BYTES, corpus_on_qemu, hostile_corpus, wrapping_frame
 from tests.edge_client.test_embedded_device import CDevice, data_frame
 from tests.helpers import blobs
 
@@ -70,4 +70,5 @@ def test_the_cortex_m4f_image_refuses_them_too_and_survives_their_mutations(tmp_
     assert result["ok"], result["tail"]
     assert result["verdicts"] == result["expected"]
     assert result["fuzzed"] == 200_000
+    assert result["stack_peak_bytes"] <= STACK_BYTES * 3 // 4  # a refusal's reason too fits the image's stack
     assert any("needs an arena of" in line for line in result["logs"])  # the reason, said on the target

@@ -26,7 +26,7 @@ def test_the_cortex_m4f_image_trains_and_commits_as_the_reference(toolchain, tmp
     assert result["ok"], result
     assert result["max_abs_difference"] <= 1e-5
     assert result["params_frame_instructions"] <= 300_000  # receiving the demo model's fp32 parameters
-    assert 500 < result["stack_peak_bytes"] <= STACK_BYTES // 2  # the image's stack has twice the peak
+    assert 500 < result["stack_peak_bytes"] <= STACK_BYTES // 2  # the image's stack: twice this peak
 
 
 def test_the_image_links_with_the_heap_forbidden(toolchain, tmp_path) -> None:

@@ -155,6 +155,8 @@ static eps_status say(eps_device *d, eps_status status, ...) {
     va_start(pieces, status);
     for (const char *piece; (piece = va_arg(pieces, const char *)) != NULL;) put(&t, piece);
     va_end(pieces);
+    for (char *c = text; *c; c++) /* printable ASCII without quotes: it goes into the status's JSON as is */
+        if (*c < ' ' || *c > '~' || *c == '"' || *c == '\\') *c = '?';
     memcpy(d->reason, text, sizeof text);
     if (status != EPS_OK) d->error = status;
     if (d->port.log != NULL) d->port.log(d->port.ctx, status, d->reason);
@@ -180,8 +182,9 @@ static eps_status unable(eps_device *d, eps_status status, int by_control) {
     return status;
 }
 
+/* What made it unable (a Control, or a model) is gone: it can take part again. */
 static void able(eps_device *d, int by_control) {
-    if (d->unable == EPS_OK || (by_control && !d->unable_by_control)) return;
+    if (d->unable == EPS_OK || by_control != d->unable_by_control) return;
     d->unable = EPS_OK;
     d->reason[0] = '\0';
     publish_status(d, "online");
