@@ -191,7 +191,7 @@ def format_embedded(report: dict[str, Any]) -> Table:
         f"forbidden: {'yes' if report['heap_forbidden_ok'] else 'NO'}; flash {image['flash_bytes']:,} bytes (the SDK "
         f"{image['sdk_bytes']:,}, libc/libm/libgcc {image['libc_bytes']:,}, start-up {image['startup_bytes']:,}; "
         f"semihosting {image['board_bytes']:,} not counted); RAM = .data + .bss with the arena and a "
-        f"{report['stack_bytes']:,}-byte stack (measured peak {report['stack_peak_bytes']} bytes)"
+        f"{report['stack_bytes']:,}-byte stack (measured peak {report['stack_peak_bytes']:,} bytes)"
     )
     for model, by_codecs in report["models"].items():
         arenas = [f"{by_codecs[c]['arena_bytes']:,}" for c in codecs]

@@ -265,6 +265,7 @@ typedef struct {
      * model too large for its arena): EPS_OK when it can. Said in its status ("error", PROTOCOL.md
      * §3); cleared when a Control or a model it can take arrives. */
     eps_status unable;
+    char unable_reason[EPS_REASON_MAX];
     int unable_by_control;
     /* Delivery: a commit built but refused by the port's publish (not sent: retried, never counted
      * as sent), a status or subscriptions to send again, when, and the resend of §6. */

@@ -175,9 +175,10 @@ static void publish_status(eps_device *d, const char *state);
 /* The device cannot take part in the job as it stands: said in its status, which the server logs,
  * counts and shows (PROTOCOL.md §3, DeviceStatus.error). */
 static eps_status unable(eps_device *d, eps_status status, int by_control) {
-    int news = d->unable != status;
+    int news = d->unable != status || strcmp(d->unable_reason, d->reason) != 0;
     d->unable = status;
     d->unable_by_control = by_control;
+    memcpy(d->unable_reason, d->reason, sizeof d->reason); /* later problems do not change what it says */
     if (news) publish_status(d, "online");
     return status;
 }
@@ -186,7 +187,7 @@ static eps_status unable(eps_device *d, eps_status status, int by_control) {
 static void able(eps_device *d, int by_control) {
     if (d->unable == EPS_OK || by_control != d->unable_by_control) return;
     d->unable = EPS_OK;
-    d->reason[0] = '\0';
+    d->unable_reason[0] = '\0';
     publish_status(d, "online");
 }
 
@@ -221,7 +222,7 @@ size_t eps_device_status(const eps_device *d, const char *state, char *out, size
     else put(&t, "null");
     if (d->unable != EPS_OK) { /* the reason is ASCII without quotes or backslashes: see say() callers */
         put(&t, ",\"error\":\"");
-        put(&t, d->reason);
+        put(&t, d->unable_reason);
         put(&t, "\"");
     }
     put(&t, "}");

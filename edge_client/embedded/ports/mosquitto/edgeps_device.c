@@ -286,7 +286,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "edgeps-device: %s leaves (%s%s)\n", device,
             dev.diverged ? "local training diverged: the job's learning rate is too high for this model and data"
             : dev.unable != EPS_OK ? "it cannot take part in this job: "
-            : dev.finished ? "the job finished" : "stopped", dev.unable != EPS_OK ? dev.reason : "");
+            : dev.finished ? "the job finished" : "stopped", dev.unable != EPS_OK ? dev.unable_reason : "");
     int code = dev.unable != EPS_OK ? 3 : dev.diverged ? 2 : 0;
     free(arena);
     free(g.x);
