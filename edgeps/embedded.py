@@ -237,6 +237,8 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     bad = "bad message field"
     cases: list[tuple[str, bytes, str]] = [("ctrl", control().encode(), "ok"), ("params", params, "ok")]
     cases += [("params", wrapping_frame(), "buffer too small")]  # refused by its layout, whatever size_t is
+    beyond = raw_frame(2, 0, 0.0, 2**63, CORPUS_RUN, [("dense0.w", (8, 4), bytes(128))])
+    cases += [("params", beyond, "bad message field")]  # a version no JSON reader holds exactly
     for field, value in [("run", "-nan"), ("run", "NaN"), ("lr", "1e39"), ("lr", "Infinity"), ("lr", "-0.1"),
                          ("lr", "1e-400"), ("lr", '"0.1"'), ("push_every", "4294967297"), ("push_every", "0"),
                          ("push_every", "2.0"), ("batch_size", "65537"), ("max_uncommitted_steps", "10000001"),

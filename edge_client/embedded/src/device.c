@@ -637,6 +637,8 @@ eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *p
         uint64_t bound = params || !d->has_model ? 0 : eps_mlp_params(&d->mlp);
         if ((st = eps_frame_parse(payload, len, bound, &f)) != EPS_OK)
             st = say(d, st, params ? "parameters: " : "delta: ", eps_status_name(st), NULL);
+        else if (f.base_version > MAX_ID || f.seq > MAX_ID) /* versions and runs are JSON-safe ids */
+            st = say(d, EPS_ERR_FIELD, params ? "parameters" : "delta", ": version or run beyond 2^53 - 1", NULL);
         else if (f.kind == EPS_PARAMS && params) st = on_params(d, &f);
         else if (f.kind == EPS_DELTA && !params && d->has_model) st = on_delta(d, &f);
         else if (f.kind == EPS_COMMIT) st = say(d, EPS_ERR_KIND, "a commit frame where parameters go", NULL);
