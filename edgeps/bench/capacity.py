@@ -231,13 +231,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_workers(host: str, port: int, job: str, workdir: Path, count: int) -> list[subprocess.Popen[bytes]]:
-    """``count`` ingest workers (``edgeps aggregator --shared``) of ``job``, each connected and subscribed."""
+def start_workers(host: str, port: int, job: str, workdir: Path, count: int,
+                  devices: list[str]) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+    """``count`` ingest workers (``edgeps aggregator --shared``) of ``job``, each connected and subscribed.
+    Each reads its own share of the devices (``devices[k::count]``): the load offers each device's
+    commits far faster than a device would, and two workers reading the same device can fall more
+    than the leader's anti-replay window (256 numbers, docs/SCALING.md) apart, which is not what
+    this bench measures."""
     workers, logs = [], []
     for k in range(count):
         logs.append(workdir / f"ingest-{k}.log")
         command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", job, "--site", f"ingest-{k}",
-                   "--shared", "--broker", f"{host}:{port}"]  # fmt: skip
+                   "--shared", "--devices", ",".join(devices[k::count]), "--broker", f"{host}:{port}"]  # fmt: skip
         with open(logs[-1], "wb") as log:  # the child keeps its own descriptor
             workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
     deadline = time.monotonic() + 60
@@ -271,7 +276,7 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
     names = [f"cap-{i:04d}" for i in range(devices)]
     ingest: list[subprocess.Popen[bytes]] = []
     try:
-        ingest = start_workers(host, port, job, workdir, workers)
+        ingest = start_workers(host, port, job, workdir, workers, names)
         samples: list[tuple[float, int, int]] = []  # (server's elapsed_s, applied, commits) from its metrics
 
         def take(records: list[Metrics]) -> Metrics | None:
