@@ -208,6 +208,10 @@ typedef struct {
      * status and a one-line reason ("Control: lr not a number in (0, 100]"); status EPS_OK for
      * news that is not a problem (a commit sent again). Called from within the device's calls. */
     void (*log)(void *ctx, eps_status status, const char *reason);
+    /* Optional (NULL: never). Nonzero while the transport still reads the bytes of the last payload
+     * publish took (a client that writes a commit from where it lies, and sends it again after a
+     * reconnect until its PUBACK): no new commit is built over them meanwhile. */
+    int (*sending)(void *ctx);
 } eps_port;
 
 /* A Control message (PROTOCOL.md §3). */

@@ -659,9 +659,11 @@ static int blocked(const eps_device *d) {
     return d->control.staleness_bound >= 0 && (int64_t)(d->seq - d->slowest_clock) > d->control.staleness_bound;
 }
 
-/* A commit is due; not while one the port refused is still to go (its frame would be overwritten). */
+/* A commit is due; not while one the port refused is still to go, nor while the transport still
+ * reads the last one's bytes (its frame would be overwritten). */
 static int commit_due(const eps_device *d) {
-    return d->since_commit >= d->control.push_every && !holding(d) && !d->unpublished;
+    return d->since_commit >= d->control.push_every && !holding(d) && !d->unpublished &&
+           !(d->port.sending != NULL && d->port.sending(d->port.ctx));
 }
 
 int eps_device_ready(const eps_device *d) {

@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
     h.seed = strtoull(argv[4], NULL, 10);
     size_t arena_size = argc > 5 ? (size_t)strtoull(argv[5], NULL, 10) : (size_t)1 << 20;
     void *arena = malloc(arena_size);
-    eps_port port = {&h, publish, subscribe, unsubscribe, clock_s, entropy, sample, say};
+    eps_port port = {&h, publish, subscribe, unsubscribe, clock_s, entropy, sample, say, NULL};
     if (arena == NULL || eps_device_init(&d, &port, argv[1], argv[2], h.n, arena, arena_size, 256) != EPS_OK) {
         fprintf(stderr, "epsd: bad job or device id\n");
         return 2;

@@ -181,7 +181,7 @@ static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
     size_t sizes[16];
     const char *topics[] = {"edgeps/fz/ctrl/d", "edgeps/fz/barrier", "edgeps/fz/notice/d", "edgeps/fz/params",
                             "edgeps/fz/delta"};
-    eps_port port = {NULL, fz_publish, fz_subscription, fz_subscription, fz_clock, fz_entropy, fz_sample, NULL};
+    eps_port port = {NULL, fz_publish, fz_subscription, fz_subscription, fz_clock, fz_entropy, fz_sample, NULL, NULL};
     unsigned long accepted = 0;
     if (files < 1 || files > 16) return usage();
     fuzz_state = seed | 1;

@@ -4,6 +4,7 @@
 #ifndef EDGEPS_BOARD_H
 #define EDGEPS_BOARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 void board_write(const char *text);
@@ -21,5 +22,15 @@ void board_ticks_start(void);
 uint64_t board_ticks(void);
 /* Instructions in `ticks`. */
 uint64_t board_instructions(uint64_t ticks);
+
+/* UART0 (CMSDK APB UART at 0x40004000), non-blocking: the bytes written or read (0: none now).
+ * Under QEMU, `-serial tcp:HOST:PORT` joins it to a TCP socket: a modem in transparent mode. */
+void board_uart_init(void);
+long board_uart_send(const uint8_t *data, size_t len);
+long board_uart_recv(uint8_t *data, size_t cap);
+
+/* Seconds since board_clock_start() (SysTick at 1 kHz, its interrupt counting). */
+void board_clock_start(void);
+double board_clock(void);
 
 #endif /* EDGEPS_BOARD_H */

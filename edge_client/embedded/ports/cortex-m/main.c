@@ -10,7 +10,11 @@
  * batch indices it drew ("IDX i ..."), the arena the model needs, the instructions that receiving
  * the parameter frame and one local step took (SysTick under -icount), the stack's peak, "DONE".
  * With -DCORPUS (corpus.h: a setup and hostile messages) it feeds each message and prints its
- * verdict ("V i status"), then mutated copies of them ("FUZZED n"), then "DONE". */
+ * verdict ("V i status"), then mutated copies of them ("FUZZED n"), then "DONE".
+ * With -DNETWORK (device.h: the device's job, id, credentials, seed and data, written in at build
+ * time) it is a device that joins a job: the SDK's MQTT client over UART0, which QEMU joins to a
+ * TCP socket (`-serial tcp:HOST:PORT`: the broker, as through a modem in transparent mode); its
+ * data frame stays in flash and is read a sample at a time. */
 #include <stdint.h>
 #include <string.h>
 
@@ -31,6 +35,13 @@ static float xs[DATA_SAMPLES * DATA_FEATURES];
 static float ys[DATA_SAMPLES];
 static uint16_t drawn[1024];
 static uint32_t draws;
+#elif defined(NETWORK)
+#include "device.h"
+#include "edgeps_mqtt.h"
+static eps_mqtt mqtt;
+static uint8_t rx[RX_BYTES];           /* one inbound message: the parameter frame */
+static uint8_t small[512];              /* a status, copied: the core's is on its stack */
+static const uint8_t *data_x, *data_y;  /* the data frame's tensors, in flash */
 #elif defined(CORPUS)
 #include "corpus.h"
 static uint8_t mutated[CORPUS_MAX_BYTES];
@@ -39,7 +50,15 @@ static int quiet; /* the mutations' refusals are not printed */
 
 static int publish(void *ctx, const char *topic, const uint8_t *payload, size_t len, int retain) {
     (void)ctx, (void)retain;
-#ifdef SCRIPT
+#ifdef NETWORK
+    if (len <= sizeof small && !eps_mqtt_sending(&mqtt)) { /* a status: copied, the core's goes away */
+        memcpy(small, payload, len);
+        payload = small;
+    } else if (len <= sizeof small) {
+        return -1; /* busy: the core tries again */
+    } /* a commit: written from the arena, where it stays until its PUBACK (port.sending) */
+    return eps_mqtt_publish(&mqtt, topic, payload, len, 1, retain) == EPS_MQTT_OK ? 0 : -1;
+#elif defined(SCRIPT)
     board_write("PUB ");
     board_write(topic);
     board_write(" ");
@@ -53,22 +72,70 @@ static int publish(void *ctx, const char *topic, const uint8_t *payload, size_t 
 
 static int subscription(void *ctx, const char *topic) {
     (void)ctx, (void)topic;
+#ifdef NETWORK
+    return eps_mqtt_subscribe(&mqtt, topic) == EPS_MQTT_OK ? 0 : -1;
+#else
     return 0;
+#endif
 }
+
+#ifdef NETWORK
+static int unsubscription(void *ctx, const char *topic) {
+    (void)ctx;
+    return eps_mqtt_unsubscribe(&mqtt, topic) == EPS_MQTT_OK ? 0 : -1;
+}
+
+static int sending(void *ctx) {
+    (void)ctx;
+    return eps_mqtt_sending(&mqtt);
+}
+
+static long uart_send(void *ctx, const uint8_t *data, size_t len) {
+    (void)ctx;
+    return board_uart_send(data, len);
+}
+
+static long uart_recv(void *ctx, uint8_t *data, size_t cap) {
+    (void)ctx;
+    return board_uart_recv(data, cap);
+}
+
+static void inbound(void *ctx, const char *topic, const uint8_t *payload, size_t len) {
+    (void)ctx;
+    eps_device_message(&dev, topic, payload, len);
+}
+#endif
 
 static double clock_s(void *ctx) {
     (void)ctx;
+#ifdef NETWORK
+    return board_clock();
+#else
     return (double)++ticks * 0.001;
+#endif
 }
 
-static uint64_t entropy(void *ctx) {
+static uint64_t entropy(void *ctx) { /* a real part: its hardware RNG; here the seed written in, and time */
     (void)ctx;
+#ifdef NETWORK
+    ticks += 0x9E3779B97F4A7C15u ^ (uint64_t)(board_clock() * 1e3);
+    uint64_t z = ticks + DEVICE_SEED * 0xBF58476D1CE4E5B9u;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9u;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBu;
+    return z ^ (z >> 31);
+#else
     return 0x9E3779B97F4A7C15u * ++ticks;
+#endif
 }
 
 static int sample(void *ctx, uint32_t index, float *x, float *y) {
     (void)ctx;
-#ifdef SCRIPT
+#ifdef NETWORK
+    if (index >= DATA_SAMPLES) return 0; /* float32 little-endian, as this core stores them */
+    memcpy(x, data_x + (size_t)index * DATA_FEATURES * 4u, DATA_FEATURES * 4u);
+    memcpy(y, data_y + (size_t)index * 4u, 4u);
+    return 1;
+#elif defined(SCRIPT)
     if (index >= DATA_SAMPLES) return 0;
     if (draws < sizeof drawn / sizeof drawn[0]) drawn[draws++] = (uint16_t)index;
     memcpy(x, xs + (size_t)index * DATA_FEATURES, sizeof(float) * DATA_FEATURES);
@@ -85,7 +152,7 @@ static void say(void *ctx, eps_status status, const char *reason) {
 #ifdef CORPUS
     if (quiet) return;
 #endif
-#if defined(SCRIPT) || defined(CORPUS)
+#if defined(SCRIPT) || defined(CORPUS) || defined(NETWORK)
     board_write("LOG ");
     board_write(eps_status_name(status));
     board_write(": ");
@@ -96,7 +163,7 @@ static void say(void *ctx, eps_status status, const char *reason) {
 #endif
 }
 
-#if defined(SCRIPT) || defined(CORPUS)
+#if defined(SCRIPT) || defined(CORPUS) || defined(NETWORK)
 static void line(const char *key, uint64_t value) {
     board_write(key);
     board_write(" ");
@@ -134,9 +201,84 @@ static int fail(const char *what) {
 }
 #endif
 
+#ifdef NETWORK
+/* The data frame's x (n, features) and y (n,), found where they lie in flash. */
+static int find_data(void) {
+    eps_frame f;
+    eps_tensor x, y;
+    size_t cursor = 0;
+    if (eps_frame_parse(DATA, sizeof DATA, 0, &f) != EPS_OK || f.codec.id != EPS_FP32 ||
+        !eps_frame_next(&f, &cursor, &x) || !eps_frame_next(&f, &cursor, &y) ||
+        x.elements != (uint64_t)DATA_SAMPLES * DATA_FEATURES || y.elements != DATA_SAMPLES)
+        return 0;
+    data_x = x.payload;
+    data_y = y.payload;
+    return 1;
+}
+
+static void connect(void) {
+    static char will[320 + EPS_REASON_MAX];
+    size_t n = eps_device_status(&dev, "offline", will, sizeof will);
+    eps_mqtt_options o = {DEVICE_CLIENT_ID, DEVICE_USERNAME, DEVICE_PASSWORD, dev.t_status, (const uint8_t *)will, n,
+                          1, 20, 0};
+    eps_mqtt_connect(&mqtt, &o, board_clock());
+}
+
+static int network(void) {
+    eps_port port = {0, publish, subscription, unsubscription, clock_s, entropy, sample, say, sending};
+    eps_mqtt_transport io = {0, uart_send, uart_recv};
+    if (!find_data()) {
+        board_write("FAIL the data frame\n");
+        return 1;
+    }
+    board_uart_init();
+    board_clock_start();
+    if (eps_device_init(&dev, &port, DEVICE_JOB, DEVICE_ID, DATA_SAMPLES, arena, sizeof arena, 32) != EPS_OK) return 1;
+    eps_mqtt_init(&mqtt, &io, rx, sizeof rx, inbound, 0);
+    line("INCARNATION", dev.incarnation);
+    connect();
+    double asked = board_clock(), left = 0;
+    int was = 0;
+    for (;;) {
+        double now = board_clock();
+        eps_mqtt_status st = eps_mqtt_poll(&mqtt, now);
+        if (st != EPS_MQTT_OK || (!mqtt.connected && now - asked > 5)) { /* the link again, after a second */
+            if (was) board_write("LOG the link broke: connecting again\n");
+            was = 0;
+            if (now - asked > 1) connect(), asked = now;
+            continue;
+        }
+        if (mqtt.connected && !was) { /* subscribe, say hello (what the client refuses, the tick retries) */
+            was = 1;
+            board_write("CONNECTED\n");
+            eps_device_connected(&dev);
+        }
+        if (!mqtt.connected) continue;
+        eps_device_tick(&dev, now);
+        if (dev.finished || dev.unable != EPS_OK) {
+            if (left == 0) eps_device_leave(&dev), left = now;
+            if ((!eps_mqtt_sending(&mqtt) && mqtt.tx_len == 0) || now - left > 5) break;
+            continue;
+        }
+        if (eps_device_ready(&dev)) eps_device_step(&dev);
+    }
+    eps_mqtt_disconnect(&mqtt);
+    for (double until = board_clock() + 1; board_clock() < until && mqtt.tx_len;) eps_mqtt_poll(&mqtt, board_clock());
+    line("STEPS", dev.seq);
+    line("STACK", board_stack_peak());
+    board_write(dev.unable != EPS_OK ? "UNABLE\n" : "DONE\n");
+    return dev.unable != EPS_OK ? 3 : 0;
+}
+#endif
+
 int main(void) {
-    eps_port port = {0, publish, subscription, subscription, clock_s, entropy, sample, say};
-#if defined(SCRIPT)
+#if defined(NETWORK)
+    return network();
+#else
+    eps_port port = {0, publish, subscription, subscription, clock_s, entropy, sample, say, NULL};
+#endif
+#if defined(NETWORK)
+#elif defined(SCRIPT)
     if (!load_data()) return fail("data frame");
     if (eps_device_init(&dev, &port, "emb", "mcu-0", DATA_SAMPLES, arena, sizeof arena, 32) != EPS_OK)
         return fail("device");

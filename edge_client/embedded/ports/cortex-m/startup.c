@@ -10,14 +10,15 @@ extern int main(void);
 
 void reset_handler(void);
 void fault_handler(void);
+void systick_handler(void);
 
 /* The initial stack pointer, then the handlers: reset, NMI, hard fault, memory, bus and usage
- * faults, four reserved, SVCall, debug monitor, reserved, PendSV, SysTick (not used). */
+ * faults, four reserved, SVCall, debug monitor, reserved, PendSV, SysTick (board_clock). */
 __attribute__((section(".vectors"), used)) static const uintptr_t vectors[16] = {
     (uintptr_t)&_stack_top,     (uintptr_t)reset_handler, (uintptr_t)fault_handler, (uintptr_t)fault_handler,
     (uintptr_t)fault_handler,   (uintptr_t)fault_handler, (uintptr_t)fault_handler, 0, 0, 0, 0,
     (uintptr_t)fault_handler,   (uintptr_t)fault_handler, 0, (uintptr_t)fault_handler,
-    (uintptr_t)fault_handler,
+    (uintptr_t)systick_handler,
 };
 
 void fault_handler(void) { board_exit(3); }

@@ -222,7 +222,7 @@ int main(int argc, char **argv) {
 
     static eps_device dev;
     void *arena = malloc(arena_size); /* the only allocation the core uses, made once at start */
-    eps_port p = {&g, port_publish, port_subscribe, port_unsubscribe, port_clock, port_entropy, port_sample, port_log};
+    eps_port p = {&g, port_publish, port_subscribe, port_unsubscribe, port_clock, port_entropy, port_sample, port_log, NULL};
     if (arena == NULL || max_batch == 0 || max_batch > 65536) return usage("bad --arena or --max-batch");
     if (!(resend_s >= 0.1 && resend_s <= 3600)) return usage("--resend-s is 0.1 .. 3600 seconds");
     if (eps_device_init(&dev, &p, job, device, g.n, arena, arena_size, (uint32_t)max_batch) != EPS_OK)

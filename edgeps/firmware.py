@@ -1,0 +1,58 @@
+"""Firmware images of the C device SDK that join a job (issue 30, in progress): the Cortex-M4F
+image of ports/cortex-m/main.c in its NETWORK mode, with a device's job, id, credentials, seed
+and data written in at build time, run under QEMU (mps2-an386) with its UART joined to the
+broker's TCP port, as a gateway's modem in transparent mode would be."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from edgeps.embedded import _c_array, make
+
+RX_BYTES = 24 * 1024  # one inbound message: the demo model's fp32 parameter frame is 19.5 KB
+STACK_BYTES = 3072  # the networked image's stack: its peak was 1,744 bytes in a job (the MQTT client's frames on top)
+
+
+def _c_string(text: str | None) -> str:
+    if text is None:
+        return "NULL"
+    if any(c in text for c in '"\\\n') or not text.isascii():
+        raise ValueError(f"{text!r}: the firmware takes plain ASCII without quotes or backslashes")
+    return f'"{text}"'
+
+
+def build_firmware(
+    out: Path, job: str, device: str, x: np.ndarray, y: np.ndarray, arena_bytes: int, seed: int = 0,
+    username: str | None = None, password: str | None = None, rx_bytes: int = RX_BYTES,
+) -> Path:  # fmt: skip
+    """The Cortex-M4F image of ``device`` of ``job``, its data (x, y) in flash; the ELF's path."""
+    from schemas.frame import encode_data_frame
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device.h").write_text("\n".join([
+        "/* written by edgeps/firmware.py: one device's configuration */",
+        f"#define DEVICE_JOB {_c_string(job)}",
+        f"#define DEVICE_ID {_c_string(device)}",
+        f"#define DEVICE_CLIENT_ID {_c_string(f'edgeps-dev-{job}-{device}')}",
+        f"#define DEVICE_USERNAME {_c_string(username)}",
+        f"#define DEVICE_PASSWORD {_c_string(password)}",
+        f"#define DEVICE_SEED {int(seed)}u",
+        f"#define DATA_SAMPLES {len(y)}u",
+        f"#define DATA_FEATURES {x.shape[1]}u",
+        f"#define RX_BYTES {int(rx_bytes)}u",
+        _c_array("DATA", encode_data_frame(x, y)),
+    ]))  # fmt: skip
+    make(out / "build", "m4-net", NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES)
+    return out / "build" / "m4-net.elf"
+
+
+def run_firmware(elf: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The image under QEMU, its UART0 a TCP connection to the broker at host:port; its console
+    (semihosting) into ``log``."""
+    command = ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none", "-semihosting",
+               "-serial", f"tcp:{host}:{port}", "-kernel", str(elf)]  # fmt: skip
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

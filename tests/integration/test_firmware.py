@@ -1,0 +1,62 @@
+"""Firmware that joins a job (issue 30, in progress): the Cortex-M4F image in its NETWORK mode,
+the SDK's own MQTT client over UART0, run under QEMU with the UART joined to the project's
+Mosquitto (`-serial tcp:`), trains in a bsp job beside a Python device."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from broker.client import BrokerAddress
+from edge_client.core import DeviceCore
+from edge_client.mqtt import connect_device, run_device
+from edge_client.trainer import NumpyTrainer
+from edgeps.embedded import image_size
+from edgeps.firmware import build_firmware, run_firmware
+from learning.data import Dataset, load_digits
+from learning.model import init_mlp
+from learning.prepare import prepare_shards
+from tests.helpers import stop_devices, wait_until
+from tests.integration.test_mqtt_job import start_server
+
+DEMO_ARENA = 91_035  # epsf arena 64,64,10 32: the demo model, fp32 commits and pulls
+
+
+def test_a_cortex_m4f_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tmp_path) -> None:
+    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
+        pytest.fail("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
+    rounds = 10
+    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="fw", pace="bsp", rounds=rounds,
+                                        min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
+    data = Dataset.load(shards.devices[0])
+    elf = build_firmware(tmp_path / "fw", "fw", "fw-0", data.x.astype(np.float32), data.y.astype(np.float32),
+                         DEMO_ARENA, seed=1)  # fmt: skip
+    image = image_size(elf)
+    assert image["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
+    firmware = run_firmware(elf, mosquitto.host, mosquitto.port, tmp_path / "fw.log")
+    python = DeviceCore("fw", "py-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
+    runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: server.finished, timeout=180, what="the job with a firmware device to finish")
+        deadline = time.monotonic() + 30
+        while firmware.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = (tmp_path / "fw.log").read_text()
+        assert firmware.returncode == 0 and log.rstrip().endswith("DONE"), log[-2000:]
+        assert server.store.version == rounds and server.traffic.applied == 2 * rounds  # each device every round
+        assert set(server.traffic.rejected) <= {"finished"}  # commits crossing the job's end only
+        assert server.registry.record("fw-0").highest_seq >= rounds
+        assert max(m.accuracy for m in server.history) > 0.8
+    finally:
+        stop.set()
+        stop_devices([python], [runner])
+        thread.join(timeout=10)
+        if firmware.poll() is None:
+            firmware.kill()
