@@ -26,7 +26,7 @@ def _c_string(text: str | None) -> str:
 
 def build_firmware(
     out: Path, job: str, device: str, x: np.ndarray, y: np.ndarray, arena_bytes: int, seed: int = 0,
-    username: str | None = None, password: str | None = None, rx_bytes: int = RX_BYTES,
+    username: str | None = None, password: str | None = None, rx_bytes: int = RX_BYTES, keep_alive_s: int = 20,
 ) -> Path:  # fmt: skip
     """The Cortex-M4F image of ``device`` of ``job``, its data (x, y) in flash; the ELF's path."""
     from schemas.frame import encode_data_frame
@@ -43,6 +43,7 @@ def build_firmware(
         f"#define DATA_SAMPLES {len(y)}u",
         f"#define DATA_FEATURES {x.shape[1]}u",
         f"#define RX_BYTES {int(rx_bytes)}u",
+        f"#define DEVICE_KEEP_ALIVE_S {int(keep_alive_s)}",
         _c_array("DATA", encode_data_frame(x, y)),
     ]))  # fmt: skip
     make(out / "build", "m4-net", NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES)
@@ -50,9 +51,10 @@ def build_firmware(
 
 
 def run_firmware(elf: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """The image under QEMU, its UART0 a TCP connection to the broker at host:port; its console
-    (semihosting) into ``log``."""
+    """The image under QEMU, its UART0 a TCP connection to the broker at host:port (connected
+    again a second after it breaks, as a modem redials); its console (semihosting) into ``log``."""
     command = ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none", "-semihosting",
-               "-serial", f"tcp:{host}:{port}", "-kernel", str(elf)]  # fmt: skip
+               "-chardev", f"socket,id=link,host={host},port={port},reconnect=1", "-serial", "chardev:link",
+               "-kernel", str(elf)]  # fmt: skip
     with open(log, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -60,3 +60,97 @@ def test_a_cortex_m4f_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, 
         thread.join(timeout=10)
         if firmware.poll() is None:
             firmware.kill()
+
+
+class CuttableLink:
+    """A TCP relay between the image's UART socket and the broker that can cut the link: every
+    connection closed, and none taken for a while (the modem out of coverage)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list = []
+        self.refusing_until = 0.0
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            client, _ = self.listener.accept()
+            if time.monotonic() < self.refusing_until:
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self, seconds: float) -> None:
+        import socket
+
+        self.refusing_until = time.monotonic() + seconds
+        self.cuts += 1
+        for s in self.open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.open = []
+
+
+def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit(mosquitto, tmp_path) -> None:
+    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
+        pytest.fail("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
+    rounds = 12
+    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cut", pace="bsp", rounds=rounds,
+                                        min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
+    data = Dataset.load(shards.devices[0])
+    elf = build_firmware(tmp_path / "fw", "cut", "fw-0", data.x.astype(np.float32), data.y.astype(np.float32),
+                         DEMO_ARENA, seed=1, keep_alive_s=2)  # fmt: skip
+    link = CuttableLink(mosquitto.host, mosquitto.port)
+    firmware = run_firmware(elf, "127.0.0.1", link.port, tmp_path / "fw.log")
+    python = DeviceCore("cut", "py-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
+    runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: server.store.version >= 4, timeout=120, what="version 4")
+        link.cut(5.0)
+        wait_until(lambda: server.finished, timeout=180, what="the job's end after the cut")
+        deadline = time.monotonic() + 90  # the image catches up on what queued for it over its UART
+        while firmware.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = (tmp_path / "fw.log").read_text()
+        assert firmware.returncode == 0 and log.rstrip().endswith("DONE"), log[-2000:]
+        assert "the link broke" in log and log.count("CONNECTED") >= 2, log[-2000:]
+        firmware_commits = int(log.split("STEPS ")[1].split()[0])
+        refused = server.traffic.rejected
+        assert set(refused) <= {"finished"}, refused  # none replayed, none lost to a bad frame
+        # every commit either device sent is applied once, or came after the job's end
+        assert server.traffic.applied + refused["finished"] == python.seq + firmware_commits
+        assert server.store.version == rounds and firmware_commits >= 3
+    finally:
+        stop.set()
+        stop_devices([python], [runner])
+        thread.join(timeout=10)
+        if firmware.poll() is None:
+            firmware.kill()

@@ -75,7 +75,7 @@ typedef struct {
     int out_retain, writing, awaiting, resend_due;
     /* the session */
     int connected, session_present, refused, ping_out;
-    double last_sent, ping_at;
+    double last_sent, last_recv, ping_at;
     uint16_t keep_alive;
     uint32_t dropped, resent;  /* PUBLISHes too large for rx; publishes sent again after a reconnect */
 } eps_mqtt;

@@ -248,13 +248,14 @@ static eps_mqtt_status handle(eps_mqtt *c, uint8_t first) {
     }
 }
 
-static eps_mqtt_status read_some(eps_mqtt *c) {
+static eps_mqtt_status read_some(eps_mqtt *c, double now) {
     for (;;) {
         if (c->head_len < 2 || (c->head[c->head_len - 1] & 0x80)) { /* the fixed header, a byte at a time */
             if (c->head_len >= 2 && c->head_len == 5) return EPS_MQTT_PROTOCOL; /* a remaining length of 5 bytes */
             long got = c->io.recv(c->io.ctx, c->head + c->head_len, 1);
             if (got < 0) return EPS_MQTT_LOST;
             if (got == 0) return EPS_MQTT_OK;
+            c->last_recv = now;
             c->head_len++;
             if (c->head_len < 2 || (c->head[c->head_len - 1] & 0x80)) continue;
             size_t len = 0, scale = 1;
@@ -276,6 +277,7 @@ static eps_mqtt_status read_some(eps_mqtt *c) {
             }
             if (got < 0) return EPS_MQTT_LOST;
             if (got == 0) return EPS_MQTT_OK;
+            c->last_recv = now;
             c->body_got += (size_t)got;
             if (c->body_got < c->body_len) continue;
         }
@@ -295,10 +297,12 @@ static eps_mqtt_status read_some(eps_mqtt *c) {
 }
 
 eps_mqtt_status eps_mqtt_poll(eps_mqtt *c, double now) {
-    eps_mqtt_status st = read_some(c);
+    eps_mqtt_status st = read_some(c, now);
     if (st == EPS_MQTT_OK) st = write_some(c, now);
     if (st == EPS_MQTT_OK && c->connected && c->keep_alive) {
-        if (c->ping_out && now - c->ping_at > c->keep_alive) st = EPS_MQTT_LOST; /* no PINGRESP: the link is dead */
+        /* no PINGRESP, nor any byte, for keep_alive after the PINGREQ: the link is dead (a PINGRESP
+         * queued behind a long message on a slow link comes late, but its bytes keep coming) */
+        if (c->ping_out && now - c->ping_at > c->keep_alive && now - c->last_recv > c->keep_alive) st = EPS_MQTT_LOST;
         else if (!c->ping_out && now - c->last_sent >= c->keep_alive * 0.75 && packet(c, PINGREQ << 4, 0)) {
             c->ping_out = 1;
             c->ping_at = now;

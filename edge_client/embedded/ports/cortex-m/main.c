@@ -38,6 +38,9 @@ static uint32_t draws;
 #elif defined(NETWORK)
 #include "device.h"
 #include "edgeps_mqtt.h"
+#ifndef DEVICE_KEEP_ALIVE_S
+#define DEVICE_KEEP_ALIVE_S 20 /* a cut link is noticed within 1.75 x this (the UART carries no carrier) */
+#endif
 static eps_mqtt mqtt;
 static uint8_t rx[RX_BYTES];           /* one inbound message: the parameter frame */
 static uint8_t small[512];              /* a status, copied: the core's is on its stack */
@@ -102,7 +105,7 @@ static long uart_recv(void *ctx, uint8_t *data, size_t cap) {
 
 static void inbound(void *ctx, const char *topic, const uint8_t *payload, size_t len) {
     (void)ctx;
-    eps_device_message(&dev, topic, payload, len);
+    eps_device_message(&dev, topic, payload, len); /* a refusal is said through the log hook */
 }
 #endif
 
@@ -220,7 +223,7 @@ static void connect(void) {
     static char will[320 + EPS_REASON_MAX];
     size_t n = eps_device_status(&dev, "offline", will, sizeof will);
     eps_mqtt_options o = {DEVICE_CLIENT_ID, DEVICE_USERNAME, DEVICE_PASSWORD, dev.t_status, (const uint8_t *)will, n,
-                          1, 20, 0};
+                          1, DEVICE_KEEP_ALIVE_S, 0};
     eps_mqtt_connect(&mqtt, &o, board_clock());
 }
 
