@@ -4,6 +4,7 @@ Mosquitto (`-serial tcp:`), trains in a bsp job beside a Python device."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -98,10 +99,8 @@ class CuttableLink:
         except OSError:
             pass
         for s in (a, b):
-            try:
+            with contextlib.suppress(OSError):
                 s.close()
-            except OSError:
-                pass
 
     def cut(self, seconds: float) -> None:
         import socket
@@ -109,10 +108,8 @@ class CuttableLink:
         self.refusing_until = time.monotonic() + seconds
         self.cuts += 1
         for s in self.open:
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self.open = []
 
 
