@@ -12,7 +12,7 @@ import sys
 import time
 
 from edgeps import __version__
-from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, ps, report
+from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, firmware, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.set_defaults(func=cmd_config)
     bench.add(sub)
     data.add(sub)
+    firmware.add(sub)
     report.add(sub)
     _show_defaults(parser)
     return parser

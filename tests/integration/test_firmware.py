@@ -16,7 +16,6 @@ from broker.client import BrokerAddress
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
-from edgeps.embedded import image_size
 from edgeps.firmware import build_firmware, run_firmware
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
@@ -28,6 +27,13 @@ DEMO_ARENA = 91_035  # epsf arena 64,64,10 32: the demo model, fp32 commits and 
 
 
 def test_a_cortex_m4f_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tmp_path) -> None:
+    """As a user would: ``edgeps firmware build`` from a shard, ``edgeps firmware run`` against the broker."""
+    import json
+    import subprocess
+    import sys
+
+    from edgeps.cli import main
+
     if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
         pytest.fail("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
     address = BrokerAddress(mosquitto.host, mosquitto.port)
@@ -35,22 +41,22 @@ def test_a_cortex_m4f_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, 
     rounds = 10
     server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="fw", pace="bsp", rounds=rounds,
                                         min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
-    data = Dataset.load(shards.devices[0])
-    elf = build_firmware(tmp_path / "fw", "fw", "fw-0", data.x.astype(np.float32), data.y.astype(np.float32),
-                         DEMO_ARENA, seed=1)  # fmt: skip
-    image = image_size(elf)
-    assert image["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
-    firmware = run_firmware(elf, mosquitto.host, mosquitto.port, tmp_path / "fw.log")
+    out = tmp_path / "fw-0"
+    assert main(["firmware", "build", "--device", "fw-0", "--job", "fw", "--data", str(shards.devices[0]),
+                 "--broker", f"{mosquitto.host}:{mosquitto.port}", "--seed", "1", "--out", str(out)]) == 0  # fmt: skip
+    built = json.loads((out / "firmware.json").read_text())
+    assert built["arena_bytes"] == DEMO_ARENA and (out / "firmware.bin").stat().st_size > 20_000
+    assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
+    firmware = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     python = DeviceCore("fw", "py-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
     runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
     runner.start()
     try:
         wait_until(lambda: server.finished, timeout=180, what="the job with a firmware device to finish")
-        deadline = time.monotonic() + 30
-        while firmware.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        log = (tmp_path / "fw.log").read_text()
-        assert firmware.returncode == 0 and log.rstrip().endswith("DONE"), log[-2000:]
+        code = firmware.wait(timeout=90)
+        console = firmware.stdout.read()  # type: ignore[union-attr]
+        assert code == 0 and console.rstrip().endswith("DONE"), console[-2000:]
         assert server.store.version == rounds and server.traffic.applied == 2 * rounds  # each device every round
         assert set(server.traffic.rejected) <= {"finished"}  # commits crossing the job's end only
         assert server.registry.record("fw-0").highest_seq >= rounds
