@@ -52,6 +52,9 @@ class DemoSettings(BaseModel):
     embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
     embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
                                   "(built into OUT/sdk on the fly)")  # fmt: skip
+    firmware_devices: int = Field(0, ge=0, description="run the last K devices as firmware images of the C SDK "
+                                  "(Cortex-M4F) under QEMU, their UART joined to the broker (built into "
+                                  "OUT/firmware)")  # fmt: skip
     timeout_s: float = Field(600.0, gt=0, description="give up on the job after this many seconds")
     #: Per-device compute slowdown factors (missing devices: 1.0).
     slowdowns: tuple[float, ...] = ()
@@ -114,6 +117,34 @@ def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subpro
     raise RuntimeError("the parameter server did not publish its first metrics within 60 s")
 
 
+def build_demo_firmware(settings: DemoSettings, task: Any, shards: ShardPaths, out: Path, say: Any) -> dict[int, Path]:
+    """The firmware images of the last ``settings.firmware_devices`` devices (their shards in flash,
+    the arena sized for the job's model and codecs), by device index. ValueError in one line when
+    this machine cannot build them."""
+    import shutil
+
+    from edgeps.embedded import arena_bytes, make
+    from edgeps.firmware import build_firmware
+
+    missing = [t for t in ("make", "cc", "arm-none-eabi-gcc", "qemu-system-arm") if shutil.which(t) is None]
+    if missing:
+        raise ValueError(f"--firmware-devices needs {', '.join(missing)} (apt-get install make gcc gcc-arm-none-eabi "
+                         "libnewlib-arm-none-eabi qemu-system-arm)")  # fmt: skip
+    say(f"building {settings.firmware_devices} Cortex-M4F firmware images (QEMU mps2-an386) ...")
+    make(out / "host", "all")
+    holdout = Dataset.load(shards.holdout)
+    sizes = [holdout.x.shape[1], *(int(h) for h in task.model.hidden.split(",")), holdout.classes]
+    arena = arena_bytes(out / "host" / "epsf", "-".join(map(str, sizes)), settings.server.codec,
+                        settings.server.pull_codec)  # fmt: skip
+    images = {}
+    for i in range(settings.devices - settings.firmware_devices, settings.devices):
+        data = Dataset.load(shards.devices[i])
+        name = f"dev-{i:02d}"
+        images[i] = build_firmware(out / name, settings.server.job, name, data.x.astype("float32"),
+                                   data.y.astype("float32"), arena, seed=settings.seed + i)  # fmt: skip
+    return images
+
+
 def run_local_job(
     settings: DemoSettings,
     address: BrokerAddress,
@@ -123,9 +154,12 @@ def run_local_job(
     c_device: Path | None = None,
     dashboard_broker: str | None = None,
     device_address: BrokerAddress | None = None,
+    firmware: dict[int, Path] | None = None,
 ) -> JobResult:
     """Run the parameter server and one process per device against ``address`` until the job ends
-    (the devices against ``device_address`` where given: a relay to the same broker)."""
+    (the devices against ``device_address`` where given: a relay to the same broker); device i of
+    ``firmware`` is that image under QEMU."""
+    firmware = firmware or {}
     logs.mkdir(parents=True, exist_ok=True)
     job = settings.server.job
     topics = Topics(job)
@@ -165,7 +199,14 @@ def run_local_job(
         for i, shard in enumerate(shards.devices):
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
-            if c_device is not None and i >= settings.devices - settings.embedded_devices:  # the C SDK's device
+            if i in firmware:  # a firmware image under QEMU, its UART joined to the broker
+                from edgeps.firmware import run_firmware
+
+                devices[name] = run_firmware(firmware[i], devices_at.host, devices_at.port,
+                                             logs / f"{settings.server.job}-{name}.log")  # fmt: skip
+                processes.append(devices[name])
+                continue
+            if c_device is not None and i >= settings.devices - settings.embedded_devices - settings.firmware_devices:
                 device = [*device_common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
                           str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
                 devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device)
@@ -243,6 +284,13 @@ def run_demo(
     else:  # the built-in job: examples/digits.py, with the model and job options of the flags
         task = builtin_task(settings.model, settings.server.loss, settings.server.metric_names)
     c_device = None
+    firmware: dict[int, Path] = {}
+    if settings.firmware_devices:
+        mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
+        k = settings.firmware_devices
+        if not 0 < k <= settings.devices - settings.embedded_devices or not mlp or settings.server.loss not in C_LOSSES:
+            raise ValueError(f"--firmware-devices {k}: 1 to --devices ({settings.devices}) less --embedded-devices "
+                             f"firmware devices, with the built-in MLP and loss {' or '.join(C_LOSSES)}")  # fmt: skip
     if settings.embedded_devices:
         mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
         if not 0 < settings.embedded_devices <= settings.devices or not mlp or settings.server.loss not in C_LOSSES:
@@ -264,14 +312,19 @@ def run_demo(
     logs.mkdir(parents=True, exist_ok=True)
     how = "one shard per device column value" if devices is not None else f"Dirichlet alpha {settings.alpha}"
     say(f"data: {settings.task or 'digits'}, {len(data)} rows, {settings.devices} devices ({how}); files under {out}/")
+    if settings.firmware_devices:
+        firmware = build_demo_firmware(settings, task, shards, out / "firmware", say)
     if c_device is not None:
         from schemas.frame import encode_data_frame
 
-        for shard in shards.devices[settings.devices - settings.embedded_devices :]:
+        first_c = settings.devices - settings.embedded_devices - settings.firmware_devices
+        for shard in shards.devices[first_c : settings.devices - settings.firmware_devices]:
             data = Dataset.load(shard)
             shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
-        say(f"devices: {settings.devices - settings.embedded_devices} edgeps client, "
+        say(f"devices: {settings.devices - settings.embedded_devices - settings.firmware_devices} edgeps client, "
             f"{settings.embedded_devices} edgeps-device (C)")  # fmt: skip
+    if firmware:
+        say(f"devices: {settings.firmware_devices} firmware images under QEMU, their UART on the broker")
 
     broker: BrokerProcess | None = None
     dashboard_broker = None
@@ -289,7 +342,8 @@ def run_demo(
     try:
         devices_at = BrokerAddress.parse(device_broker) if device_broker else None
         result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device,
-                               dashboard_broker=dashboard_broker, device_address=devices_at)  # fmt: skip
+                               dashboard_broker=dashboard_broker, device_address=devices_at,
+                               firmware=firmware)  # fmt: skip
     finally:
         if broker is not None:
             broker.stop()

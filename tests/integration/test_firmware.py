@@ -157,3 +157,18 @@ def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit
         thread.join(timeout=10)
         if firmware.poll() is None:
             firmware.kill()
+
+
+def test_the_demo_runs_firmware_devices_beside_python_ones(tmp_path) -> None:
+    from edgeps.demo import DemoSettings, run_demo
+
+    report = run_demo(DemoSettings(devices=3, rounds=8, out=tmp_path / "demo", firmware_devices=1), quiet=True)
+    assert report["device_backends"] == {"numpy": 2, "firmware-m4": 1}  # the report's trainer line says so
+    assert report["rounds"] == 8 and report["rejected"] == 0 and report["best_accuracy"] > 0.7
+
+
+def test_the_demo_refuses_firmware_devices_it_cannot_run(tmp_path) -> None:
+    from edgeps.demo import DemoSettings, run_demo
+
+    with pytest.raises(ValueError, match="--firmware-devices 3: 1 to --devices"):
+        run_demo(DemoSettings(devices=3, embedded_devices=1, out=tmp_path / "demo", firmware_devices=3), quiet=True)

@@ -281,6 +281,7 @@ typedef struct {
     int64_t progress_version;
     uint64_t progress_seq;
     uint32_t resends, port_failures;
+    char backend[16]; /* the status's "backend": "c"; a port may name its build ([A-Za-z0-9_.-], e.g. "firmware-m4") */
 } eps_device;
 
 /* Set up a device of job with id device holding samples training samples, its memory in arena

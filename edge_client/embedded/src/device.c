@@ -213,7 +213,9 @@ size_t eps_device_status(const eps_device *d, const char *state, char *out, size
     put_uint(&t, d->incarnation);
     put(&t, ",\"samples\":");
     put_uint(&t, d->samples);
-    put(&t, ",\"backend\":\"c\",\"busy_s\":");
+    put(&t, ",\"backend\":\"");
+    put(&t, d->backend);
+    put(&t, "\",\"busy_s\":");
     put_fixed6(&t, d->busy_s > 0 ? d->busy_s : 0);
     put(&t, ",\"idle_s\":");
     put_fixed6(&t, d->idle_s > 0 ? d->idle_s : 0);
@@ -288,6 +290,7 @@ eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job,
     d->server_version = -1;
     d->committed_on = -1;
     d->resend_s = EPS_RESEND_S;
+    strcpy(d->backend, "c");
     return EPS_OK;
 }
 
