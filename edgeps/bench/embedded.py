@@ -43,6 +43,8 @@ from edgeps.embedded import (
 from edgeps.report import read_report
 from edgeps.tables import Table
 
+FIRMWARE_DEVICES = 2  # the last devices of the firmware job run as firmware images
+
 # ---------------------------------------------------------------- a real job
 
 
@@ -56,10 +58,19 @@ def _hwm_kib(pid: int) -> int | None:
 
 
 def real_job(
-    kind: str, device_bin: Path | None, broker, shards, workdir: Path, rounds: int, codecs: tuple[str, str]
+    kind: str,
+    device_bin: Path | None,
+    broker,
+    shards,
+    workdir: Path,
+    rounds: int,
+    codecs: tuple[str, str],
+    firmware: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
     """A bsp job of the demo task with ``kind`` devices (``c``: edgeps-device, ``python``: edgeps
-    client), commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS per device."""
+    client; ``firmware``: edgeps client but device i of ``firmware``, that image under QEMU),
+    commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS per device."""
+    firmware = firmware or {}
     workdir.mkdir(parents=True, exist_ok=True)
     job, report = f"embedded-{kind}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
@@ -71,6 +82,11 @@ def real_job(
     devices = []
     for i, shard in enumerate(shards.devices):
         log = workdir / f"dev-{i}.log"
+        if i in firmware:
+            from edgeps.firmware import run_firmware
+
+            devices.append(run_firmware(firmware[i], broker.host, broker.port, log))
+            continue
         if kind == "c":
             args = [*common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")), "--seed", str(i)]
             devices.append(spawn(args, log, program=device_bin))
@@ -153,6 +169,23 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
                                           root / name.replace(" ", "-").replace("/", "-"), rounds, codecs)  # fmt: skip
                 finally:
                     broker.stop()
+        say(f"a {rounds}-round bsp job of {devices - FIRMWARE_DEVICES} edgeps client processes and "
+            f"{FIRMWARE_DEVICES} Cortex-M4F firmware images under QEMU (UART on the broker), fp32 ...")  # fmt: skip
+        from edgeps.firmware import build_firmware
+
+        arena = arena_bytes(root / "host" / "epsf", MODELS[0])
+        images = {}
+        for i in range(devices - FIRMWARE_DEVICES, devices):
+            data = Dataset.load(shards.devices[i])
+            images[i] = build_firmware(root / "firmware" / f"dev-{i}", "embedded-firmware-fp32-fp32", f"dev-{i}",
+                                       data.x.astype("float32"), data.y.astype("float32"), arena, seed=i)  # fmt: skip
+        broker = start_broker(workdir=root / "broker-firmware")
+        try:
+            fw_job = real_job("firmware", None, broker, shards, root / "firmware-job", rounds, ("fp32", "fp32"),
+                              images)  # fmt: skip
+        finally:
+            broker.stop()
+        fw_image = image_size(images[devices - 1])
     c, python = jobs["c fp32/fp32"], jobs["python fp32/fp32"]
     c_st, python_st = jobs["c sign/ternary"], jobs["python sign/ternary"]
     return {
@@ -178,7 +211,19 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
         "c_rejected": sum(c["rejected"].values()) + sum(c_st["rejected"].values()),
         "c_rss_kib": max(c["peak_rss_kib"] + c_st["peak_rss_kib"]),
         "python_rss_kib": max(python["peak_rss_kib"] + python_st["peak_rss_kib"]),
-        "jobs": jobs,
+        "jobs": {**jobs, "firmware fp32/fp32": fw_job},
+        "firmware": {
+            "mps2-an386": {
+                "devices": FIRMWARE_DEVICES,
+                "best_accuracy": fw_job["best_accuracy"],
+                "python_best_accuracy": python["best_accuracy"],
+                "refused": sum(fw_job["rejected"].values()),
+                "flash_bytes": fw_image["flash_bytes"],  # with the device's data in flash
+                "code_bytes": fw_image["sdk_bytes"] + fw_image["libc_bytes"],  # the SDK, its MQTT client, libc
+                "ram_bytes": fw_image["ram_bytes"],  # .data + .bss: arena, MQTT receive buffer, stack
+                "step_instructions": qemu.get("step_instructions"),
+            }
+        },
     }
 
 
@@ -206,7 +251,14 @@ def format_embedded(report: dict[str, Any]) -> Table:
     table.after.append(f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}{figures}")
     table.after.append(f"QEMU hostile corpus (the 105-byte frame, NaN/Inf/out-of-range fields) and 20,000 mutations: "
                        f"{'each refused with its reason, no fault' if report['hostile_ok'] else 'FAILED'}")  # fmt: skip
+    for board, fw in report.get("firmware", {}).items():
+        table.after.append(f"firmware on {board} ({fw['devices']} of the devices, under QEMU): best "
+                           f"{fw['best_accuracy']:.4f} against {fw['python_best_accuracy']:.4f} all Python, refused "
+                           f"{fw['refused']}; RAM linked {fw['ram_bytes']:,} (arena, MQTT buffer, stack), code "
+                           f"{fw['code_bytes']:,} + the device's data in flash")  # fmt: skip
     for job in report["jobs"].values():
+        if job["devices"] == "firmware":  # its line is above; QEMU's RSS is not a device's
+            continue
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
         table.after.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
