@@ -21,7 +21,7 @@ SDK = ROOT / "edge_client" / "embedded"
 RAM_BYTES = 128 * 1024  # the part the image is linked for (an STM32F4-class Cortex-M4F)
 STACK_BYTES = 2048  # the image's stack: the measured peak (``stack_peak_bytes``) with room for a port's calls
 SDK_OBJECTS = ("frame.o", "codec.o", "mlp.o", "json.o", "device.o")
-BOARD_OBJECTS = ("board.o",)  # semihosting: QEMU's console, not a part of the device
+BOARD_OBJECTS = ("board.o",)  # semihosting (and, on RV32, the reset code beside it): QEMU's console
 BATCH = 32
 MODELS = ("64-64-10", "64-32-10")
 CODECS = (("fp32", "fp32"), ("sign", "ternary"))  # (commits, pulls) of the real jobs
@@ -56,7 +56,9 @@ def image_size(elf: Path) -> dict[str, int]:
     bss), and its link map's flash by who brought it: ``sdk_bytes`` (src/*.c), ``libc_bytes``
     (libc, libm, libgcc), ``startup_bytes`` (the vector table, reset and main), ``board_bytes``
     (semihosting). ``flash_bytes`` is text + data less semihosting; ``ram_bytes`` data + bss."""
-    out = subprocess.run(["arm-none-eabi-size", str(elf)], capture_output=True, text=True, check=True).stdout
+    riscv = int.from_bytes(elf.read_bytes()[18:20], "little") == 243  # ELF e_machine: EM_RISCV, else EM_ARM
+    size = "riscv64-unknown-elf-size" if riscv else "arm-none-eabi-size"
+    out = subprocess.run([size, str(elf)], capture_output=True, text=True, check=True).stdout
     text, data, bss = (int(v) for v in out.splitlines()[1].split()[:3])
     share = flash_by_origin(Path(f"{elf}.map"))
     return {"text": text, "data": data, "bss": bss, "flash_bytes": text + data - share["board"],
@@ -64,7 +66,9 @@ def image_size(elf: Path) -> dict[str, int]:
             "startup_bytes": share["startup"], "board_bytes": share["board"]}  # fmt: skip
 
 
-_INPUT = re.compile(r"^ (\.(?:text|rodata|data|ARM\.exidx)\S*)\s*\n?\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)", re.M)
+_INPUT = re.compile(
+    r"^ (\.(?:text|rodata|srodata|data|sdata|ARM\.exidx)\S*)\s*\n?\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)", re.M
+)
 
 
 def flash_by_origin(map_file: Path) -> Counter[str]:

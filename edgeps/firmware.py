@@ -1,7 +1,8 @@
-"""Firmware images of the C device SDK that join a job (issue 30, in progress): the Cortex-M4F
-image of ports/cortex-m/main.c in its NETWORK mode, with a device's job, id, credentials, seed
-and data written in at build time, run under QEMU (mps2-an386) with its UART joined to the
-broker's TCP port, as a gateway's modem in transparent mode would be."""
+"""Firmware images of the C device SDK that join a job (issue 30, in progress): ports/cortex-m/
+main.c in its NETWORK mode, with a device's job, id, credentials, seed and data written in at
+build time, for a board of ``BOARDS`` (a Cortex-M4F, mps2-an386; an RV32IMAC without an FPU,
+QEMU's riscv32 virt), run under QEMU with its UART joined to the broker's TCP port, as a
+gateway's modem in transparent mode would be."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import numpy as np
 
 from edgeps.embedded import _c_array, make
 
+#: board -> (make target, QEMU and its machine flags, the status's backend name)
+BOARDS = {
+    "mps2-an386": ("m4-net", ["qemu-system-arm", "-M", "mps2-an386"], "firmware-m4"),
+    "riscv32-virt": ("rv32-net", ["qemu-system-riscv32", "-M", "virt", "-bios", "none"], "firmware-rv32"),
+}
 RX_BYTES = 24 * 1024  # one inbound message: the demo model's fp32 parameter frame is 19.5 KB
 STACK_BYTES = 3072  # the networked image's stack: its peak was 1,744 bytes in a job (the MQTT client's frames on top)
 
@@ -27,8 +33,9 @@ def _c_string(text: str | None) -> str:
 def build_firmware(
     out: Path, job: str, device: str, x: np.ndarray, y: np.ndarray, arena_bytes: int, seed: int = 0,
     username: str | None = None, password: str | None = None, rx_bytes: int = RX_BYTES, keep_alive_s: int = 20,
+    board: str = "mps2-an386",
 ) -> Path:  # fmt: skip
-    """The Cortex-M4F image of ``device`` of ``job``, its data (x, y) in flash; the ELF's path."""
+    """The image of ``device`` of ``job`` for ``board``, its data (x, y) in flash; the ELF's path."""
     from schemas.frame import encode_data_frame
 
     out.mkdir(parents=True, exist_ok=True)
@@ -46,14 +53,15 @@ def build_firmware(
         f"#define DEVICE_KEEP_ALIVE_S {int(keep_alive_s)}",
         _c_array("DATA", encode_data_frame(x, y)),
     ]))  # fmt: skip
-    make(out / "build", "m4-net", NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES)
-    return out / "build" / "m4-net.elf"
+    target = BOARDS[board][0]
+    make(out / "build", target, NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES)
+    return out / "build" / f"{target}.elf"
 
 
-def run_firmware(elf: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """The image under QEMU, its UART0 a TCP connection to the broker at host:port (connected
-    again a second after it breaks, as a modem redials); its console (semihosting) into ``log``."""
-    command = ["qemu-system-arm", "-M", "mps2-an386", "-display", "none", "-monitor", "none", "-semihosting",
+def run_firmware(elf: Path, host: str, port: int, log: Path, board: str = "mps2-an386") -> subprocess.Popen[bytes]:
+    """The image under QEMU, its UART a TCP connection to the broker at host:port (connected again
+    a second after it breaks, as a modem redials); its console (semihosting) into ``log``."""
+    command = [*BOARDS[board][1], "-display", "none", "-monitor", "none", "-semihosting",
                "-chardev", f"socket,id=link,host={host},port={port},reconnect=1", "-serial", "chardev:link",
                "-kernel", str(elf)]  # fmt: skip
     with open(log, "wb") as out:

@@ -9,16 +9,21 @@ import shutil
 import subprocess
 from pathlib import Path
 
-BOARDS = ("mps2-an386",)  # Cortex-M4F; the RV32 board is still to come (docs/EMBEDDED.md)
-TOOLS = {"make": "make", "cc": "gcc", "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
-         "qemu-system-arm": "qemu-system-arm"}  # fmt: skip
+#: board -> the tools it needs and their Debian packages (the host's make and cc build the arena's sizer)
+TOOLS = {
+    "mps2-an386": {"make": "make", "cc": "gcc", "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
+                   "qemu-system-arm": "qemu-system-arm"},
+    "riscv32-virt": {"make": "make", "cc": "gcc", "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf "
+                     "picolibc-riscv64-unknown-elf", "qemu-system-riscv32": "qemu-system-misc"},
+}  # fmt: skip
+BOARDS = tuple(TOOLS)
 
 
-def _check_tools() -> None:
-    missing = [package for tool, package in TOOLS.items() if shutil.which(tool) is None]
+def _check_tools(board: str) -> None:
+    missing = {tool: package for tool, package in TOOLS[board].items() if shutil.which(tool) is None}
     if missing:
-        raise ValueError(f"edgeps firmware needs {', '.join(t for t in TOOLS if shutil.which(t) is None)} "
-                         f"(apt-get install {' '.join(missing)})")  # fmt: skip
+        raise ValueError(f"edgeps firmware --board {board} needs {', '.join(missing)} "
+                         f"(apt-get install {' '.join(missing.values())})")  # fmt: skip
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -26,16 +31,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     from edgeps.firmware import RX_BYTES, STACK_BYTES, build_firmware
     from learning.data import Dataset
 
-    _check_tools()
+    _check_tools(args.board)
     out = Path(args.out)
     data = Dataset.load(args.data)
     password = Path(args.password_file).read_text().strip() if args.password_file else None
     make(out / "host", "all")
     arena = arena_bytes(out / "host" / "epsf", args.model.replace(",", "-"), args.codec, args.pull_codec, args.batch)
     elf = build_firmware(out / "src", args.job, args.device, data.x.astype("float32"), data.y.astype("float32"), arena,
-                         seed=args.seed, username=args.username, password=password)  # fmt: skip
+                         seed=args.seed, username=args.username, password=password, board=args.board)  # fmt: skip
     shutil.copy(elf, out / "firmware.elf")
-    subprocess.run(["arm-none-eabi-objcopy", "-O", "binary", str(elf), str(out / "firmware.bin")], check=True)
+    objcopy = "arm-none-eabi-objcopy" if args.board == "mps2-an386" else "riscv64-unknown-elf-objcopy"
+    subprocess.run([objcopy, "-O", "binary", str(elf), str(out / "firmware.bin")], check=True)
     size = image_size(elf)
     report = {"board": args.board, "job": args.job, "device": args.device, "broker": args.broker,
               "flash_bytes": size["flash_bytes"], "ram_bytes": size["ram_bytes"], "arena_bytes": arena,
@@ -50,13 +56,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from edgeps.firmware import run_firmware
 
-    _check_tools()
     out = Path(args.dir)
     built = json.loads((out / "firmware.json").read_text())
+    _check_tools(built["board"])
     host, _, port = (args.broker or built["broker"]).rpartition(":")
     log = out / "console.log"
     print(f"running {built['device']} ({built['board']}) under QEMU against {host}:{port}; console: {log}")
-    qemu = run_firmware(out / "firmware.elf", host, int(port), log)
+    qemu = run_firmware(out / "firmware.elf", host, int(port), log, board=built["board"])
     code = qemu.wait()
     print(log.read_text().rstrip()[-2000:])
     return code

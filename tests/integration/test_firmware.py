@@ -26,24 +26,29 @@ from tests.integration.test_mqtt_job import start_server
 DEMO_ARENA = 91_035  # epsf arena 64,64,10 32: the demo model, fp32 commits and pulls
 
 
-def test_a_cortex_m4f_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tmp_path) -> None:
-    """As a user would: ``edgeps firmware build`` from a shard, ``edgeps firmware run`` against the broker."""
+@pytest.mark.parametrize("board", ["mps2-an386", "riscv32-virt"])
+def test_a_firmware_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tmp_path, board) -> None:
+    """As a user would: ``edgeps firmware build`` from a shard, ``edgeps firmware run`` against the
+    broker; a Cortex-M4F (hard float) and an RV32IMAC (soft float) image, the same SDK."""
     import json
     import subprocess
     import sys
 
     from edgeps.cli import main
+    from edgeps.cli.firmware import TOOLS
 
-    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
-        pytest.fail("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+    missing = [tool for tool in TOOLS[board] if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"--board {board} needs {missing} (apt-get install {' '.join(TOOLS[board].values())})")
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
     rounds = 10
     server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="fw", pace="bsp", rounds=rounds,
                                         min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
     out = tmp_path / "fw-0"
-    assert main(["firmware", "build", "--device", "fw-0", "--job", "fw", "--data", str(shards.devices[0]),
-                 "--broker", f"{mosquitto.host}:{mosquitto.port}", "--seed", "1", "--out", str(out)]) == 0  # fmt: skip
+    assert main(["firmware", "build", "--board", board, "--device", "fw-0", "--job", "fw", "--data",
+                 str(shards.devices[0]), "--broker", f"{mosquitto.host}:{mosquitto.port}", "--seed", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
     built = json.loads((out / "firmware.json").read_text())
     assert built["arena_bytes"] == DEMO_ARENA and (out / "firmware.bin").stat().st_size > 20_000
     assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked

@@ -237,7 +237,11 @@ static int network(void) {
     board_uart_init();
     board_clock_start();
     if (eps_device_init(&dev, &port, DEVICE_JOB, DEVICE_ID, DATA_SAMPLES, arena, sizeof arena, 32) != EPS_OK) return 1;
-    strcpy(dev.backend, "firmware-m4"); /* what the job's report says this trainer is */
+#ifdef __riscv
+    strcpy(dev.backend, "firmware-rv32"); /* what the job's report says this trainer is */
+#else
+    strcpy(dev.backend, "firmware-m4");
+#endif
     eps_mqtt_init(&mqtt, &io, rx, sizeof rx, inbound, 0);
     line("INCARNATION", dev.incarnation);
     connect();
