@@ -1,6 +1,8 @@
-/* What the Cortex-M4F image uses of its board (ports/cortex-m/board.c, startup.c): semihosting's
- * console and exit (QEMU -semihosting; a debugger on a real board), the painted stack's peak, and
- * SysTick as an instruction counter under QEMU -icount. No libc stdio: nothing here allocates. */
+/* What the firmware image (main.c) uses of its board: semihosting's console and exit (QEMU
+ * -semihosting; a debugger on a real board), the painted stack's peak, a tick counter for
+ * instruction counts under QEMU -icount, the UART and a clock. Implemented for the Cortex-M4F by
+ * ports/cortex-m/board.c and startup.c, for RV32IMAC by ports/riscv32/board.c; a real part's port
+ * supplies the same functions. No libc stdio: nothing here allocates. */
 #ifndef EDGEPS_BOARD_H
 #define EDGEPS_BOARD_H
 
@@ -23,13 +25,14 @@ uint64_t board_ticks(void);
 /* Instructions in `ticks`. */
 uint64_t board_instructions(uint64_t ticks);
 
-/* UART0 (CMSDK APB UART at 0x40004000), non-blocking: the bytes written or read (0: none now).
- * Under QEMU, `-serial tcp:HOST:PORT` joins it to a TCP socket: a modem in transparent mode. */
+/* The UART (mps2-an386: the CMSDK UART0; virt: the 16550), non-blocking: the bytes written or
+ * read (0: none now). Under QEMU, `-serial tcp:HOST:PORT` joins it to a TCP socket: a modem in
+ * transparent mode. */
 void board_uart_init(void);
 long board_uart_send(const uint8_t *data, size_t len);
 long board_uart_recv(uint8_t *data, size_t cap);
 
-/* Seconds since board_clock_start() (SysTick at 1 kHz, its interrupt counting). */
+/* Seconds since board_clock_start() (mps2-an386: SysTick at 1 kHz; virt: the CLINT's mtime). */
 void board_clock_start(void);
 double board_clock(void);
 
