@@ -72,19 +72,28 @@ def add(sub: argparse._SubParsersAction) -> None:
     firmware = sub.add_parser("firmware", help="a firmware image of the C SDK that joins a job, run under QEMU")
     actions = firmware.add_subparsers(dest="action", required=True)
     build = actions.add_parser("build", help="the image of one device: ELF, raw .bin and its size (firmware.json)")
-    build.add_argument("--board", choices=BOARDS, default=BOARDS[0])
+    build.add_argument("--board", choices=BOARDS, default=BOARDS[0], help="mps2-an386: a Cortex-M4F; riscv32-virt: "
+                       "an RV32IMAC without an FPU (default: %(default)s)")  # fmt: skip
     build.add_argument("--device", required=True, help="its device id")
-    build.add_argument("--job", default="demo")
+    build.add_argument("--job", default="demo", help="the job it joins (default: %(default)s)")
     build.add_argument("--data", required=True, help="its shard (.npz of x, y: edgeps data writes them)")
     build.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT the image's UART reaches (plain MQTT: "
-                       "the firmware has no TLS stack yet)")  # fmt: skip
+                       "the firmware has no TLS stack yet; default: %(default)s)")  # fmt: skip
     build.add_argument("--username", help="its broker account (broker init: the device id)")
     build.add_argument("--password-file", help="its password (broker init: CREDENTIALS/DEVICE.password)")
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--model", default="64,64,10", help="layer sizes the arena is laid out for (the job's model)")
-    build.add_argument("--batch", type=int, default=32)
-    build.add_argument("--codec", default="fp32", help="the job's commit codec (sizes the arena)")
-    build.add_argument("--pull-codec", default="fp32", help="the job's pull codec (sizes the arena)")
+    build.add_argument("--seed", type=int, default=0, help="its batches' and incarnation's seed (default: %(default)s)")
+    build.add_argument(
+        "--model",
+        default="64,64,10",
+        help="layer sizes the arena is laid out for: the job's model (default: %(default)s)",
+    )
+    build.add_argument("--batch", type=int, default=32, help="the largest batch the arena holds (default: %(default)s)")
+    build.add_argument(
+        "--codec", default="fp32", help="the job's commit codec, which sizes the arena (default: %(default)s)"
+    )
+    build.add_argument(
+        "--pull-codec", default="fp32", help="the job's pull codec, which sizes the arena (default: %(default)s)"
+    )
     build.add_argument("--out", required=True, help="folder for firmware.elf, firmware.bin and firmware.json")
     build.set_defaults(func=cmd_build)
     run = actions.add_parser("run", help="run a built image under QEMU, its UART joined to the broker")
