@@ -1,43 +1,12 @@
-/* The board of the Cortex-M4F image under QEMU: semihosting (SYS_WRITE0, SYS_EXIT_EXTENDED) and
- * SysTick. Semihosting here is the only I/O; newlib's stdio and its heap are not linked. */
+/* The board of the Cortex-M4F image under QEMU: the semihosting trap (the console over it is
+ * ports/common/console.c), SysTick, the CMSDK UART. Newlib's stdio and its heap are not linked. */
 #include "board.h"
 
-static uint32_t semihost(uint32_t op, const void *arg) {
+uint32_t board_semihost(uint32_t op, const void *arg) {
     register uint32_t r0 __asm__("r0") = op;
     register const void *r1 __asm__("r1") = arg;
     __asm__ volatile("bkpt 0xAB" : "+r"(r0) : "r"(r1) : "memory");
     return r0;
-}
-
-void board_write(const char *text) { semihost(0x04, text); }
-
-void board_write_uint(uint64_t value) {
-    char digits[24];
-    int i = (int)sizeof digits - 1;
-    digits[i] = '\0';
-    do digits[--i] = (char)('0' + value % 10); while ((value /= 10) != 0);
-    board_write(digits + i);
-}
-
-void board_write_hex(const uint8_t *bytes, uint32_t len) {
-    static const char hex[] = "0123456789abcdef";
-    char chunk[129];
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < len; i++) {
-        chunk[n++] = hex[bytes[i] >> 4];
-        chunk[n++] = hex[bytes[i] & 15];
-        if (n == 128 || i + 1 == len) {
-            chunk[n] = '\0';
-            board_write(chunk);
-            n = 0;
-        }
-    }
-}
-
-void board_exit(int code) {
-    uint32_t block[2] = {0x20026u, (uint32_t)code}; /* ADP_Stopped_ApplicationExit, the exit code */
-    semihost(0x20, block);                            /* SYS_EXIT_EXTENDED */
-    for (;;) __asm__ volatile("wfi");
 }
 
 #define SYST_CSR (*(volatile uint32_t *)0xE000E010u)

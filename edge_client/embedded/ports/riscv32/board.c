@@ -1,7 +1,8 @@
 /* The board of the RV32IMAC image under QEMU's virt machine: reset (stack, .data, .bss, the stack
- * painted, a trap handler), semihosting (QEMU -semihosting: the RISC-V sequence around ebreak),
- * the 16550 UART at 0x10000000 and the CLINT's mtime (10 MHz) as the clock. It implements
- * ports/cortex-m/board.h, so the same main.c runs on both instruction sets. No libc stdio. */
+ * painted, a trap handler), the semihosting trap (QEMU -semihosting: the RISC-V sequence around
+ * ebreak; the console over it is ports/common/console.c), the 16550 UART at 0x10000000 and the
+ * CLINT's mtime (10 MHz) as the clock. It implements ports/common/board.h, so the same main.c
+ * runs on both instruction sets. No libc stdio. */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,7 +36,7 @@ uint32_t board_stack_peak(void) {
     return (uint32_t)((uintptr_t)&_stack_top - (uintptr_t)at);
 }
 
-static uint32_t semihost(uint32_t op, const void *arg) {
+uint32_t board_semihost(uint32_t op, const void *arg) {
     register uint32_t a0 __asm__("a0") = op;
     register const void *a1 __asm__("a1") = arg;
     __asm__ volatile(".option push\n.option norvc\n.balign 16\nslli x0, x0, 0x1f\nebreak\nsrai x0, x0, 7\n.option pop"
@@ -43,37 +44,6 @@ static uint32_t semihost(uint32_t op, const void *arg) {
                      : "r"(a1)
                      : "memory");
     return a0;
-}
-
-void board_write(const char *text) { semihost(0x04, text); }
-
-void board_write_uint(uint64_t value) {
-    char digits[24];
-    int i = (int)sizeof digits - 1;
-    digits[i] = '\0';
-    do digits[--i] = (char)('0' + value % 10); while ((value /= 10) != 0);
-    board_write(digits + i);
-}
-
-void board_write_hex(const uint8_t *bytes, uint32_t len) {
-    static const char hex[] = "0123456789abcdef";
-    char chunk[129];
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < len; i++) {
-        chunk[n++] = hex[bytes[i] >> 4];
-        chunk[n++] = hex[bytes[i] & 15];
-        if (n == 128 || i + 1 == len) {
-            chunk[n] = '\0';
-            board_write(chunk);
-            n = 0;
-        }
-    }
-}
-
-void board_exit(int code) {
-    uint32_t block[2] = {0x20026u, (uint32_t)code}; /* ADP_Stopped_ApplicationExit, the exit code */
-    semihost(0x20, block);                            /* SYS_EXIT_EXTENDED */
-    for (;;) __asm__ volatile("wfi");
 }
 
 /* ---- the clock: the CLINT's mtime, 10 MHz on virt ---- */

@@ -1,14 +1,18 @@
 /* What the firmware image (main.c) uses of its board: semihosting's console and exit (QEMU
  * -semihosting; a debugger on a real board), the painted stack's peak, a tick counter for
  * instruction counts under QEMU -icount, the UART and a clock. Implemented for the Cortex-M4F by
- * ports/cortex-m/board.c and startup.c, for RV32IMAC by ports/riscv32/board.c; a real part's port
- * supplies the same functions. No libc stdio: nothing here allocates. */
+ * ports/cortex-m/board.c and startup.c, for RV32IMAC by ports/riscv32/board.c, the console for
+ * both by ports/common/console.c; a real part's port supplies the same functions. No libc stdio: nothing here allocates. */
 #ifndef EDGEPS_BOARD_H
 #define EDGEPS_BOARD_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+/* The board's semihosting trap (bkpt 0xAB; RISC-V's ebreak sequence): op with its argument. */
+uint32_t board_semihost(uint32_t op, const void *arg);
+
+/* The console (ports/common/console.c, over board_semihost). */
 void board_write(const char *text);
 void board_write_uint(uint64_t value);
 void board_write_hex(const uint8_t *bytes, uint32_t len);
