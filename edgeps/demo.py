@@ -121,15 +121,10 @@ def build_demo_firmware(settings: DemoSettings, task: Any, shards: ShardPaths, o
     """The firmware images of the last ``settings.firmware_devices`` devices (their shards in flash,
     the arena sized for the job's model and codecs), by device index. ValueError in one line when
     this machine cannot build them."""
-    import shutil
-
     from edgeps.embedded import arena_bytes, make
-    from edgeps.firmware import build_firmware
+    from edgeps.firmware import build_firmware, check_tools
 
-    missing = [t for t in ("make", "cc", "arm-none-eabi-gcc", "qemu-system-arm") if shutil.which(t) is None]
-    if missing:
-        raise ValueError(f"--firmware-devices needs {', '.join(missing)} (apt-get install make gcc gcc-arm-none-eabi "
-                         "libnewlib-arm-none-eabi qemu-system-arm)")  # fmt: skip
+    check_tools("mps2-an386")
     say(f"building {settings.firmware_devices} Cortex-M4F firmware images (QEMU mps2-an386) ...")
     make(out / "host", "all")
     holdout = Dataset.load(shards.holdout)

@@ -6,6 +6,7 @@ gateway's modem in transparent mode would be."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,24 @@ BOARDS = {
     "mps2-an386": ("m4-net", ["qemu-system-arm", "-M", "mps2-an386"], "firmware-m4"),
     "riscv32-virt": ("rv32-net", ["qemu-system-riscv32", "-M", "virt", "-bios", "none"], "firmware-rv32"),
 }
+#: board -> the tools building and running its image need, and their Debian packages (the host's
+#: make and cc build the arena's sizer, epsf)
+TOOLS = {
+    "mps2-an386": {"make": "make", "cc": "gcc", "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
+                   "qemu-system-arm": "qemu-system-arm"},
+    "riscv32-virt": {"make": "make", "cc": "gcc", "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf "
+                     "picolibc-riscv64-unknown-elf", "qemu-system-riscv32": "qemu-system-misc"},
+}  # fmt: skip
+
+
+def check_tools(board: str) -> None:
+    """ValueError in one line naming what to install if this machine cannot build or run ``board``'s image."""
+    missing = {tool: package for tool, package in TOOLS[board].items() if shutil.which(tool) is None}
+    if missing:
+        raise ValueError(f"firmware for {board} needs {', '.join(missing)} "
+                         f"(apt-get install {' '.join(missing.values())})")  # fmt: skip
+
+
 RX_BYTES = 24 * 1024  # one inbound message: the demo model's fp32 parameter frame is 19.5 KB
 STACK_BYTES = 3072  # the networked image's stack: its peak was 1,744 bytes in a job (the MQTT client's frames on top)
 

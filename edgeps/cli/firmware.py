@@ -9,29 +9,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-#: board -> the tools it needs and their Debian packages (the host's make and cc build the arena's sizer)
-TOOLS = {
-    "mps2-an386": {"make": "make", "cc": "gcc", "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
-                   "qemu-system-arm": "qemu-system-arm"},
-    "riscv32-virt": {"make": "make", "cc": "gcc", "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf "
-                     "picolibc-riscv64-unknown-elf", "qemu-system-riscv32": "qemu-system-misc"},
-}  # fmt: skip
-BOARDS = tuple(TOOLS)
-
-
-def _check_tools(board: str) -> None:
-    missing = {tool: package for tool, package in TOOLS[board].items() if shutil.which(tool) is None}
-    if missing:
-        raise ValueError(f"edgeps firmware --board {board} needs {', '.join(missing)} "
-                         f"(apt-get install {' '.join(missing.values())})")  # fmt: skip
+BOARDS = ("mps2-an386", "riscv32-virt")  # edgeps.firmware.BOARDS
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     from edgeps.embedded import arena_bytes, image_size, make
-    from edgeps.firmware import RX_BYTES, STACK_BYTES, build_firmware
+    from edgeps.firmware import RX_BYTES, STACK_BYTES, build_firmware, check_tools
     from learning.data import Dataset
 
-    _check_tools(args.board)
+    check_tools(args.board)
     out = Path(args.out)
     data = Dataset.load(args.data)
     password = Path(args.password_file).read_text().strip() if args.password_file else None
@@ -54,11 +40,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edgeps.firmware import run_firmware
+    from edgeps.firmware import check_tools, run_firmware
 
     out = Path(args.dir)
     built = json.loads((out / "firmware.json").read_text())
-    _check_tools(built["board"])
+    check_tools(built["board"])
     host, _, port = (args.broker or built["broker"]).rpartition(":")
     log = out / "console.log"
     print(f"running {built['device']} ({built['board']}) under QEMU against {host}:{port}; console: {log}")

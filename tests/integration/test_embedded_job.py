@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 
 from broker.client import BrokerAddress
-from edge_client.core import DeviceCore
-from edge_client.mqtt import connect_device, run_device
-from edge_client.trainer import NumpyTrainer
 from learning.data import Dataset, load_digits
 from learning.prepare import prepare_shards
 from schemas.frame import encode_data_frame
 from tests.helpers import stop_devices, wait_until
-from tests.integration.test_mqtt_job import run_job, start_server
+from tests.integration.test_mqtt_job import run_job, start_device, start_server
 
 
 @pytest.fixture
@@ -139,9 +135,7 @@ def test_a_c_device_that_cannot_take_the_job_says_why_and_exits_non_zero(mosquit
         assert reason in server.registry.unable["dev-0"]
         assert reason in server.status(0.0)["unable"]["dev-0"]  # what `edgeps ctl status` prints
         if "loss" not in config:  # a Python device trains the model the C one cannot: the report says who could not
-            python = DeviceCore("cannot", "dev-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
-            runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
-            runner.start()
+            python, runner = start_device("cannot", "dev-1", Dataset.load(shards.devices[1]), address, seed=1)
             wait_until(lambda: server.finished, timeout=60, what="the job's end")
             stop_devices([python], [runner])
             report = build_report(server.history, 1.0, {})

@@ -5,7 +5,6 @@ Mosquitto (`-serial tcp:`), trains in a bsp job beside a Python device."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import threading
 import time
 
@@ -13,15 +12,12 @@ import numpy as np
 import pytest
 
 from broker.client import BrokerAddress
-from edge_client.core import DeviceCore
-from edge_client.mqtt import connect_device, run_device
-from edge_client.trainer import NumpyTrainer
-from edgeps.firmware import build_firmware, run_firmware
+from edgeps.firmware import build_firmware, check_tools, run_firmware
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards
 from tests.helpers import stop_devices, wait_until
-from tests.integration.test_mqtt_job import start_server
+from tests.integration.test_mqtt_job import start_device, start_server
 
 DEMO_ARENA = 91_035  # epsf arena 64,64,10 32: the demo model, fp32 commits and pulls
 
@@ -35,11 +31,11 @@ def test_a_firmware_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tm
     import sys
 
     from edgeps.cli import main
-    from edgeps.cli.firmware import TOOLS
 
-    missing = [tool for tool in TOOLS[board] if shutil.which(tool) is None]
-    if missing:
-        pytest.fail(f"--board {board} needs {missing} (apt-get install {' '.join(TOOLS[board].values())})")
+    try:
+        check_tools(board)
+    except ValueError as exc:
+        pytest.fail(str(exc))
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
     rounds = 10
@@ -54,9 +50,7 @@ def test_a_firmware_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tm
     assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
     firmware = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    python = DeviceCore("fw", "py-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
-    runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
-    runner.start()
+    python, runner = start_device("fw", "py-1", Dataset.load(shards.devices[1]), address, seed=1)
     try:
         wait_until(lambda: server.finished, timeout=180, what="the job with a firmware device to finish")
         code = firmware.wait(timeout=90)
@@ -125,8 +119,10 @@ class CuttableLink:
 
 
 def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit(mosquitto, tmp_path) -> None:
-    if shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None:
-        pytest.fail("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+    try:
+        check_tools("mps2-an386")
+    except ValueError as exc:
+        pytest.fail(str(exc))
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
     rounds = 12
@@ -137,9 +133,7 @@ def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit
                          DEMO_ARENA, seed=1, keep_alive_s=2)  # fmt: skip
     link = CuttableLink(mosquitto.host, mosquitto.port)
     firmware = run_firmware(elf, "127.0.0.1", link.port, tmp_path / "fw.log")
-    python = DeviceCore("cut", "py-1", Dataset.load(shards.devices[1]), NumpyTrainer(), seed=1)
-    runner = threading.Thread(target=run_device, args=(python, connect_device(python, address)), daemon=True)
-    runner.start()
+    python, runner = start_device("cut", "py-1", Dataset.load(shards.devices[1]), address, seed=1)
     try:
         wait_until(lambda: server.store.version >= 4, timeout=120, what="version 4")
         link.cut(5.0)

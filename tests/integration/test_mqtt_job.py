@@ -50,6 +50,17 @@ def start_server(
     return core, thread, stop
 
 
+def start_device(job: str, name: str, data: Dataset, address: BrokerAddress, seed: int = 0,
+                 **run: object) -> tuple[DeviceCore, threading.Thread]:  # fmt: skip
+    """A numpy DeviceCore ``name`` of ``job`` on ``data``, run over MQTT in a thread (``run``: run_device's)."""
+    device = DeviceCore(job, name, data, NumpyTrainer(), seed=seed)
+    runner = threading.Thread(
+        target=run_device, args=(device, connect_device(device, address)), kwargs=run, daemon=True
+    )
+    runner.start()
+    return device, runner
+
+
 def run_job(
     mosquitto, tmp_path, devices: int, backend: str = "numpy", artifact: bytes | None = None, **config
 ) -> tuple[ServerCore, list[DeviceCore]]:
@@ -540,10 +551,7 @@ def test_a_lone_device_muted_for_its_rate_resends_the_commit_the_broker_dropped(
         address, Dataset.load(shards.holdout), job="mute", pace=pace, rounds=rounds, min_devices=1,
         max_commit_rate=20.0, max_commit_burst=2,
     )  # fmt: skip
-    device = DeviceCore("mute", "dev-0", Dataset.load(shards.devices[0]), NumpyTrainer(), seed=0)
-    runner = threading.Thread(target=run_device, args=(device, connect_device(device, address)),
-                              kwargs={"resend_s": 0.5}, daemon=True)  # fmt: skip
-    runner.start()
+    device, runner = start_device("mute", "dev-0", Dataset.load(shards.devices[0]), address, resend_s=0.5)
     try:
         wait_until(lambda: server.finished, timeout=60, what="the job's end")
         assert server.traffic.rejected["rate_limited"] >= 1  # the limit did bite
