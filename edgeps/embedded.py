@@ -100,10 +100,23 @@ def heap_forbidden(build: Path, workdir: Path) -> bool:
     return True
 
 
-def arena_bytes(epsf: Path, model: str, codec: str = "fp32", pull: str = "fp32", batch: int = BATCH) -> int:
+def _sizes(epsf: Path, model: str, codec: str, pull: str, batch: int) -> tuple[int, int]:
     out = subprocess.run([str(epsf), "arena", model.replace("-", ","), str(batch), codec, pull], capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
-    return int(out)
+    arena, receive = out.split()
+    return int(arena), int(receive)
+
+
+def arena_bytes(epsf: Path, model: str, codec: str = "fp32", batch: int = BATCH) -> int:
+    """The arena a device needs for ``model`` (layer sizes "64-64-10"), batches of ``batch`` and
+    commits in ``codec``: the same for every pull codec (a snapshot streams into its replica)."""
+    return _sizes(epsf, model, codec, "fp32", batch)[0]
+
+
+def receive_bytes(epsf: Path, model: str, pull: str = "fp32") -> int:
+    """The receive buffer a port whose snapshots stream into the arena needs besides: the largest
+    delta in ``pull`` or a JSON message (1 KiB)."""
+    return _sizes(epsf, model, "fp32", pull, BATCH)[1]
 
 
 # ---------------------------------------------------------------- QEMU
@@ -116,10 +129,19 @@ def _c_array(name: str, data: bytes) -> str:
     return f"static const uint8_t {name}[] = {{\n{rows}\n}};\n"
 
 
-def scripted_exchange(workdir: Path) -> dict[str, Any]:
-    """Build the scripted image with the Python reference's messages (a Control, the demo model's
-    parameters, an int8 delta, digits data), run it under QEMU and check each commit against
-    learning.model on the batches the image drew. ``ok`` and the largest difference found."""
+#: board -> the scripted image's make target and QEMU with its machine flags
+SCRIPT_BOARDS = {
+    "mps2-an386": ("m4-script", ["qemu-system-arm", "-M", "mps2-an386"]),
+    "riscv32-virt": ("rv32-script", ["qemu-system-riscv32", "-M", "virt", "-bios", "none"]),
+}
+
+
+def scripted_exchange(workdir: Path, board: str = "mps2-an386") -> dict[str, Any]:
+    """Build the scripted image for ``board`` with the Python reference's messages (a Control, the
+    demo model's parameters, an int8 delta, digits data), run it under QEMU and check each commit
+    against learning.model on the batches the image drew. ``ok`` and the largest difference found,
+    the instructions of receiving the parameter frame (64 bytes at a time, straight into the
+    arena) and of one local step."""
     from learning.data import load_digits
     from learning.model import init_mlp, loss_and_grads
     from schemas.frame import Frame, FrameKind, decode_frame, encode_data_frame, encode_frame
@@ -146,9 +168,10 @@ def scripted_exchange(workdir: Path) -> dict[str, Any]:
         _c_array("DATA", encode_data_frame(x, y)),
     ]))  # fmt: skip
     # the script's data and the larger arena need more RAM than the part: linked for QEMU's 4 MiB
-    make(workdir / "build", "m4-script", SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES, RAM_BYTES=4 << 20,
+    target, _ = SCRIPT_BOARDS[board]
+    make(workdir / "build", target, SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES, RAM_BYTES=4 << 20,
          FLASH_BYTES=4 << 20)  # fmt: skip
-    lines = run_qemu(workdir / "build" / "m4-script.elf")
+    lines = run_qemu(workdir / "build" / f"{target}.elf", board=board)
     if not lines or lines[-1] != "DONE":
         return {"ok": False, "detail": "\n".join(lines[-5:])[-1000:]}
     keys = ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK")
@@ -187,11 +210,11 @@ def scripted_exchange(workdir: Path) -> dict[str, Any]:
             "step_instructions": figures["step_instructions"], "stack_peak_bytes": figures["stack"]}  # fmt: skip
 
 
-def run_qemu(elf: Path, timeout: float = 300) -> list[str]:
-    """Run an image on QEMU's mps2-an386 with -icount (every instruction the same virtual time, so
-    SysTick counts instructions); its console lines, and a last line ``EXIT n`` if it did not exit 0."""
-    qemu = ["qemu-system-arm", "-M", "mps2-an386", "-nographic", "-semihosting", "-icount", "shift=0",
-            "-kernel", str(elf)]  # fmt: skip
+def run_qemu(elf: Path, timeout: float = 300, board: str = "mps2-an386") -> list[str]:
+    """Run an image on QEMU's ``board`` with -icount (every instruction the same virtual time, so
+    SysTick or mtime counts instructions); its console lines, and a last line ``EXIT n`` if it did
+    not exit 0."""
+    qemu = [*SCRIPT_BOARDS[board][1], "-nographic", "-semihosting", "-icount", "shift=0", "-kernel", str(elf)]
     run = subprocess.run(qemu, capture_output=True, text=True, timeout=timeout)
     lines = (run.stdout + run.stderr).splitlines()
     return lines if run.returncode == 0 else [*lines, f"EXIT {run.returncode}"]

@@ -1,8 +1,10 @@
 """The SDK's own MQTT 3.1.1 client (edge_client/embedded/src/mqtt.c, built with ASan/UBSan) against
 the project's Mosquitto, through `epsm` (the client over a POSIX socket): a QoS 1 commit-sized
 publish arrives byte for byte, a persistent session keeps what came while the device was away, the
-will fires on a cut, and a publish cut half-way goes again after the reconnect (DUP) and arrives
-once. And its reader and writer under a packet-level fuzzer, on 64- and 32-bit builds."""
+will fires on a cut, a publish cut half-way goes again after the reconnect (DUP) and arrives
+once, a message larger than the receive buffer is handed over piece by piece (a parameter frame
+straight into the arena) or read past and said. And its reader and writer under a packet-level
+fuzzer, on 64- and 32-bit builds."""
 
 from __future__ import annotations
 
@@ -22,16 +24,21 @@ SIZE = 19_345  # about the demo model's fp32 commit
 class Epsm:
     """An `epsm` process: one command a line, one answer a line (messages before it)."""
 
-    def __init__(self, binary: Path, host: str, port: int, client_id: str) -> None:
-        self.process = subprocess.Popen([str(binary), host, str(port), client_id], stdin=subprocess.PIPE,
+    def __init__(self, binary: Path, host: str, port: int, client_id: str, rx: int = 65536) -> None:
+        self.process = subprocess.Popen([str(binary), host, str(port), client_id, str(rx)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True)  # fmt: skip
         self.messages: list[tuple[str, int, int]] = []
+        self.past: list[tuple[str, int]] = []  # too large for rx: read past
 
     def __call__(self, command: str) -> str:
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(command + "\n")
         self.process.stdin.flush()
-        while (line := self.process.stdout.readline().strip()).startswith("msg "):
+        while (line := self.process.stdout.readline().strip()).startswith(("msg ", "past ")):
+            if line.startswith("past "):
+                _, topic, length = line.split()
+                self.past.append((topic, int(length)))
+                continue
             _, topic, length, crc = line.split()
             self.messages.append((topic, int(length), int(crc)))
         assert line, f"epsm exited ({self.process.wait()})"
@@ -86,6 +93,29 @@ def test_a_commit_sized_qos1_publish_arrives_byte_for_byte_and_messages_come_in(
         device.close()
 
 
+def test_a_frame_larger_than_the_receive_buffer_streams_and_another_is_read_past_and_said(
+    epsm, mosquitto, watcher
+) -> None:
+    device = Epsm(epsm, mosquitto.host, mosquitto.port, "gw-4", rx=1024)
+    try:
+        assert device("connect").startswith("ok connected")
+        assert device("stream edgeps/j/params") == "ok stream"  # as a device's snapshots: into its arena
+        for topic in ("edgeps/j/params", "edgeps/j/delta", "edgeps/j/ctrl/gw-4"):
+            assert device(f"sub {topic}").startswith("ok")
+        watcher.publish("edgeps/j/params", pattern(40_000), qos=1).wait_for_publish(10)
+        watcher.publish("edgeps/j/delta", pattern(4_000), qos=1).wait_for_publish(10)
+        watcher.publish("edgeps/j/ctrl/gw-4", pattern(1_000), qos=1).wait_for_publish(10)
+        assert device("recv 3 10") == "ok recv 3"  # the one read past is said too
+        assert device.messages == [("edgeps/j/params", 40_000, zlib.crc32(pattern(40_000))),  # through 512 bytes
+                                   ("edgeps/j/ctrl/gw-4", 1_000, zlib.crc32(pattern(1_000)))]  # fmt: skip
+        assert device.past == [("edgeps/j/delta", 4_000)]  # said, so a device reads the snapshot instead
+        assert device("disconnect") == "ok disconnected"
+        assert device("connect").startswith("ok connected session_present=1")
+        assert device("wait 1").startswith("ok") and len(device.messages) == 2  # all acknowledged: none again
+    finally:
+        device.close()
+
+
 def test_the_session_persists_and_the_will_fires_when_the_link_is_cut(epsm, mosquitto, watcher) -> None:
     device = Epsm(epsm, mosquitto.host, mosquitto.port, "gw-2")
     try:
@@ -122,6 +152,7 @@ def test_the_client_survives_a_hundred_thousand_mutated_packet_streams(request, 
     build = request.getfixturevalue("sdk" if bits == 64 else "sdk32")
     result = subprocess.run([str(build / "epsm"), "fuzz", "1", "100000"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]  # a sanitizer's finding exits non-zero
-    streams, delivered, dropped, resent, _ = (int(n) for n in re.findall(r"\d+", result.stdout))
+    streams, delivered, dropped, resent, _, streamed, cut = (int(n) for n in re.findall(r"\d+", result.stdout))
     assert streams == 100_000
     assert delivered > 100_000 and dropped > 1_000 and resent > 1_000  # every path taken many times
+    assert streamed > 10_000 and cut > 1_000  # messages handed over piece by piece, and links broken half way

@@ -127,6 +127,39 @@ eps_status eps_frame_parse(const uint8_t *data, size_t len, uint64_t max_element
  * there is none left, 1 otherwise. */
 int eps_frame_next(const eps_frame *frame, size_t *cursor, eps_tensor *tensor);
 
+/* A frame read as its bytes arrive (a link that hands a message over piece by piece): the same
+ * checks as eps_frame_parse, CRC-32 computed incrementally, every length checked against the
+ * bytes the message still holds before anything is read into place; each tensor's payload goes
+ * where the caller says once its record is known, so no copy of the whole frame is needed.
+ *
+ *   eps_frame_stream_begin(&s, len, max_elements);
+ *   loop: at = eps_frame_stream_room(&s, &cap); read up to cap bytes into at; ev = eps_frame_stream_wrote(&s, n);
+ *         EPS_STREAM_HEADER: s.head is read; EPS_STREAM_TENSOR: s.tensor is read, set s.dest (NULL: read past);
+ *         EPS_STREAM_DONE: all bytes in and the CRC matched; EPS_STREAM_FAILED: s.error says why.
+ * After DONE or FAILED the rest of the message (if any) is read past. Names are checked as
+ * eps_frame_parse does, but their being unique is the caller's to check (it places each one). */
+typedef enum { EPS_STREAM_MORE, EPS_STREAM_HEADER, EPS_STREAM_TENSOR, EPS_STREAM_DONE, EPS_STREAM_FAILED } eps_stream_event;
+
+typedef struct {
+    eps_frame head;     /* the header (records NULL: they are not kept) */
+    eps_tensor tensor;  /* the record being read (payload NULL) */
+    uint8_t *dest;      /* where its payload goes: the caller's, set on EPS_STREAM_TENSOR; NULL: read past */
+    eps_status error;
+    int done;           /* all bytes in and the CRC matched */
+    /* the reader */
+    uint8_t piece[1 + EPS_MAX_NAME + 1 + 4 * EPS_MAX_NDIM + 4]; /* a header or record field being collected */
+    size_t len, got, want, have, payload_left;
+    uint8_t *at;        /* where room pointed */
+    uint64_t limit, total;
+    uint32_t crc;
+    int phase;
+    uint16_t index;
+} eps_frame_stream;
+
+void eps_frame_stream_begin(eps_frame_stream *s, size_t len, uint64_t max_elements);
+uint8_t *eps_frame_stream_room(eps_frame_stream *s, size_t *cap);
+eps_stream_event eps_frame_stream_wrote(eps_frame_stream *s, size_t n);
+
 /* Writes a frame into a caller's buffer: begin, one call per tensor, end. The first error
  * sticks and is what end returns. */
 typedef struct {
@@ -166,8 +199,19 @@ typedef struct {
 } eps_mlp;
 
 /* The shape of the MLP whose parameters a frame holds (tensors dense{i}.w (in, out) and
- * dense{i}.b (out), i = 0, 1, ..., in any order); EPS_ERR_NAME if the tensors are not one. */
+ * dense{i}.b (out), i = 0, 1, ..., in any order, each once); EPS_ERR_NAME if the tensors are not one. */
 eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp);
+
+/* The same, a tensor record at a time (a frame read as its bytes arrive): begin, add each, end. */
+typedef struct {
+    uint32_t in[EPS_MAX_LAYERS], out[EPS_MAX_LAYERS], bias[EPS_MAX_LAYERS], seen;
+    int bad;
+    char first[EPS_MAX_NAME + 1]; /* the first tensor's name (for messages) */
+} eps_mlp_shape;
+
+void eps_mlp_shape_begin(eps_mlp_shape *shape);
+void eps_mlp_shape_add(eps_mlp_shape *shape, const eps_tensor *tensor);
+eps_status eps_mlp_shape_end(const eps_mlp_shape *shape, eps_mlp *mlp);
 
 /* Floats of the parameters; floats of scratch one step on a batch needs. Sizes computed from a
  * frame's shapes saturate at SIZE_MAX instead of wrapping (a 32-bit size_t included), so a model
@@ -225,10 +269,16 @@ typedef struct {
     int64_t staleness_bound; /* -1: none */
 } eps_control;
 
-/* The bytes of arena a device needs for an MLP, batches of up to max_batch samples, commits in
- * codec and pulls in pull_codec (a replica is kept only for compressed pulls, a residual only for
- * biased commit codecs): what to reserve before flashing. */
-size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch, eps_codec codec, eps_codec pull_codec);
+/* The bytes of arena a device needs for an MLP, batches of up to max_batch samples and commits in
+ * codec (a residual is kept only for biased commit codecs; every pull codec needs the same): what
+ * to reserve before flashing. */
+size_t eps_device_arena_size(const eps_mlp *mlp, uint32_t max_batch, eps_codec codec);
+
+/* The receive buffer a port needs when parameter snapshots stream into the arena
+ * (eps_device_stream_*): the largest other message it takes whole, a delta in pull_codec or a
+ * JSON message (Control, Barrier, Notice: at most EPS_MESSAGE_MAX bytes). */
+#define EPS_MESSAGE_MAX 1024u
+size_t eps_device_receive_size(const eps_mlp *mlp, eps_codec pull_codec);
 
 #define EPS_TOPIC_MAX 160u
 #define EPS_REASON_MAX 120u
@@ -251,7 +301,7 @@ typedef struct {
     uint64_t run, replica_run;
     int64_t server_version, committed_on;
     eps_mlp mlp;
-    float *replica, *local, *anchor, *residual, *work, *batch_x; /* replica, residual: NULL when not needed */
+    float *replica, *local, *anchor, *residual, *work, *batch_x; /* residual: NULL when not needed */
     float *batch_y;
     uint8_t *frame; /* the newest commit, kept until the next one: a refused one is carried from it */
     size_t frame_cap, frame_len;
@@ -281,6 +331,12 @@ typedef struct {
     int64_t progress_version;
     uint64_t progress_seq;
     uint32_t resends, port_failures;
+    /* A parameter frame being read (eps_device_stream_*, or a whole one): straight into the replica. */
+    eps_frame_stream in;
+    eps_mlp_shape in_shape;
+    uint32_t in_placed; /* bit 2i: dense{i}.w is in place, 2i + 1: dense{i}.b */
+    int in_mode, in_again;
+    eps_status in_status;
     char backend[16]; /* the status's "backend": "c"; a port may name its build ([A-Za-z0-9_.-], e.g. "firmware-m4") */
 } eps_device;
 
@@ -297,8 +353,21 @@ void eps_device_connected(eps_device *d);
 /* An inbound message. EPS_OK if it was taken or had nothing for this device (another run's,
  * an older version); otherwise the problem, said to the port's log hook with its reason, and the
  * message is dropped whole: a Control, Barrier or Notice with a field out of its range (NaN, Inf,
- * an integer beyond its bound) changes nothing. */
+ * an integer beyond its bound) changes nothing. payload NULL: a message of len bytes the port's
+ * receive buffer could not hold was read past (a delta missed: the device reads the snapshot). */
 eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len);
+
+/* A parameter frame read as its bytes arrive, for a port whose MQTT client hands a message over
+ * piece by piece (edgeps_mqtt.h's eps_mqtt_stream): no buffer of the frame's size is needed, its
+ * values land in the arena's replica (docs/EMBEDDED.md, "Receiving"). begin: 1 if the device takes
+ * the message on topic (len payload bytes) this way (a snapshot on params), 0 to have it whole
+ * through eps_device_message. room: where the next bytes go, at most *cap of them; wrote: n bytes
+ * were read there. end: the message is all in (complete 1; its refusal, if any, as
+ * eps_device_message's), or the link broke first (0: the broker sends it again). */
+int eps_device_stream_begin(eps_device *d, const char *topic, size_t len);
+uint8_t *eps_device_stream_room(eps_device *d, size_t *cap);
+void eps_device_stream_wrote(eps_device *d, size_t n);
+eps_status eps_device_stream_end(eps_device *d, int complete);
 
 /* The port calls this every loop with its clock (the same seconds as port.clock): it tries again
  * what the port refused (a commit, the status, the subscriptions; 1 s, doubling to

@@ -6,7 +6,7 @@
  * PINGREQ for keep-alive. One QoS 1 publish is in flight at a time; its payload is written from
  * where it lies (no copy) and must stay unchanged until eps_mqtt_sending() is 0.
  *
- *   eps_mqtt_init(&c, &io, rx, sizeof rx, on_message, ctx);
+ *   eps_mqtt_init(&c, &io, rx, sizeof rx, on_message, ctx);  // then c.stream = ... (optional)
  *   eps_mqtt_connect(&c, &options, now);        // after the transport connected
  *   loop: eps_mqtt_poll(&c, now);               // EPS_MQTT_LOST: reconnect the transport, connect again
  *         eps_mqtt_subscribe / eps_mqtt_publish (EPS_MQTT_BUSY: try again later)
@@ -48,8 +48,24 @@ typedef struct {
     int clean_session;           /* 0 for edgeps (a persistent session) */
 } eps_mqtt_options;
 
-/* An inbound PUBLISH: its topic (terminated) and payload, valid during the call. */
+/* An inbound PUBLISH: its topic (terminated) and payload, valid during the call. payload NULL: a
+ * message of len bytes larger than rx, read past (acknowledged) and counted in dropped. */
 typedef void (*eps_mqtt_on_message)(void *ctx, const char *topic, const uint8_t *payload, size_t len);
+
+/* Optional: messages handed over piece by piece as their bytes arrive, into memory the caller
+ * names (a parameter frame straight into the device's arena: eps_device_stream_*), instead of
+ * whole in rx. Every function gets the client's ctx. */
+typedef struct {
+    /* A PUBLISH of len payload bytes on topic begins: 1 to take it piece by piece, 0 to have it whole. */
+    int (*begin)(void *ctx, const char *topic, size_t len);
+    /* Where its next bytes go, at most *cap of them (>= 1). */
+    uint8_t *(*room)(void *ctx, size_t *cap);
+    /* n bytes were read there. */
+    void (*wrote)(void *ctx, size_t n);
+    /* It is all in (complete 1; acknowledged just before), or the link broke first (0: a QoS 1
+     * message comes again after the reconnect, the session being persistent). */
+    void (*end)(void *ctx, int complete);
+} eps_mqtt_stream;
 
 #define EPS_MQTT_TX 640u /* control packets and a PUBLISH's header: topics up to 512 bytes */
 
@@ -57,13 +73,18 @@ typedef struct {
     eps_mqtt_transport io;
     eps_mqtt_on_message on_message;
     void *ctx;
-    uint8_t *rx;              /* one inbound packet (the caller's: the largest message it takes) */
+    eps_mqtt_stream stream;   /* optional (all NULL: every message whole in rx); set after init */
+    uint8_t *rx;              /* one inbound payload or control packet (the caller's: the largest message it takes whole) */
     size_t rx_cap;
-    /* reading: the fixed header, then the body into rx */
+    /* reading: the fixed header; a PUBLISH's topic and packet id into vh, its payload whole into
+     * rx, piece by piece where the stream says, or read past (larger than rx: acknowledged, counted) */
     uint8_t head[5];
     size_t head_len, body_len, body_got;
-    int skipping;             /* a PUBLISH larger than rx: read past, acknowledged, counted */
-    uint8_t skip[2 + 256 + 2]; /* its topic length, topic and packet id */
+    uint8_t vh[2 + 256 + 2];
+    size_t vh_got, vh_len, payload_got;
+    char topic[257];
+    int topic_ok, reading;
+    uint16_t packet_id;
     /* writing: tx holds packets; a PUBLISH's payload goes out from the caller's memory after its header */
     uint8_t tx[EPS_MQTT_TX];
     size_t tx_len, tx_sent, header_end;

@@ -9,6 +9,9 @@
 #include "edgeps.h"
 #include "json.h"
 #include "size.h"
+#include "wire.h"
+
+#define MAX_ID 9007199254740991u /* 2^53 - 1: ids and versions are JSON-safe */
 
 #define SPEED_SAMPLES 3u     /* local steps timed before the first speed report */
 #define STATUS_INTERVAL_S 1.0 /* speed reports at most this often (in timed seconds) */
@@ -38,21 +41,29 @@ static size_t largest_tensor(const eps_mlp *m) {
 
 /* One tensor record of n values: its fixed fields, and its payload in codec or in fp32 if that is
  * larger. SIZE_MAX if n does not fit the wire's 32-bit count. */
-static size_t record_bytes(size_t n, eps_codec codec) {
+static size_t record_bytes(size_t n, eps_codec codec, int fp32_fits) {
     if (n > UINT32_MAX) return SIZE_MAX;
-    size_t fp32 = eps_size_mul(4, n), coded = eps_codec_max_size(codec, (uint32_t)n);
+    size_t fp32 = fp32_fits ? eps_size_mul(4, n) : 0, coded = eps_codec_max_size(codec, (uint32_t)n);
     return eps_size_add(1 + EPS_MAX_NAME + 1 + 2 * 4 + 4, coded > fp32 ? coded : fp32);
 }
 
-/* The commit frame in codec, or in fp32 if that is larger (it is, but for top-k keeping more than
- * about four fifths of the values): a set_codec to fp32 always fits. */
-static size_t frame_bytes(const eps_mlp *m, eps_codec codec) {
+/* A frame of the model in codec; with fp32_fits, in fp32 if that is larger (it is, but for top-k
+ * keeping more than about four fifths of the values). */
+static size_t model_frame_bytes(const eps_mlp *m, eps_codec codec, int fp32_fits) {
     size_t size = EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4;
     for (uint32_t i = 0; i < m->layers; i++) {
-        size = eps_size_add(size, record_bytes(eps_size_mul(m->sizes[i], m->sizes[i + 1]), codec));
-        size = eps_size_add(size, record_bytes(m->sizes[i + 1], codec));
+        size = eps_size_add(size, record_bytes(eps_size_mul(m->sizes[i], m->sizes[i + 1]), codec, fp32_fits));
+        size = eps_size_add(size, record_bytes(m->sizes[i + 1], codec, fp32_fits));
     }
     return size;
+}
+
+/* The commit frame: a set_codec to fp32 always fits. */
+static size_t frame_bytes(const eps_mlp *m, eps_codec codec) { return model_frame_bytes(m, codec, 1); }
+
+size_t eps_device_receive_size(const eps_mlp *m, eps_codec pull_codec) {
+    size_t delta = pull_codec.id == EPS_FP32 ? 0 : model_frame_bytes(m, pull_codec, 0);
+    return delta > EPS_MESSAGE_MAX ? delta : EPS_MESSAGE_MAX;
 }
 
 /* Floats of the work area: a training step's scratch, or one decoded tensor (of a snapshot, a
@@ -62,11 +73,12 @@ static size_t work_floats(const eps_mlp *m, uint32_t max_batch) {
     return scratch > tensor ? scratch : tensor;
 }
 
-/* local, anchor; the work area; a batch; the replica (compressed pulls: the base of the next
- * delta, bit for bit); the residual (biased commit codecs); the commit frame. SIZE_MAX when it
- * does not fit size_t (a frame's shapes are chosen by whoever sent it). */
-static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int replica, int residual, eps_codec codec) {
-    size_t copies = 2 + (replica != 0) + (residual != 0);
+/* local, anchor; the work area; a batch; the replica (the server's model: a snapshot lands in it
+ * as its bytes arrive, and compressed pulls keep it as the base of the next delta, bit for bit);
+ * the residual (biased commit codecs); the commit frame. SIZE_MAX when it does not fit size_t (a
+ * frame's shapes are chosen by whoever sent it). */
+static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int residual, eps_codec codec) {
+    size_t copies = 3 + (residual != 0);
     size_t floats = eps_size_mul(copies, eps_mlp_params(m));
     floats = eps_size_add(floats, work_floats(m, max_batch));
     floats = eps_size_mad(max_batch, m->sizes[0], floats);
@@ -74,8 +86,8 @@ static size_t layout_bytes(const eps_mlp *m, uint32_t max_batch, int replica, in
     return eps_size_add(eps_size_mul(floats, sizeof(float)), frame_bytes(m, codec));
 }
 
-size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec codec, eps_codec pull_codec) {
-    return layout_bytes(m, max_batch, pull_codec.id != EPS_FP32, eps_codec_biased(codec), codec);
+size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec codec) {
+    return layout_bytes(m, max_batch, eps_codec_biased(codec), codec);
 }
 
 /* Lay the arena out for the model and the control in force; 0 if it does not fit. The regions
@@ -83,16 +95,15 @@ size_t eps_device_arena_size(const eps_mlp *m, uint32_t max_batch, eps_codec cod
  * newest commit's frame is then no longer kept: a refusal of it is not carried). */
 static int lay_out(eps_device *d, const eps_mlp *m) {
     const eps_codec codec = d->control.codec; /* regions only ever come, so that none moves with its content */
-    const int replica = d->control.pull_codec.id != EPS_FP32 || d->replica != NULL;
     const int residual = eps_codec_biased(codec) || d->residual != NULL;
-    if (layout_bytes(m, d->max_batch, replica, residual, codec) > d->arena_size) return 0;
+    if (layout_bytes(m, d->max_batch, residual, codec) > d->arena_size) return 0;
     size_t p = eps_mlp_params(m);
     float *f = (float *)(void *)d->arena;
     d->local = f, f += p;
     d->anchor = f, f += p;
     d->work = f, f += work_floats(m, d->max_batch);
     d->batch_x = f, f += (size_t)d->max_batch * m->sizes[0];
-    d->replica = replica ? f : NULL, f += replica ? p : 0;
+    d->replica = f, f += p;
     if (residual && d->residual == NULL) d->residual_held = 0; /* a residual region new to this job */
     d->residual = residual ? f : NULL, f += residual ? p : 0;
     d->batch_y = f;
@@ -334,111 +345,187 @@ static void adopt(eps_device *d, int64_t version) {
     d->waiting = 0;
 }
 
-/* The same for one tensor of a snapshot (values at offset at) when the device keeps no replica. */
-static void adopt_tensor(eps_device *d, size_t at, const float *values, uint64_t n) {
-    int carry = d->has_local && !d->waiting;
-    for (uint64_t i = 0; i < n; i++) {
-        d->local[at + i] = carry ? values[i] + (d->local[at + i] - d->anchor[at + i]) : values[i];
-        d->anchor[at + i] = values[i];
-    }
-}
-
-/* Where a tensor of the model lives in the parameter arrays, and whether its shape is the model's. */
-static int place(const eps_device *d, const eps_tensor *t, size_t *at) {
+/* Where a tensor of the model lives in the parameter arrays (*at), which of the model's tensors it
+ * is (*slot: 2i for dense{i}.w, 2i + 1 for .b), and whether its shape is the model's. */
+static int place(const eps_device *d, const eps_tensor *t, size_t *at, uint32_t *slot) {
     for (uint32_t i = 0; i < d->mlp.layers; i++) {
         char name[24];
         uint32_t in = d->mlp.sizes[i], out = d->mlp.sizes[i + 1];
         tensor_name(name, i, 'w');
         if (strcmp(name, t->name) == 0) {
             *at = eps_mlp_weight_at(&d->mlp, i);
+            *slot = 2 * i;
             return t->ndim == 2 && t->dims[0] == in && t->dims[1] == out;
         }
         name[strlen(name) - 1] = 'b';
         if (strcmp(name, t->name) == 0) {
             *at = eps_mlp_bias_at(&d->mlp, i);
+            *slot = 2 * i + 1;
             return t->ndim == 1 && t->dims[0] == out;
         }
     }
     return 0;
 }
 
-/* The model as a frame's tensor names say; EPS_OK, or why this trainer cannot take it. */
-static eps_status model_of(eps_device *d, const eps_frame *f, eps_mlp *shape) {
-    eps_tensor t;
-    size_t cursor = 0;
-    if (eps_mlp_from_frame(f, shape) == EPS_OK) return EPS_OK;
-    if (!eps_frame_next(f, &cursor, &t)) t.name[0] = '\0';
-    say(d, EPS_ERR_MODEL, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
-        "shapes; first tensor ", t.name, ")", NULL);
-    return unable(d, EPS_ERR_MODEL, 0);
+/* ---- parameter snapshots, read as their bytes arrive (docs/EMBEDDED.md, "Receiving") ----
+ *
+ * A snapshot of the model this device holds lands straight in the replica: each fp32 tensor's
+ * payload is read into its place there, the CRC-32 computed as the bytes pass. The replica counts
+ * as invalid from the first byte placed until the CRC matched; only then is it adopted (the local
+ * model, the anchor and the residual are untouched before). A snapshot of another model (the first
+ * one, or a new run's) is read for its shape only: the arena is laid out for it, and the snapshot
+ * is read again (the retained one, by subscribing to params anew; a whole message, at once). */
+
+enum { IN_IDLE, IN_SKIP, IN_READ };
+
+static int little_endian(void) {
+    const uint16_t one = 1;
+    return *(const uint8_t *)&one == 1;
 }
 
-static eps_status on_params(eps_device *d, const eps_frame *f) {
+/* The header is in: whether this snapshot is for us. */
+static void params_header(eps_device *d) {
+    const eps_frame *f = &d->in.head;
+    d->in_mode = IN_SKIP;
+    if (f->kind == EPS_COMMIT) d->in_status = say(d, EPS_ERR_KIND, "a commit frame where parameters go", NULL);
+    else if (f->kind != EPS_PARAMS) return; /* a delta on params: not ours */
+    else if (f->base_version > MAX_ID || f->seq > MAX_ID) /* versions and runs are JSON-safe ids */
+        d->in_status = say(d, EPS_ERR_FIELD, "parameters: version or run beyond 2^53 - 1", NULL);
+    else if (!d->has_control) d->params_ignored = 1; /* the layout needs the Control: read it again after it */
+    else if (f->seq != d->run) return;                /* a snapshot of another run */
+    else if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return;
+    else d->in_mode = IN_READ;
+}
+
+/* A record is in: its payload goes to its place in the replica if it is the model's, in fp32. */
+static void params_tensor(eps_device *d) {
+    const eps_tensor *t = &d->in.tensor;
+    size_t at;
+    uint32_t slot;
+    eps_mlp_shape_add(&d->in_shape, t);
+    if (d->in_mode != IN_READ || !d->has_model || d->in.head.codec.id != EPS_FP32 || !place(d, t, &at, &slot) ||
+        t->length != 4 * t->elements || (d->in_placed >> slot & 1u))
+        return; /* read past: the frame is judged once it is all in */
+    d->in.dest = (uint8_t *)(void *)(d->replica + at);
+    d->in_placed |= 1u << slot;
+    d->has_replica = 0; /* being overwritten: whole again once the CRC matched */
+}
+
+/* The frame is all in (complete), or the link broke first. */
+static eps_status params_end(eps_device *d, int complete) {
     eps_mlp shape;
-    eps_tensor t;
-    size_t cursor = 0, at;
-    eps_status st;
-    if (!d->has_control) { /* the arena's layout needs the Control: read the snapshot again after it */
-        d->params_ignored = 1;
-        return EPS_OK;
+    const eps_frame *f = &d->in.head;
+    int mode = d->in_mode, placed = d->in_placed != 0;
+    d->in_mode = IN_IDLE;
+    if (!complete) return EPS_OK; /* the broker sends it again (QoS 1, not acknowledged) */
+    if (!d->in.done) {
+        eps_status st = d->in.error != EPS_OK ? d->in.error : EPS_ERR_SHORT;
+        if (placed) d->resync = 1; /* the replica is no longer whole: the retained snapshot again */
+        return say(d, st, "parameters: ", eps_status_name(st), NULL);
     }
-    if (f->seq != d->run) return EPS_OK; /* a snapshot of another run */
-    if (d->has_replica && f->seq == d->replica_run && (int64_t)f->base_version <= d->server_version) return EPS_OK;
-    if ((st = model_of(d, f, &shape)) != EPS_OK) return st;
+    if (mode != IN_READ) return d->in_status;
+    if (eps_mlp_shape_end(&d->in_shape, &shape) != EPS_OK) {
+        say(d, EPS_ERR_MODEL, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
+            "shapes; first tensor ", d->in_shape.first, ")", NULL);
+        return unable(d, EPS_ERR_MODEL, 0);
+    }
     if (!d->has_model || memcmp(&shape, &d->mlp, sizeof shape) != 0) { /* a new model: nothing carries over */
         d->has_model = d->has_replica = d->has_local = d->unpublished = 0;
-        d->residual = d->replica = NULL;
+        d->residual = NULL;
         d->residual_held = 0;
         if (!lay_out(d, &shape)) {
-            size_t need = layout_bytes(&shape, d->max_batch, d->control.pull_codec.id != EPS_FP32,
-                                       eps_codec_biased(d->control.codec), d->control.codec);
+            size_t need = layout_bytes(&shape, d->max_batch, eps_codec_biased(d->control.codec), d->control.codec);
             char a[24], b[24];
-            d->has_model = 0;
             if (need == SIZE_MAX) say(d, EPS_ERR_SPACE, "the job's model is larger than this device's memory", NULL);
             else say(d, EPS_ERR_SPACE, "the job's model needs an arena of ", num(a, need), " bytes; this device has ",
                      num(b, d->arena_size), NULL);
             return unable(d, EPS_ERR_SPACE, 0);
         }
+        d->in_again = 1; /* laid out: now the snapshot can land in place */
+        return EPS_OK;
     }
-    for (cursor = 0; eps_frame_next(f, &cursor, &t);) /* every tensor the model's, before anything changes */
-        if (!place(d, &t, &at)) return say(d, EPS_ERR_NAME, "parameters: tensor ", t.name, " is not the model's", NULL);
-    for (cursor = 0; eps_frame_next(f, &cursor, &t);) {
-        place(d, &t, &at);
-        float *into = d->replica != NULL ? d->replica + at : d->work;
-        if ((st = eps_codec_decode(f->codec, t.payload, t.length, (uint32_t)t.elements, into)) != EPS_OK) {
-            d->has_replica = d->has_local = 0; /* part of it is overwritten: start again from the next snapshot */
-            d->server_version = -1;
-            return say(d, st, "parameters: tensor ", t.name, " does not decode", NULL);
-        }
-        if (d->replica == NULL) adopt_tensor(d, at, d->work, t.elements);
+    if (d->in_placed != (1u << (2 * d->mlp.layers)) - 1u) { /* a tensor not in fp32, or not of its shape's size */
+        if (placed) d->resync = 1;
+        return say(d, EPS_ERR_PAYLOAD, "parameters: a tensor not in fp32 or not of its shape's length", NULL);
+    }
+    if (!little_endian()) { /* the wire's float32 is little-endian */
+        uint8_t *b = (uint8_t *)(void *)d->replica;
+        for (size_t i = 0, p = eps_mlp_params(&d->mlp); i < p; i++) d->replica[i] = eps_get_f32(b + 4 * i);
     }
     d->has_replica = 1;
     d->replica_run = f->seq;
     d->gap = 0;
-    if (d->replica != NULL) {
-        adopt(d, (int64_t)f->base_version);
-    } else { /* adopted tensor by tensor above */
-        d->server_version = (int64_t)f->base_version;
-        d->has_local = 1;
-        d->waiting = 0;
-    }
+    adopt(d, (int64_t)f->base_version);
     able(d, 0);
     return EPS_OK;
+}
+
+int eps_device_stream_begin(eps_device *d, const char *topic, size_t len) {
+    if (strcmp(topic, d->t_params) != 0) return 0;
+    eps_frame_stream_begin(&d->in, len, 0); /* a new run may bring a bigger model: the layout decides */
+    eps_mlp_shape_begin(&d->in_shape);
+    d->in_placed = 0;
+    d->in_status = EPS_OK;
+    d->in_again = 0;
+    d->in_mode = IN_READ;
+    return 1;
+}
+
+uint8_t *eps_device_stream_room(eps_device *d, size_t *cap) { return eps_frame_stream_room(&d->in, cap); }
+
+void eps_device_stream_wrote(eps_device *d, size_t n) {
+    eps_stream_event event = eps_frame_stream_wrote(&d->in, n);
+    if (event == EPS_STREAM_HEADER) params_header(d);
+    else if (event == EPS_STREAM_TENSOR) params_tensor(d);
+}
+
+eps_status eps_device_stream_end(eps_device *d, int complete) {
+    eps_status st = params_end(d, complete);
+    if (d->in_again) { /* the retained snapshot, again: it now lands in place */
+        d->in_again = 0;
+        d->resync = 1;
+    }
+    sync_subscriptions(d);
+    return st;
+}
+
+/* A whole snapshot in memory: checked whole first (nothing is placed from a frame that fails),
+ * then read as if it arrived piece by piece; twice for a new model. */
+static eps_status on_params(eps_device *d, const uint8_t *payload, size_t len) {
+    eps_frame f;
+    eps_status st = eps_frame_parse(payload, len, 0, &f);
+    if (st != EPS_OK) return say(d, st, "parameters: ", eps_status_name(st), NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        eps_device_stream_begin(d, d->t_params, len);
+        for (size_t got = 0; got < len;) {
+            size_t cap;
+            uint8_t *at = eps_device_stream_room(d, &cap);
+            size_t n = cap < len - got ? cap : len - got;
+            memcpy(at, payload + got, n);
+            eps_device_stream_wrote(d, n);
+            got += n;
+        }
+        st = params_end(d, 1);
+        if (!d->in_again) break;
+        d->in_again = 0;
+    }
+    return st;
 }
 
 static eps_status on_delta(eps_device *d, const eps_frame *f) {
     eps_tensor t;
     size_t cursor = 0, at;
+    uint32_t slot;
     eps_status st;
     if ((int64_t)f->base_version <= d->server_version) return EPS_OK;
-    if (d->replica == NULL) return EPS_OK; /* fp32 pulls: deltas are not for us */
+    if (d->control.pull_codec.id == EPS_FP32) return EPS_OK; /* fp32 pulls: deltas are not for us */
     if ((int64_t)f->seq != d->server_version || !d->has_replica || !d->has_run || d->replica_run != d->run) {
         d->gap = 1; /* resubscribe to params; unsubscribe once its snapshot repaired the gap */
         return EPS_OK;
     }
     if (f->count != 2 * d->mlp.layers) return say(d, EPS_ERR_NAME, "delta: not the model's tensors", NULL);
     while (eps_frame_next(f, &cursor, &t)) {
-        if (!place(d, &t, &at)) {
+        if (!place(d, &t, &at, &slot)) {
             d->gap = 1;
             return say(d, EPS_ERR_NAME, "delta: tensor ", t.name, " is not the model's", NULL);
         }
@@ -476,7 +563,6 @@ static int field_string(eps_device *d, const char *message, const eps_json_value
     return eps_json_string(v, out, cap) || refuse_field(d, message, key, "not a short plain string");
 }
 
-#define MAX_ID 9007199254740991u /* 2^53 - 1 */
 
 static eps_status on_control(eps_device *d, const char *text, size_t len) {
     static const char *const M = "Control";
@@ -537,7 +623,6 @@ static eps_status on_control(eps_device *d, const char *text, size_t len) {
     if (d->has_run && c.run != d->run) forget(d); /* a new run of the job: start from its parameters */
     if (d->has_replica && d->replica_run != c.run) forget(d);
     int relayout = d->has_model && ((eps_codec_biased(c.codec) && d->residual == NULL) ||
-                                    (c.pull_codec.id != EPS_FP32 && d->replica == NULL) ||
                                     frame_bytes(&d->mlp, c.codec) > d->frame_cap);
     d->run = c.run;
     d->has_run = 1;
@@ -547,15 +632,11 @@ static eps_status on_control(eps_device *d, const char *text, size_t len) {
     able(d, 1);
     if (relayout) { /* a codec that needs another layout (set_codec): the model stays where it is */
         eps_mlp shape = d->mlp;
-        int had_replica = d->replica != NULL;
         d->unpublished = 0;
         if (!lay_out(d, &shape)) {
             d->has_model = d->has_replica = d->has_local = 0;
             say(d, EPS_ERR_SPACE, "the job's codecs need a larger arena than this device has", NULL);
             return unable(d, EPS_ERR_SPACE, 1);
-        } else if (!had_replica && d->replica != NULL) { /* compressed pulls from now: a snapshot first */
-            d->has_replica = 0;
-            d->resync = 1;
         }
     }
     if (d->params_ignored) { /* a snapshot came before this Control: read it again */
@@ -618,10 +699,11 @@ static eps_status on_notice(eps_device *d, const char *text, size_t len) {
         eps_frame f;
         eps_tensor t;
         size_t cursor = 0, at;
+        uint32_t slot;
         if (strcmp(reason, carried[i]) != 0 || !d->has_local || d->sent_base > d->server_version) continue;
         if (eps_frame_parse(d->frame, d->frame_len, 0, &f) != EPS_OK) return EPS_OK;
         while (eps_frame_next(&f, &cursor, &t)) /* what the server would have added goes into the next commit */
-            if (place(d, &t, &at) && eps_codec_decode(f.codec, t.payload, t.length, (uint32_t)t.elements,
+            if (place(d, &t, &at, &slot) && eps_codec_decode(f.codec, t.payload, t.length, (uint32_t)t.elements,
                                                       d->work) == EPS_OK)
                 for (uint64_t k = 0; k < t.elements; k++) d->anchor[at + k] -= d->work[k];
         d->steps += d->sent_steps;
@@ -632,18 +714,19 @@ static eps_status on_notice(eps_device *d, const char *text, size_t len) {
 
 eps_status eps_device_message(eps_device *d, const char *topic, const uint8_t *payload, size_t len) {
     eps_status st = EPS_OK;
-    int params = strcmp(topic, d->t_params) == 0;
-    if (params || strcmp(topic, d->t_delta) == 0) {
+    if (payload == NULL) { /* too large for the port's receive buffer: read past */
+        if (strcmp(topic, d->t_delta) == 0) d->gap = 1; /* a version missed: the snapshot repairs it */
+        st = say(d, EPS_ERR_SPACE, "a message larger than the receive buffer on ", topic, NULL);
+    } else if (strcmp(topic, d->t_params) == 0) {
+        st = on_params(d, payload, len);
+    } else if (strcmp(topic, d->t_delta) == 0) {
         eps_frame f;
-        /* a snapshot may bring a new run's bigger model (the layout then says whether the arena
-         * holds it); a delta declares no more values than the model has */
-        uint64_t bound = params || !d->has_model ? 0 : eps_mlp_params(&d->mlp);
-        if ((st = eps_frame_parse(payload, len, bound, &f)) != EPS_OK)
-            st = say(d, st, params ? "parameters: " : "delta: ", eps_status_name(st), NULL);
+        /* a delta declares no more values than the model has */
+        if ((st = eps_frame_parse(payload, len, d->has_model ? eps_mlp_params(&d->mlp) : 0, &f)) != EPS_OK)
+            st = say(d, st, "delta: ", eps_status_name(st), NULL);
         else if (f.base_version > MAX_ID || f.seq > MAX_ID) /* versions and runs are JSON-safe ids */
-            st = say(d, EPS_ERR_FIELD, params ? "parameters" : "delta", ": version or run beyond 2^53 - 1", NULL);
-        else if (f.kind == EPS_PARAMS && params) st = on_params(d, &f);
-        else if (f.kind == EPS_DELTA && !params && d->has_model) st = on_delta(d, &f);
+            st = say(d, EPS_ERR_FIELD, "delta: version or run beyond 2^53 - 1", NULL);
+        else if (f.kind == EPS_DELTA && d->has_model) st = on_delta(d, &f);
         else if (f.kind == EPS_COMMIT) st = say(d, EPS_ERR_KIND, "a commit frame where parameters go", NULL);
     } else if (len > 0 && strcmp(topic, d->t_ctrl) == 0) st = on_control(d, (const char *)payload, len);
     else if (len > 0 && strcmp(topic, d->t_barrier) == 0) st = on_barrier(d, (const char *)payload, len);

@@ -102,6 +102,21 @@ static const uint8_t *take(reader *r, size_t n) {
     return at;
 }
 
+/* n bytes of a name into out (terminated): ASCII; a tensor's [A-Za-z0-9_.:/-]. */
+static eps_status copy_name(const uint8_t *s, size_t n, char out[EPS_MAX_NAME + 1], int tensor_name) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        int ok = c < 0x80;
+        if (tensor_name)
+            ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+                 c == '.' || c == ':' || c == '/' || c == '-';
+        if (!ok) return EPS_ERR_NAME;
+        out[i] = (char)c;
+    }
+    out[n] = '\0';
+    return EPS_OK;
+}
+
 /* A length-prefixed ASCII name (1..64 bytes; device ids may be empty) into out. */
 static eps_status read_name(reader *r, char out[EPS_MAX_NAME + 1], int may_be_empty, int tensor_name) {
     const uint8_t *n = take(r, 1);
@@ -109,17 +124,35 @@ static eps_status read_name(reader *r, char out[EPS_MAX_NAME + 1], int may_be_em
     if (*n > EPS_MAX_NAME || (*n == 0 && !may_be_empty)) return EPS_ERR_NAME;
     const uint8_t *s = take(r, *n);
     if (s == NULL) return EPS_ERR_SHORT;
-    for (unsigned i = 0; i < *n; i++) {
-        uint8_t c = s[i];
-        int ok = c < 0x80;
-        if (tensor_name) /* [A-Za-z0-9_.:/-] */
-            ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
-                 c == '.' || c == ':' || c == '/' || c == '-';
-        if (!ok) return EPS_ERR_NAME;
-        out[i] = (char)c;
+    return copy_name(s, *n, out, tensor_name);
+}
+
+/* A record's dimensions (ndim of them at p) and payload length (after them) into t. */
+static void read_dims(const uint8_t *p, eps_tensor *t) {
+    t->elements = 1;
+    for (unsigned d = 0; d < t->ndim; d++) {
+        t->dims[d] = eps_get_u32(p + 4 * d);
+        /* a product above 2^32 is refused by the caller's bound long before it could overflow */
+        t->elements = t->elements > UINT32_MAX ? t->elements : t->elements * t->dims[d];
     }
-    out[*n] = '\0';
-    return EPS_OK;
+    t->length = eps_get_u32(p + 4 * t->ndim);
+}
+
+/* The fixed header (EPS_HEADER_BYTES at data) into f. */
+static eps_status read_header(const uint8_t *data, eps_frame *f) {
+    if (memcmp(data, "EPSF", 4) != 0) return EPS_ERR_MAGIC;
+    if (data[4] != EPS_FORMAT_VERSION) return EPS_ERR_VERSION;
+    if (data[5] < EPS_COMMIT || data[5] > EPS_DELTA) return EPS_ERR_KIND;
+    if (data[7] != 0) return EPS_ERR_FLAGS;
+    f->kind = (eps_kind)data[5];
+    if (data[6] > EPS_TOPK) return EPS_ERR_CODEC;
+    f->codec.id = (eps_codec_id)data[6];
+    f->codec.arg = eps_get_f32(data + 8);
+    f->base_version = eps_get_u64(data + 12);
+    f->seq = eps_get_u64(data + 20);
+    f->samples = eps_get_u32(data + 28);
+    f->steps = eps_get_u32(data + 32);
+    return eps_codec_check(f->codec);
 }
 
 /* One tensor record at r; its payload length is checked against the bytes left, not its codec. */
@@ -130,17 +163,9 @@ static eps_status read_record(reader *r, eps_tensor *t) {
     if (nd == NULL) return EPS_ERR_SHORT;
     if (*nd > EPS_MAX_NDIM) return EPS_ERR_NDIM;
     t->ndim = *nd;
-    t->elements = 1;
-    for (unsigned d = 0; d < t->ndim; d++) {
-        const uint8_t *dim = take(r, 4);
-        if (dim == NULL) return EPS_ERR_SHORT;
-        t->dims[d] = eps_get_u32(dim);
-        /* a product above 2^32 is refused by the caller's bound long before it could overflow */
-        t->elements = t->elements > UINT32_MAX ? t->elements : t->elements * t->dims[d];
-    }
-    const uint8_t *len = take(r, 4);
-    if (len == NULL) return EPS_ERR_SHORT;
-    t->length = eps_get_u32(len);
+    const uint8_t *dims = take(r, 4u * t->ndim + 4);
+    if (dims == NULL) return EPS_ERR_SHORT;
+    read_dims(dims, t);
     t->payload = take(r, t->length);
     return t->payload == NULL ? EPS_ERR_SHORT : EPS_OK;
 }
@@ -149,19 +174,8 @@ eps_status eps_frame_parse(const uint8_t *data, size_t len, uint64_t max_element
     if (len < EPS_HEADER_BYTES + 4) return EPS_ERR_SHORT;
     if (memcmp(data, "EPSF", 4) != 0) return EPS_ERR_MAGIC;
     if (eps_crc32(0, data, len - 4) != eps_get_u32(data + len - 4)) return EPS_ERR_CRC;
-    if (data[4] != EPS_FORMAT_VERSION) return EPS_ERR_VERSION;
-    if (data[5] < EPS_COMMIT || data[5] > EPS_DELTA) return EPS_ERR_KIND;
-    if (data[7] != 0) return EPS_ERR_FLAGS;
-    f->kind = (eps_kind)data[5];
-    if (data[6] > EPS_TOPK) return EPS_ERR_CODEC;
-    f->codec.id = (eps_codec_id)data[6];
-    f->codec.arg = eps_get_f32(data + 8);
-    eps_status st = eps_codec_check(f->codec);
+    eps_status st = read_header(data, f);
     if (st != EPS_OK) return st;
-    f->base_version = eps_get_u64(data + 12);
-    f->seq = eps_get_u64(data + 20);
-    f->samples = eps_get_u32(data + 28);
-    f->steps = eps_get_u32(data + 32);
     reader r = {data, len - 4, EPS_HEADER_BYTES};
     if ((st = read_name(&r, f->device, 1, 0)) != EPS_OK) return st;
     const uint8_t *count = take(&r, 2);
@@ -192,6 +206,116 @@ int eps_frame_next(const eps_frame *f, size_t *cursor, eps_tensor *t) {
     if (read_record(&r, t) != EPS_OK) return 0; /* cannot happen after eps_frame_parse */
     *cursor = r.pos;
     return 1;
+}
+
+/* ---- a frame read as its bytes arrive ---- */
+
+enum { S_HEADER, S_ID, S_NAME_LEN, S_NAME, S_DIMS, S_PAYLOAD, S_CRC, S_END };
+
+/* Collect the next `want` bytes in piece; SHORT if the message has not that many before its CRC. */
+static int expect(eps_frame_stream *s, int phase, size_t want) {
+    size_t left = s->len - s->got - (phase == S_CRC ? 0 : 4);
+    if (s->len - s->got < 4 || want > left) {
+        s->error = EPS_ERR_SHORT;
+        s->phase = S_END;
+        return 0;
+    }
+    s->phase = phase;
+    s->want = want;
+    s->have = 0;
+    return 1;
+}
+
+static eps_stream_event fail(eps_frame_stream *s, eps_status st) {
+    s->error = st;
+    s->phase = S_END;
+    return EPS_STREAM_FAILED;
+}
+
+/* The next record, or the CRC after the last one. */
+static eps_stream_event next_record(eps_frame_stream *s, eps_stream_event event) {
+    if (s->index < s->head.count) return expect(s, S_NAME_LEN, 1) ? event : EPS_STREAM_FAILED;
+    if (s->len - s->got != 4) return fail(s, s->len - s->got < 4 ? EPS_ERR_SHORT : EPS_ERR_TRAILING);
+    expect(s, S_CRC, 4);
+    return event;
+}
+
+void eps_frame_stream_begin(eps_frame_stream *s, size_t len, uint64_t max_elements) {
+    memset(s, 0, sizeof *s);
+    s->len = len;
+    s->limit = max_elements ? max_elements : (uint64_t)1 << 28;
+    if (len < EPS_HEADER_BYTES + 4) fail(s, EPS_ERR_SHORT);
+    else expect(s, S_HEADER, EPS_HEADER_BYTES + 1);
+}
+
+uint8_t *eps_frame_stream_room(eps_frame_stream *s, size_t *cap) {
+    if (s->phase == S_PAYLOAD && s->dest != NULL) {
+        s->at = s->dest + (s->tensor.length - s->payload_left);
+        *cap = s->payload_left;
+    } else if (s->phase == S_PAYLOAD || s->phase == S_END) { /* read past, a piece at a time */
+        size_t left = s->phase == S_PAYLOAD ? s->payload_left : s->len - s->got;
+        s->at = s->piece;
+        *cap = left < sizeof s->piece ? left : sizeof s->piece;
+    } else {
+        s->at = s->piece + s->have;
+        *cap = s->want - s->have;
+    }
+    if (*cap == 0) *cap = 1; /* bytes past the message's end: read into piece, and refused */
+    return s->at;
+}
+
+eps_stream_event eps_frame_stream_wrote(eps_frame_stream *s, size_t n) {
+    if (s->phase != S_CRC && s->phase != S_END) s->crc = eps_crc32(s->crc, s->at, n);
+    s->got += n;
+    if (s->got > s->len) return fail(s, EPS_ERR_TRAILING);
+    if (s->phase == S_END) return EPS_STREAM_MORE;
+    if (s->phase == S_PAYLOAD) {
+        s->payload_left -= n;
+        if (s->payload_left) return EPS_STREAM_MORE;
+        s->index++;
+        return next_record(s, EPS_STREAM_MORE);
+    }
+    s->have += n;
+    if (s->have < s->want) return EPS_STREAM_MORE;
+    const uint8_t *p = s->piece;
+    eps_status st;
+    switch (s->phase) {
+    case S_HEADER:
+        if ((st = read_header(p, &s->head)) != EPS_OK) return fail(s, st);
+        if (p[EPS_HEADER_BYTES] > EPS_MAX_NAME) return fail(s, EPS_ERR_NAME);
+        return expect(s, S_ID, p[EPS_HEADER_BYTES] + 2u) ? EPS_STREAM_MORE : EPS_STREAM_FAILED;
+    case S_ID:
+        if ((st = copy_name(p, s->want - 2, s->head.device, 0)) != EPS_OK) return fail(s, st);
+        s->head.count = eps_get_u16(p + s->want - 2);
+        if (s->head.count > EPS_MAX_TENSORS) return fail(s, EPS_ERR_TENSORS);
+        return next_record(s, EPS_STREAM_HEADER);
+    case S_NAME_LEN:
+        if (p[0] == 0 || p[0] > EPS_MAX_NAME) return fail(s, EPS_ERR_NAME);
+        return expect(s, S_NAME, p[0] + 1u) ? EPS_STREAM_MORE : EPS_STREAM_FAILED;
+    case S_NAME:
+        if ((st = copy_name(p, s->want - 1, s->tensor.name, 1)) != EPS_OK) return fail(s, st);
+        if (p[s->want - 1] > EPS_MAX_NDIM) return fail(s, EPS_ERR_NDIM);
+        s->tensor.ndim = p[s->want - 1];
+        return expect(s, S_DIMS, 4u * s->tensor.ndim + 4) ? EPS_STREAM_MORE : EPS_STREAM_FAILED;
+    case S_DIMS:
+        read_dims(p, &s->tensor);
+        s->tensor.payload = NULL;
+        s->total += s->tensor.elements;
+        if (s->tensor.elements > s->limit || s->total > s->limit) return fail(s, EPS_ERR_TENSORS);
+        if (s->tensor.length > s->len - s->got - 4) return fail(s, EPS_ERR_SHORT);
+        s->dest = NULL;
+        s->phase = S_PAYLOAD;
+        s->payload_left = s->tensor.length;
+        if (s->payload_left) return EPS_STREAM_TENSOR;
+        s->index++; /* an empty payload: its record is said, then the next one read */
+        return next_record(s, EPS_STREAM_TENSOR);
+    case S_CRC:
+        s->phase = S_END;
+        if (eps_get_u32(p) != s->crc) return fail(s, EPS_ERR_CRC);
+        s->done = 1;
+        return EPS_STREAM_DONE;
+    }
+    return fail(s, EPS_ERR_SHORT);
 }
 
 static uint8_t *room(eps_writer *w, size_t n) {

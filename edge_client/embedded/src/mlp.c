@@ -23,33 +23,44 @@ static int dense_name(const char *name, uint32_t *layer, char *kind) {
     return 1;
 }
 
-eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp) {
-    uint32_t in[EPS_MAX_LAYERS] = {0}, out[EPS_MAX_LAYERS] = {0}, bias[EPS_MAX_LAYERS] = {0}, seen = 0;
-    eps_tensor t;
-    size_t cursor = 0;
-    memset(mlp, 0, sizeof *mlp); /* the sizes past the last layer too: shapes are compared whole */
-    while (eps_frame_next(frame, &cursor, &t)) {
-        uint32_t i;
-        char kind;
-        if (!dense_name(t.name, &i, &kind)) return EPS_ERR_NAME;
-        if (kind == 'w') {
-            if (t.ndim != 2 || t.dims[0] == 0 || t.dims[1] == 0) return EPS_ERR_NAME;
-            in[i] = t.dims[0];
-            out[i] = t.dims[1];
-        } else {
-            if (t.ndim != 1 || t.dims[0] == 0) return EPS_ERR_NAME;
-            bias[i] = t.dims[0];
-        }
-        seen++;
+void eps_mlp_shape_begin(eps_mlp_shape *s) { memset(s, 0, sizeof *s); }
+
+void eps_mlp_shape_add(eps_mlp_shape *s, const eps_tensor *t) {
+    uint32_t i;
+    char kind;
+    if (s->seen == 0) memcpy(s->first, t->name, sizeof s->first);
+    if (!dense_name(t->name, &i, &kind)) {
+        s->bad = 1;
+    } else if (kind == 'w') {
+        if (t->ndim != 2 || t->dims[0] == 0 || t->dims[1] == 0 || s->in[i]) s->bad = 1;
+        s->in[i] = t->dims[0];
+        s->out[i] = t->dims[1];
+    } else {
+        if (t->ndim != 1 || t->dims[0] == 0 || s->bias[i]) s->bad = 1;
+        s->bias[i] = t->dims[0];
     }
-    mlp->layers = seen / 2;
-    if (seen == 0 || seen % 2) return EPS_ERR_NAME;
+    s->seen++;
+}
+
+eps_status eps_mlp_shape_end(const eps_mlp_shape *s, eps_mlp *mlp) {
+    memset(mlp, 0, sizeof *mlp); /* the sizes past the last layer too: shapes are compared whole */
+    mlp->layers = s->seen / 2;
+    if (s->bad || s->seen == 0 || s->seen % 2 || mlp->layers > EPS_MAX_LAYERS) return EPS_ERR_NAME;
     for (uint32_t i = 0; i < mlp->layers; i++) {
-        if (in[i] == 0 || bias[i] != out[i] || (i > 0 && in[i] != out[i - 1])) return EPS_ERR_NAME;
-        mlp->sizes[i] = in[i];
-        mlp->sizes[i + 1] = out[i];
+        if (s->in[i] == 0 || s->bias[i] != s->out[i] || (i > 0 && s->in[i] != s->out[i - 1])) return EPS_ERR_NAME;
+        mlp->sizes[i] = s->in[i];
+        mlp->sizes[i + 1] = s->out[i];
     }
     return EPS_OK;
+}
+
+eps_status eps_mlp_from_frame(const eps_frame *frame, eps_mlp *mlp) {
+    eps_mlp_shape shape;
+    eps_tensor t;
+    size_t cursor = 0;
+    eps_mlp_shape_begin(&shape);
+    while (eps_frame_next(frame, &cursor, &t)) eps_mlp_shape_add(&shape, &t);
+    return eps_mlp_shape_end(&shape, mlp);
 }
 
 size_t eps_mlp_weight_at(const eps_mlp *m, uint32_t layer) {

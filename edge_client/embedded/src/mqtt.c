@@ -9,6 +9,8 @@ enum { CONNECT = 1, CONNACK, PUBLISH, PUBACK, SUBSCRIBE = 8, SUBACK, UNSUBSCRIBE
 
 #define MAX_REMAINING 268435455u /* the most a 4-byte remaining length says */
 
+enum { READ_NONE, READ_WHOLE, READ_STREAM, READ_PAST };
+
 void eps_mqtt_init(eps_mqtt *c, const eps_mqtt_transport *io, uint8_t *rx, size_t rx_cap, eps_mqtt_on_message on_message,
                    void *ctx) {
     memset(c, 0, sizeof *c);
@@ -19,6 +21,8 @@ void eps_mqtt_init(eps_mqtt *c, const eps_mqtt_transport *io, uint8_t *rx, size_
     c->ctx = ctx;
     c->next_id = 1;
 }
+
+static void read_reset(eps_mqtt *c);
 
 /* ---- building packets into tx ---- */
 
@@ -70,8 +74,8 @@ eps_mqtt_status eps_mqtt_connect(eps_mqtt *c, const eps_mqtt_options *o, double 
                   (o->password ? 2 + pass : 0);
     /* a fresh link: nothing half-written survives it; the publish in flight goes again after CONNACK */
     c->tx_len = c->tx_sent = c->header_end = 0;
-    c->head_len = c->body_len = c->body_got = 0;
-    c->skipping = c->connected = c->ping_out = c->refused = c->resend_due = 0;
+    read_reset(c);
+    c->connected = c->ping_out = c->refused = c->resend_due = 0;
     if (c->writing) c->writing = 0, c->awaiting = 1;
     uint8_t *p = packet(c, CONNECT << 4, body);
     if (p == NULL) return EPS_MQTT_TOO_LONG;
@@ -150,6 +154,7 @@ eps_mqtt_status eps_mqtt_disconnect(eps_mqtt *c) { return packet(c, DISCONNECT <
 
 void eps_mqtt_lost(eps_mqtt *c) {
     c->connected = 0;
+    read_reset(c);
     if (c->writing) { /* half written: the whole PUBLISH goes again after the next CONNACK (QoS 1) */
         c->writing = 0;
         c->awaiting = c->out_id != 0;
@@ -198,7 +203,7 @@ static eps_mqtt_status queue_ack(eps_mqtt *c, uint16_t id) {
     return EPS_MQTT_OK;
 }
 
-/* One whole packet: its first byte, its body in rx (body_len bytes). */
+/* One whole packet other than PUBLISH: its first byte, its body in rx (body_len bytes). */
 static eps_mqtt_status handle(eps_mqtt *c, uint8_t first) {
     const uint8_t *b = c->rx;
     size_t n = c->body_len;
@@ -213,24 +218,6 @@ static eps_mqtt_status handle(eps_mqtt *c, uint8_t first) {
         c->session_present = b[0] & 1;
         c->resend_due = c->awaiting; /* the publish in flight goes again once the output is free */
         return EPS_MQTT_OK;
-    case PUBLISH: {
-        unsigned qos = (first >> 1) & 3;
-        if (qos > 1 || n < 2) return EPS_MQTT_PROTOCOL; /* it subscribes at QoS 1: the broker sends no QoS 2 */
-        size_t t = get16(b), at = 2 + t + (qos ? 2 : 0);
-        if (at > n) return EPS_MQTT_PROTOCOL;
-        uint16_t id = qos ? get16(b + 2 + t) : 0;
-        if (qos && id == 0) return EPS_MQTT_PROTOCOL;
-        if (qos && queue_ack(c, id) != EPS_MQTT_OK) return EPS_MQTT_PROTOCOL; /* tx full of acks: drop the link */
-        char topic[257];
-        if (t >= sizeof topic || memchr(b + 2, 0, t) != NULL) { /* longer than any edgeps topic: not ours */
-            c->dropped++;
-            return EPS_MQTT_OK;
-        }
-        memcpy(topic, b + 2, t);
-        topic[t] = '\0';
-        if (c->on_message) c->on_message(c->ctx, topic, b + at, n - at);
-        return EPS_MQTT_OK;
-    }
     case PUBACK:
         if (n != 2) return EPS_MQTT_PROTOCOL;
         if (c->awaiting && get16(b) == c->out_id) c->awaiting = 0;
@@ -248,6 +235,98 @@ static eps_mqtt_status handle(eps_mqtt *c, uint8_t first) {
     }
 }
 
+/* A PUBLISH's topic and packet id are in vh: where its payload goes. */
+static eps_mqtt_status publish_begins(eps_mqtt *c) {
+    size_t t = get16(c->vh);
+    c->topic_ok = t < sizeof c->topic && memchr(c->vh + 2, 0, t) == NULL; /* longer than any edgeps topic: not ours */
+    if (c->topic_ok) {
+        memcpy(c->topic, c->vh + 2, t);
+        c->topic[t] = '\0';
+    }
+    size_t len = c->body_len - c->vh_len;
+    c->packet_id = ((c->head[0] >> 1) & 3) == 1 ? get16(c->vh + 2 + t) : 0;
+    if (c->topic_ok && c->stream.begin != NULL && c->stream.begin(c->ctx, c->topic, len)) c->reading = READ_STREAM;
+    else c->reading = c->topic_ok && len <= c->rx_cap ? READ_WHOLE : READ_PAST;
+    c->payload_got = 0;
+    return EPS_MQTT_OK;
+}
+
+/* A PUBLISH is all in: acknowledged (QoS 1), then handed over. */
+static eps_mqtt_status publish_ends(eps_mqtt *c) {
+    size_t len = c->body_len - c->vh_len;
+    int reading = c->reading;
+    c->reading = READ_NONE;
+    if (c->packet_id != 0 && queue_ack(c, c->packet_id) != EPS_MQTT_OK)
+        return EPS_MQTT_PROTOCOL; /* tx full of acks: drop the link (the broker sends it again) */
+    if (reading == READ_STREAM) c->stream.end(c->ctx, 1);
+    else if (reading == READ_WHOLE && c->on_message) c->on_message(c->ctx, c->topic, c->rx, len);
+    else {
+        c->dropped++; /* read past: acknowledged, or the broker would send it again for ever; counted */
+        if (c->topic_ok && c->on_message) c->on_message(c->ctx, c->topic, NULL, len);
+    }
+    return EPS_MQTT_OK;
+}
+
+/* Where the next bytes of the packet's body go, and at most how many. */
+static uint8_t *body_room(eps_mqtt *c, size_t *cap) {
+    if ((c->head[0] >> 4) != PUBLISH) {
+        *cap = c->body_len - c->body_got;
+        return c->rx + c->body_got;
+    }
+    if (c->reading == READ_NONE) { /* the topic's length, then the topic and the packet id */
+        *cap = (c->vh_got < 2 ? 2 : c->vh_len) - c->vh_got;
+        return c->vh + c->vh_got;
+    }
+    size_t left = c->body_len - c->body_got;
+    if (c->reading == READ_STREAM) {
+        uint8_t *at = c->stream.room(c->ctx, cap);
+        if (*cap > left) *cap = left;
+        return at;
+    }
+    if (c->reading == READ_WHOLE) {
+        *cap = left;
+        return c->rx + c->payload_got;
+    }
+    *cap = left < c->rx_cap ? left : c->rx_cap; /* read past, a chunk of rx at a time */
+    return c->rx;
+}
+
+/* n bytes of the body came where body_room said. */
+static eps_mqtt_status body_wrote(eps_mqtt *c, size_t n) {
+    c->body_got += n;
+    if ((c->head[0] >> 4) != PUBLISH) return EPS_MQTT_OK;
+    if (c->reading != READ_NONE) {
+        c->payload_got += n;
+        if (c->reading == READ_STREAM) c->stream.wrote(c->ctx, n);
+        return EPS_MQTT_OK;
+    }
+    c->vh_got += n;
+    if (c->vh_got == 2) {
+        unsigned qos = (c->head[0] >> 1) & 3;
+        c->vh_len = 2 + (size_t)get16(c->vh) + (qos ? 2 : 0);
+        if (c->vh_len > c->body_len) return EPS_MQTT_PROTOCOL;
+        if (c->vh_len > sizeof c->vh) { /* a topic longer than any of ours: read past it, unacknowledged */
+            c->vh_len = c->vh_got;
+            c->reading = READ_PAST;
+            c->topic_ok = 0;
+            c->packet_id = 0;
+            return EPS_MQTT_OK;
+        }
+    }
+    if (c->vh_got < 2 || c->vh_got < c->vh_len) return EPS_MQTT_OK;
+    if (((c->head[0] >> 1) & 3) == 1 && get16(c->vh + c->vh_len - 2) == 0) return EPS_MQTT_PROTOCOL;
+    return publish_begins(c);
+}
+
+/* The reading of a packet stops (it ended, or the link broke: a message half read is dropped, and
+ * the broker sends it again). */
+static void read_reset(eps_mqtt *c) {
+    if (c->reading == READ_STREAM) c->stream.end(c->ctx, 0);
+    c->reading = READ_NONE;
+    c->head_len = c->body_len = c->body_got = c->vh_got = c->vh_len = c->payload_got = 0;
+    c->packet_id = 0;
+}
+
 static eps_mqtt_status read_some(eps_mqtt *c, double now) {
     for (;;) {
         if (c->head_len < 2 || (c->head[c->head_len - 1] & 0x80)) { /* the fixed header, a byte at a time */
@@ -262,36 +341,22 @@ static eps_mqtt_status read_some(eps_mqtt *c, double now) {
             for (size_t i = 1; i < c->head_len; i++, scale *= 128) len += (c->head[i] & 0x7Fu) * scale;
             c->body_len = len;
             c->body_got = 0;
-            c->skipping = len > c->rx_cap;
-            if (c->skipping && (c->head[0] >> 4) != PUBLISH) return EPS_MQTT_PROTOCOL;
+            unsigned type = c->head[0] >> 4;
+            if (type == PUBLISH ? (((c->head[0] >> 1) & 3) > 1 || len < 2) : len > c->rx_cap)
+                return EPS_MQTT_PROTOCOL; /* it subscribes at QoS 1: the broker sends no QoS 2 */
         }
-        if (c->body_got < c->body_len) {
-            long got;
-            if (c->skipping) { /* read past it a byte at a time up to its packet id, then a chunk of rx at a time */
-                size_t want = c->body_len - c->body_got, id_end = c->body_got >= 2 ? 2u + get16(c->skip) + 2u : 2;
-                if (c->body_got < id_end && id_end <= sizeof c->skip) want = 1;
-                got = c->io.recv(c->io.ctx, c->rx, want < c->rx_cap ? want : c->rx_cap);
-                if (got == 1 && c->body_got < sizeof c->skip) c->skip[c->body_got] = c->rx[0];
-            } else {
-                got = c->io.recv(c->io.ctx, c->rx + c->body_got, c->body_len - c->body_got);
-            }
+        while (c->body_got < c->body_len) {
+            size_t cap;
+            uint8_t *at = body_room(c, &cap);
+            long got = c->io.recv(c->io.ctx, at, cap);
             if (got < 0) return EPS_MQTT_LOST;
             if (got == 0) return EPS_MQTT_OK;
             c->last_recv = now;
-            c->body_got += (size_t)got;
-            if (c->body_got < c->body_len) continue;
+            eps_mqtt_status st = body_wrote(c, (size_t)got);
+            if (st != EPS_MQTT_OK) return st;
         }
-        uint8_t first = c->head[0];
-        eps_mqtt_status st = EPS_MQTT_OK;
-        if (c->skipping) { /* acknowledged (QoS 1), or the broker sends it again for ever; counted */
-            size_t t = get16(c->skip);
-            c->dropped++;
-            if (((first >> 1) & 3) == 1 && 2 + t + 2 <= sizeof c->skip) st = queue_ack(c, get16(c->skip + 2 + t));
-        } else {
-            st = handle(c, first);
-        }
-        c->head_len = c->body_len = c->body_got = 0;
-        c->skipping = 0;
+        eps_mqtt_status st = (c->head[0] >> 4) == PUBLISH ? publish_ends(c) : handle(c, c->head[0]);
+        read_reset(c);
         if (st != EPS_MQTT_OK) return st;
     }
 }

@@ -9,8 +9,9 @@
  *                             the first problem; exit 1 if any was refused
  *   epsf arena SIZES BATCH [CODEC [PULL_CODEC]]
  *                             the arena a device needs for the MLP of layer sizes SIZES (such as
- *                             64,64,10), batches of BATCH samples, commits in CODEC and pulls in
- *                             PULL_CODEC (default fp32 both), in bytes
+ *                             64,64,10), batches of BATCH samples and commits in CODEC (default
+ *                             fp32), in bytes; then the receive buffer its port needs besides when
+ *                             snapshots stream into the arena, pulls in PULL_CODEC (default fp32)
  *   epsf fuzz SEED COUNT FILE...
  *                             COUNT inputs made from the FILEs (frames and JSON messages) by bit
  *                             flips, truncations, random bytes and mended CRCs: each parsed and
@@ -174,6 +175,64 @@ static int fz_sample(void *ctx, uint32_t index, float *x, float *y) {
     return 1;
 }
 
+/* A frame read as its bytes arrive, in pieces of random sizes, each payload into dest (1 MiB):
+ * it must agree with eps_frame_parse, which reads it whole (the stream leaves names' uniqueness
+ * to its caller), and its payloads must be the frame's bytes. Exits on a disagreement. */
+static void stream_agrees(const uint8_t *m, size_t len) {
+    static uint8_t dest[1 << 20];
+    eps_frame_stream s;
+    eps_frame f;
+    size_t placed = 0, got = 0;
+    eps_status whole = eps_frame_parse(m, len, 0, &f);
+    eps_frame_stream_begin(&s, len, 0);
+    while (got < len) {
+        size_t cap, n = 1 + (size_t)(fuzz_next() % 97);
+        uint8_t *at = eps_frame_stream_room(&s, &cap);
+        n = n < cap ? n : cap;
+        n = n < len - got ? n : len - got;
+        memcpy(at, m + got, n);
+        got += n;
+        if (eps_frame_stream_wrote(&s, n) == EPS_STREAM_TENSOR && s.tensor.length <= sizeof dest - placed) {
+            s.dest = dest + placed;
+            placed += s.tensor.length;
+        }
+    }
+    int agree = whole == EPS_OK ? s.done : (!s.done || whole == EPS_ERR_NAME);
+    if (agree && whole == EPS_OK) { /* the payloads placed are the frame's */
+        eps_tensor t;
+        size_t cursor = 0, at = 0;
+        while (agree && eps_frame_next(&f, &cursor, &t)) {
+            agree = t.length == 0 || memcmp(dest + at, t.payload, t.length) == 0;
+            at += t.length;
+        }
+    }
+    if (!agree) {
+        fprintf(stderr, "epsf fuzz: a frame of %zu bytes read whole: %s, as it arrives: %s\n", len,
+                eps_status_name(whole), s.done ? "ok" : eps_status_name(s.error));
+        exit(1);
+    }
+}
+
+/* A message to the device: whole, or (a parameter frame, half the time) piece by piece as a
+ * streaming port hands it over, now and then cut before its end as a broken link would. */
+static void deliver(eps_device *d, const char *topic, const uint8_t *m, size_t len) {
+    if (fuzz_next() % 2 || !eps_device_stream_begin(d, topic, len)) {
+        eps_device_message(d, topic, m, len);
+        return;
+    }
+    size_t got = 0, stop = fuzz_next() % 8 == 0 ? (size_t)(fuzz_next() % (len + 1)) : len;
+    while (got < stop) {
+        size_t cap, n = 1 + (size_t)(fuzz_next() % 300);
+        uint8_t *at = eps_device_stream_room(d, &cap);
+        n = n < cap ? n : cap;
+        n = n < stop - got ? n : stop - got;
+        memcpy(at, m + got, n);
+        eps_device_stream_wrote(d, n);
+        got += n;
+    }
+    eps_device_stream_end(d, stop == len);
+}
+
 static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
     static eps_device dev;
     static float arena[1 << 16];
@@ -191,7 +250,7 @@ static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
     dev.incarnation = 4242; /* the incarnation the corpus's Control answers */
     for (int i = 0; i < files; i++) { /* the unmutated corpus sets the device up: control, model, ... */
         const char *topic = inputs[i][0] == '{' ? topics[0] : topics[3];
-        eps_device_message(&dev, topic, inputs[i], sizes[i]);
+        deliver(&dev, topic, inputs[i], sizes[i]);
     }
     unsigned char *m = malloc(1 << 20);
     if (m == NULL) return 1;
@@ -214,8 +273,9 @@ static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
             for (int i = 0; i < 4; i++) m[len - 4 + (size_t)i] = (unsigned char)(crc >> (8 * i));
         }
         accepted += run(m, len, NULL, 1, NULL, NULL) == EPS_OK;
+        if (frame) stream_agrees(m, len);
         const char *topic = frame ? topics[3 + fuzz_next() % 2] : topics[fuzz_next() % 3];
-        eps_device_message(&dev, topic, m, len);
+        deliver(&dev, topic, m, len);
         if (fuzz_next() % 8 == 0) eps_device_step(&dev);
     }
     printf("fuzzed %lu inputs: %lu were valid frames\n", count, accepted);
@@ -245,7 +305,8 @@ int main(int argc, char **argv) {
         }
         if (mlp.layers < 2 || mlp.layers > EPS_MAX_LAYERS + 1) return usage();
         mlp.layers--;
-        printf("%lu\n", (unsigned long)eps_device_arena_size(&mlp, (uint32_t)strtoul(argv[3], NULL, 10), codec, pull));
+        printf("%lu %lu\n", (unsigned long)eps_device_arena_size(&mlp, (uint32_t)strtoul(argv[3], NULL, 10), codec),
+               (unsigned long)eps_device_receive_size(&mlp, pull));
         return 0;
     }
     if (argc >= 5 && strcmp(argv[1], "fuzz") == 0)

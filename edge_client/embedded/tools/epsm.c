@@ -1,7 +1,7 @@
 /* epsm: the SDK's MQTT client (src/mqtt.c) over a POSIX socket, driven by lines on stdin, for the
  * tests against Mosquitto; and `epsm fuzz SEED COUNT`, its reader fed mutated packet streams.
  *
- *   epsm HOST PORT CLIENT_ID      then lines:
+ *   epsm HOST PORT CLIENT_ID [RX_BYTES]   (rx: 64 KiB unless said) then lines:
  *     connect [WILL_TOPIC WILL_TEXT]  open the socket, CONNECT (persistent session), wait for CONNACK
  *     sub FILTER                      SUBSCRIBE at QoS 1
  *     pub TOPIC SIZE QOS [CUT]        publish SIZE bytes (byte i = i % 251); with CUT, the link is cut
@@ -10,6 +10,10 @@
  *     wait SECONDS                    keep polling
  *     close                           drop the socket (no DISCONNECT: the will fires)
  *     disconnect                      DISCONNECT, then close
+ *     stream PREFIX                   messages on topics starting with PREFIX are handed over piece by
+ *                                     piece (eps_mqtt_stream) through a 512-byte window, their CRC-32
+ *                                     computed as they pass; "msg ..." as the others, "cut ..." when a
+ *                                     link broke half way through one
  *   Each line answers one line: "ok ...", or "error ..."; messages print as "msg TOPIC LEN CRC32". */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -63,11 +67,64 @@ static long sock_recv(void *ctx, uint8_t *data, size_t cap) {
 
 static int messages, quiet;
 
+/* ---- a stream consumer: a 512-byte window, the CRC-32 and the count of what passed ---- */
+static char stream_prefix[256];
+static char stream_topic[257];
+static uint8_t window[512];
+static size_t stream_len, stream_got;
+static uint32_t stream_crc;
+static unsigned long streamed, stream_cuts;
+static uint64_t fuzz_state = 1;
+static int fuzzing;
+
+static uint64_t next(void) {
+    fuzz_state ^= fuzz_state << 13, fuzz_state ^= fuzz_state >> 7, fuzz_state ^= fuzz_state << 17;
+    return fuzz_state;
+}
+
+static int st_begin(void *ctx, const char *topic, size_t len) {
+    (void)ctx;
+    if (fuzzing ? next() % 2 != 0 : stream_prefix[0] == '\0' || strncmp(topic, stream_prefix, strlen(stream_prefix)) != 0)
+        return 0;
+    snprintf(stream_topic, sizeof stream_topic, "%s", topic);
+    stream_len = len, stream_got = 0, stream_crc = 0;
+    return 1;
+}
+
+static uint8_t *st_room(void *ctx, size_t *cap) {
+    (void)ctx;
+    *cap = fuzzing ? 1 + (size_t)(next() % sizeof window) : sizeof window;
+    return window;
+}
+
+static void st_wrote(void *ctx, size_t n) {
+    (void)ctx;
+    stream_crc = eps_crc32(stream_crc, window, n);
+    stream_got += n;
+}
+
+static void st_end(void *ctx, int complete) {
+    (void)ctx;
+    if (complete && stream_got != stream_len) { /* the client handed over more or less than the message */
+        fprintf(stderr, "epsm: a streamed message of %zu bytes ended after %zu\n", stream_len, stream_got);
+        exit(1);
+    }
+    if (!complete) stream_cuts++;
+    else streamed++, messages++;
+    if (quiet) return;
+    if (complete) printf("msg %s %zu %u\n", stream_topic, stream_len, (unsigned)stream_crc);
+    else printf("cut %s %zu of %zu\n", stream_topic, stream_got, stream_len);
+    fflush(stdout);
+}
+
+static const eps_mqtt_stream STREAM = {st_begin, st_room, st_wrote, st_end};
+
 static void on_message(void *ctx, const char *topic, const uint8_t *payload, size_t len) {
     (void)ctx;
     messages++;
     if (quiet) return;
-    printf("msg %s %zu %u\n", topic, len, (unsigned)eps_crc32(0, payload, len));
+    if (payload == NULL) printf("past %s %zu\n", topic, len); /* larger than rx: read past */
+    else printf("msg %s %zu %u\n", topic, len, (unsigned)eps_crc32(0, payload, len));
     fflush(stdout);
 }
 
@@ -104,11 +161,6 @@ static int flushed(const eps_mqtt *c) { return c->tx_len == 0 && !c->writing; }
 static int acked(const eps_mqtt *c) { return !eps_mqtt_sending(c); }
 static int cut(const eps_mqtt *c) { return ((const link_t *)c->io.ctx)->cut_after == 0; }
 
-static uint64_t fuzz_state = 1;
-static uint64_t next(void) {
-    fuzz_state ^= fuzz_state << 13, fuzz_state ^= fuzz_state >> 7, fuzz_state ^= fuzz_state << 17;
-    return fuzz_state;
-}
 
 static long fz_send(void *ctx, const uint8_t *data, size_t len) {
     (void)ctx, (void)data;
@@ -145,7 +197,7 @@ static int fuzz(uint64_t seed, unsigned long count) {
     eps_mqtt c;
     unsigned long ok = 0, dropped = 0, resent = 0;
     fuzz_state = seed | 1;
-    quiet = 1;
+    quiet = fuzzing = 1;
     for (unsigned long i = 0; i < count; i++) {
         size_t len = sizeof valid;
         memcpy(stream, valid, len);
@@ -157,6 +209,7 @@ static int fuzz(uint64_t seed, unsigned long count) {
         }
         l.in_len = len, l.in_pos = 0;
         eps_mqtt_init(&c, &io, rx, sizeof rx, on_message, NULL);
+        c.stream = STREAM; /* half the messages handed over piece by piece */
         eps_mqtt_connect(&c, &o, 0.0);
         double t = 0;
         int replayed = 0, published = 0;
@@ -174,14 +227,15 @@ static int fuzz(uint64_t seed, unsigned long count) {
         dropped += c.dropped, resent += c.resent;
     }
     printf("fuzzed %lu streams: %d messages delivered, %lu too large for rx (acknowledged), %lu publishes sent "
-           "again, %lu links dropped for a protocol error or refusal\n", count, messages, dropped, resent, ok);
+           "again, %lu links dropped for a protocol error or refusal, %lu messages streamed, %lu streams cut\n",
+           count, messages, dropped, resent, ok, streamed, stream_cuts);
     return 0;
 }
 
 int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "fuzz") == 0) return fuzz(strtoull(argv[2], NULL, 10), strtoul(argv[3], NULL, 10));
-    if (argc != 4) {
-        fprintf(stderr, "usage: epsm HOST PORT CLIENT_ID (commands on stdin) | epsm fuzz SEED COUNT\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: epsm HOST PORT CLIENT_ID [RX_BYTES] (commands on stdin) | epsm fuzz SEED COUNT\n");
         return 2;
     }
     static uint8_t rx[1 << 16], payload[1 << 20];
@@ -190,7 +244,9 @@ int main(int argc, char **argv) {
     link_t l = {-1, -1, NULL, 0, 0};
     eps_mqtt_transport io = {&l, sock_send, sock_recv};
     eps_mqtt c;
-    eps_mqtt_init(&c, &io, rx, sizeof rx, on_message, NULL);
+    size_t rx_cap = argc == 5 ? strtoul(argv[4], NULL, 10) : sizeof rx;
+    eps_mqtt_init(&c, &io, rx, rx_cap < sizeof rx ? rx_cap : sizeof rx, on_message, NULL);
+    c.stream = STREAM;
     char line[1024];
     while (fgets(line, sizeof line, stdin) != NULL) {
         char cmd[32] = "";
@@ -240,6 +296,8 @@ int main(int argc, char **argv) {
         } else if (sscanf(line, "wait %lf", &seconds) == 1) {
             st = pump(&c, seconds, NULL);
             printf("%s wait %d\n", st == EPS_MQTT_OK ? "ok" : "error", (int)st);
+        } else if (sscanf(line, "stream %255s", stream_prefix) == 1) {
+            printf("ok stream\n");
         } else if (strcmp(cmd, "close") == 0) {
             close(l.fd);
             l.fd = -1;

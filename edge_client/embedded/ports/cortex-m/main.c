@@ -42,7 +42,7 @@ static uint32_t draws;
 #define DEVICE_KEEP_ALIVE_S 20 /* a cut link is noticed within 1.75 x this (the UART carries no carrier) */
 #endif
 static eps_mqtt mqtt;
-static uint8_t rx[RX_BYTES];           /* one inbound message: the parameter frame */
+static uint8_t rx[RX_BYTES];           /* a message taken whole: a delta, a JSON message (snapshots stream into the arena) */
 static uint8_t small[512];              /* a status, copied: the core's is on its stack */
 static const uint8_t *data_x, *data_y;  /* the data frame's tensors, in flash */
 #elif defined(CORPUS)
@@ -104,9 +104,14 @@ static long uart_recv(void *ctx, uint8_t *data, size_t cap) {
 }
 
 static void inbound(void *ctx, const char *topic, const uint8_t *payload, size_t len) {
-    (void)ctx;
-    eps_device_message(&dev, topic, payload, len); /* a refusal is said through the log hook */
+    eps_device_message(ctx, topic, payload, len); /* a refusal is said through the log hook */
 }
+
+/* A parameter frame, straight into the arena as its bytes come off the UART. */
+static int stream_begin(void *ctx, const char *topic, size_t len) { return eps_device_stream_begin(ctx, topic, len); }
+static uint8_t *stream_room(void *ctx, size_t *cap) { return eps_device_stream_room(ctx, cap); }
+static void stream_wrote(void *ctx, size_t n) { eps_device_stream_wrote(ctx, n); }
+static void stream_end(void *ctx, int complete) { eps_device_stream_end(ctx, complete); }
 #endif
 
 static double clock_s(void *ctx) {
@@ -194,6 +199,20 @@ static int load_data(void) {
            eps_codec_decode(f.codec, y.payload, y.length, DATA_SAMPLES, ys) == EPS_OK;
 }
 
+/* A message handed over as a UART would, 64 bytes at a time (eps_device_stream_*). */
+static eps_status stream_in(const char *topic, const uint8_t *payload, size_t len) {
+    if (!eps_device_stream_begin(&dev, topic, len)) return eps_device_message(&dev, topic, payload, len);
+    for (size_t got = 0; got < len;) {
+        size_t cap, n = len - got < 64 ? len - got : 64;
+        uint8_t *at = eps_device_stream_room(&dev, &cap);
+        n = n < cap ? n : cap;
+        memcpy(at, payload + got, n);
+        eps_device_stream_wrote(&dev, n);
+        got += n;
+    }
+    return eps_device_stream_end(&dev, 1);
+}
+
 static int fail(const char *what) {
     board_write("FAIL ");
     board_write(what);
@@ -242,7 +261,8 @@ static int network(void) {
 #else
     strcpy(dev.backend, "firmware-m4");
 #endif
-    eps_mqtt_init(&mqtt, &io, rx, sizeof rx, inbound, 0);
+    eps_mqtt_init(&mqtt, &io, rx, sizeof rx, inbound, &dev);
+    mqtt.stream = (eps_mqtt_stream){stream_begin, stream_room, stream_wrote, stream_end};
     line("INCARNATION", dev.incarnation);
     connect();
     double asked = board_clock(), left = 0;
@@ -294,10 +314,13 @@ int main(void) {
     eps_device_connected(&dev);
     if (eps_device_message(&dev, "edgeps/emb/ctrl/mcu-0", CONTROL, sizeof CONTROL - 1) != EPS_OK)
         return fail("control");
+    /* the first snapshot is read for the model's shape (the arena is laid out for it), then again
+     * into place, as the broker sends the retained one again: that second reading is timed */
+    if (stream_in("edgeps/emb/params", PARAMS, sizeof PARAMS) != EPS_OK || !dev.has_model) return fail("model");
     board_ticks_start();
-    eps_status st = eps_device_message(&dev, "edgeps/emb/params", PARAMS, sizeof PARAMS);
+    eps_status st = stream_in("edgeps/emb/params", PARAMS, sizeof PARAMS);
     uint64_t params_ticks = board_ticks();
-    if (st != EPS_OK) return fail("parameters");
+    if (st != EPS_OK || dev.server_version != 0) return fail("parameters");
     board_ticks_start();
     int trained = eps_device_step(&dev); /* one local step (push_every > 1: no commit in it) */
     uint64_t step_ticks = board_ticks();
@@ -305,7 +328,7 @@ int main(void) {
     eps_device_message(&dev, "edgeps/emb/delta", DELTA, sizeof DELTA);
     if (dev.server_version != 1 || !steps_to_commit()) return fail("second commit");
     for (uint32_t i = 0; i < draws; i++) line("IDX", drawn[i]);
-    line("ARENA", eps_device_arena_size(&dev.mlp, 32, dev.control.codec, dev.control.pull_codec));
+    line("ARENA", eps_device_arena_size(&dev.mlp, 32, dev.control.codec));
     line("PARAMS_INSTRUCTIONS", board_instructions(params_ticks));
     line("STEP_INSTRUCTIONS", board_instructions(step_ticks));
     line("STACK", board_stack_peak());
