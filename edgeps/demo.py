@@ -53,8 +53,8 @@ class DemoSettings(BaseModel):
     embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
                                   "(built into OUT/sdk on the fly)")  # fmt: skip
     firmware_devices: int = Field(0, ge=0, description="run the last K devices as firmware images of the C SDK "
-                                  "(Cortex-M4F) under QEMU, their UART joined to the broker (built into "
-                                  "OUT/firmware)")  # fmt: skip
+                                  "under QEMU, a Cortex-M4F and an RV32IMAC in turn, their UART joined to the "
+                                  "broker (built into OUT/firmware)")  # fmt: skip
     timeout_s: float = Field(600.0, gt=0, description="give up on the job after this many seconds")
     #: Per-device compute slowdown factors (missing devices: 1.0).
     slowdowns: tuple[float, ...] = ()
@@ -118,25 +118,25 @@ def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subpro
 
 
 def build_demo_firmware(settings: DemoSettings, task: Any, shards: ShardPaths, out: Path, say: Any) -> dict[int, Path]:
-    """The firmware images of the last ``settings.firmware_devices`` devices (their shards in flash,
-    the arena sized for the job's model and codecs), by device index. ValueError in one line when
-    this machine cannot build them."""
-    from edgeps.embedded import arena_bytes, make
-    from edgeps.firmware import build_firmware, check_tools
+    """The firmware images of the last ``settings.firmware_devices`` devices, a Cortex-M4F and an
+    RV32IMAC in turn (their shards in flash, the arena sized for the job's model and codecs): each
+    image's folder, by device index. ValueError in one line when this machine cannot build them."""
+    from edgeps.firmware import BOARDS, build_image, check_tools
 
-    check_tools("mps2-an386")
-    say(f"building {settings.firmware_devices} Cortex-M4F firmware images (QEMU mps2-an386) ...")
-    make(out / "host", "all")
+    first = settings.devices - settings.firmware_devices
+    boards = {i: list(BOARDS)[k % len(BOARDS)] for k, i in enumerate(range(first, settings.devices))}
+    for board in sorted(set(boards.values())):
+        check_tools(board)
+    say(f"building {settings.firmware_devices} firmware images ({', '.join(boards.values())}) ...")
     holdout = Dataset.load(shards.holdout)
     sizes = [holdout.x.shape[1], *(int(h) for h in task.model.hidden.split(",")), holdout.classes]
-    arena = arena_bytes(out / "host" / "epsf", "-".join(map(str, sizes)), settings.server.codec,
-                        settings.server.pull_codec)  # fmt: skip
     images = {}
-    for i in range(settings.devices - settings.firmware_devices, settings.devices):
+    for i, board in boards.items():
         data = Dataset.load(shards.devices[i])
         name = f"dev-{i:02d}"
-        images[i] = build_firmware(out / name, settings.server.job, name, data.x.astype("float32"),
-                                   data.y.astype("float32"), arena, seed=settings.seed + i)  # fmt: skip
+        build_image(out / name, board, settings.server.job, name, data.x.astype("float32"), data.y.astype("float32"),
+                    sizes, settings.server.codec, settings.server.pull_codec, seed=settings.seed + i)  # fmt: skip
+        images[i] = out / name
     return images
 
 
@@ -195,10 +195,10 @@ def run_local_job(
             name = f"dev-{i:02d}"
             slowdown = settings.slowdowns[i] if i < len(settings.slowdowns) else 1.0
             if i in firmware:  # a firmware image under QEMU, its UART joined to the broker
-                from edgeps.firmware import run_firmware
+                from edgeps.firmware import run_image
 
-                devices[name] = run_firmware(firmware[i], devices_at.host, devices_at.port,
-                                             logs / f"{settings.server.job}-{name}.log")  # fmt: skip
+                log = logs / f"{settings.server.job}-{name}.log"
+                devices[name] = run_image(firmware[i], devices_at.host, devices_at.port, log)
                 processes.append(devices[name])
                 continue
             if c_device is not None and i >= settings.devices - settings.embedded_devices - settings.firmware_devices:

@@ -1,18 +1,21 @@
-"""Firmware images of the C device SDK that join a job (issue 30, in progress): ports/cortex-m/
-main.c in its NETWORK mode, with a device's job, id, credentials, seed and data written in at
-build time, for a board of ``BOARDS`` (a Cortex-M4F, mps2-an386; an RV32IMAC without an FPU,
-QEMU's riscv32 virt), run under QEMU with its UART joined to the broker's TCP port, as a
-gateway's modem in transparent mode would be."""
+"""Firmware images of the C device SDK that join a job: ports/cortex-m/main.c in its NETWORK
+mode, with a device's job, id, credentials, seed and data written in at build time, for a board
+of ``BOARDS`` (a Cortex-M4F, mps2-an386; an RV32IMAC without an FPU, QEMU's riscv32 virt), run
+under QEMU with its UART joined to the broker's TCP port, as a gateway's modem in transparent
+mode would be. ``build_image`` is the one recipe (``edgeps firmware build``, the demo's
+``--firmware-devices`` and ``edgeps bench embedded`` use it)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from edgeps.embedded import _c_array, make
+from edgeps.embedded import _c_array, arena_bytes, image_size, make, receive_bytes
 
 #: board -> (make target, QEMU and its machine flags, the status's backend name)
 BOARDS = {
@@ -37,8 +40,10 @@ def check_tools(board: str) -> None:
                          f"(apt-get install {' '.join(missing.values())})")  # fmt: skip
 
 
-RX_BYTES = 24 * 1024  # one inbound message: the demo model's fp32 parameter frame is 19.5 KB
 STACK_BYTES = 3072  # the networked image's stack: its peak was 1,744 bytes in a job (the MQTT client's frames on top)
+#: the part's RAM an image is linked for (what does not fit is a link error): 128 KiB, or 160 KiB
+#: when the commit codec is biased (its residual for error feedback is one more copy of the model)
+RAM_PART_BYTES, RAM_PART_BIASED_BYTES = 128 * 1024, 160 * 1024
 
 
 def _c_string(text: str | None) -> str:
@@ -49,12 +54,54 @@ def _c_string(text: str | None) -> str:
     return f'"{text}"'
 
 
+def ram_part_bytes(codec: str) -> int:
+    """The RAM of the part an image committing in ``codec`` is linked for."""
+    from schemas.codecs import make_codec
+
+    return RAM_PART_BIASED_BYTES if make_codec(codec).biased else RAM_PART_BYTES
+
+
+def build_image(
+    out: Path, board: str, job: str, device: str, x: np.ndarray, y: np.ndarray, sizes: list[int],
+    codec: str = "fp32", pull_codec: str = "fp32", batch: int = 32, seed: int = 0, username: str | None = None,
+    password: str | None = None, broker: str = "127.0.0.1:1883", keep_alive_s: int = 20,
+) -> dict[str, Any]:  # fmt: skip
+    """``device``'s image for ``board`` in ``out``: firmware.elf, firmware.bin and firmware.json (its
+    report, returned: flash as code without the device's data, RAM as linked, the arena for the
+    model of layer ``sizes``, commits in ``codec`` and batches of ``batch``, the MQTT receive
+    buffer for deltas in ``pull_codec``, the stack). ValueError in one line when this machine
+    lacks a tool; RuntimeError with the linker's words when the image does not fit its part."""
+    check_tools(board)
+    make(out / "host", "all")  # epsf sizes the arena (make rebuilds nothing that is built)
+    model = "-".join(map(str, sizes))
+    arena = arena_bytes(out / "host" / "epsf", model, codec, batch)
+    receive = receive_bytes(out / "host" / "epsf", model, pull_codec)
+    ram_part = ram_part_bytes(codec)
+    elf = build_firmware(out / "src", job, device, x, y, arena, seed=seed, username=username, password=password,
+                         rx_bytes=receive, keep_alive_s=keep_alive_s, board=board, ram_bytes=ram_part)  # fmt: skip
+    shutil.copy(elf, out / "firmware.elf")
+    shutil.copy(f"{elf}.map", out / "firmware.elf.map")
+    objcopy = "arm-none-eabi-objcopy" if board == "mps2-an386" else "riscv64-unknown-elf-objcopy"
+    subprocess.run([objcopy, "-O", "binary", str(elf), str(out / "firmware.bin")], check=True)
+    from schemas.frame import encode_data_frame
+
+    size = image_size(elf)
+    code = size["flash_bytes"] - len(encode_data_frame(x, y))  # the data frame is a constant array of main.c
+    report = {"board": board, "job": job, "device": device, "broker": broker, "model": model, "codec": codec,
+              "pull_codec": pull_codec, "flash_bytes": code, "data_flash_bytes": size["flash_bytes"] - code,
+              "sdk_bytes": size["sdk_bytes"], "ram_bytes": size["ram_bytes"], "ram_part_bytes": ram_part,
+              "arena_bytes": arena, "rx_bytes": receive, "stack_bytes": STACK_BYTES, "samples": len(y)}  # fmt: skip
+    (out / "firmware.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
 def build_firmware(
     out: Path, job: str, device: str, x: np.ndarray, y: np.ndarray, arena_bytes: int, seed: int = 0,
-    username: str | None = None, password: str | None = None, rx_bytes: int = RX_BYTES, keep_alive_s: int = 20,
-    board: str = "mps2-an386",
+    username: str | None = None, password: str | None = None, rx_bytes: int = 1024, keep_alive_s: int = 20,
+    board: str = "mps2-an386", ram_bytes: int = RAM_PART_BYTES,
 ) -> Path:  # fmt: skip
-    """The image of ``device`` of ``job`` for ``board``, its data (x, y) in flash; the ELF's path."""
+    """The image of ``device`` of ``job`` for ``board``, its data (x, y) in flash, linked for a part
+    of ``ram_bytes``; the ELF's path."""
     from schemas.frame import encode_data_frame
 
     out.mkdir(parents=True, exist_ok=True)
@@ -73,7 +120,7 @@ def build_firmware(
         _c_array("DATA", encode_data_frame(x, y)),
     ]))  # fmt: skip
     target = BOARDS[board][0]
-    make(out / "build", target, NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES)
+    make(out / "build", target, NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES, RAM_BYTES=ram_bytes)
     return out / "build" / f"{target}.elf"
 
 
@@ -85,3 +132,9 @@ def run_firmware(elf: Path, host: str, port: int, log: Path, board: str = "mps2-
                "-kernel", str(elf)]  # fmt: skip
     with open(log, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_image(folder: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The image ``build_image`` wrote into ``folder``, under its board's QEMU, against host:port."""
+    board = json.loads((folder / "firmware.json").read_text())["board"]
+    return run_firmware(folder / "firmware.elf", host, port, log, board=board)

@@ -1,23 +1,26 @@
 """``edgeps bench embedded``: what the C device SDK (edge_client/embedded) costs on a Cortex-M4F and
-how it trains in a real job.
+an RV32IMAC, and how it trains in real jobs.
 
 * **Image**: the device built for a Cortex-M4F (arm-none-eabi-gcc, hard float, -Os, newlib-nano)
-  with every entry point a gateway uses and no data, linked for a part with ``RAM_BYTES`` of RAM,
-  the heap forbidden (``heap_forbidden``), the arena a static array and a stack of ``STACK_BYTES``.
-  Flash from the link map: the SDK's own code (src/*.c), and the image (the SDK, its libc/libm
-  share and the start-up, less semihosting); RAM = .data + .bss as linked (arena and stack
-  included), for each model with fp32 commits and pulls and with sign commits and ternary pulls
-  (compressed pulls add a replica, biased commit codecs a residual), or "does not fit" where the
-  link fails. The MQTT stack is not in it: the port's functions are stubs.
-* **QEMU**: the scripted exchange of ports/cortex-m/main.c on QEMU's mps2-an386 under -icount,
-  checked against learning.model on the batches the image drew (``scripted_exchange``): the
-  instructions that receiving the demo model's fp32 parameter frame and one local step take; the
-  hostile corpus and 20,000 mutations of it (``corpus_on_qemu``); the stack's peak over both
-  (painted at reset).
-* **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10, bsp) over the project's
-  Mosquitto with ``edgeps-device`` processes only, then the same with ``edgeps client`` processes,
-  with fp32 and with sign commits and ternary pulls: best accuracy, commits refused, and each device
-  process's peak RSS.
+  with every entry point a gateway uses and no data, linked for a part with 128 KiB of RAM (160
+  KiB with a biased commit codec, whose residual is one more copy of the model), the heap
+  forbidden (``heap_forbidden``), the arena a static array and a stack of ``STACK_BYTES``. Flash
+  from the link map: the SDK's own code (src/*.c), and the image (the SDK, its libc/libm share and
+  the start-up, less semihosting); RAM = .data + .bss as linked (arena and stack included), for
+  each model with fp32 commits and pulls and with sign commits and ternary pulls, or "does not fit"
+  where the link fails. The MQTT client is not in it: the port's functions are stubs.
+* **QEMU**: the scripted exchange of ports/cortex-m/main.c on each board (mps2-an386, riscv32 virt)
+  under -icount, checked against learning.model on the batches the image drew
+  (``scripted_exchange``): the instructions that receiving the demo model's fp32 parameter frame
+  (64 bytes at a time, straight into the arena) and one local step take; the hostile corpus and
+  20,000 mutations of it on the Cortex-M4F (``corpus_on_qemu``); the stack's peak over both.
+* **Real jobs** on the demo task (digits, non-IID shards, MLP 64-64-10) over the project's
+  Mosquitto: bsp with ``edgeps-device`` processes only, then with ``edgeps client`` processes, in
+  fp32 and in sign commits with ternary pulls; acbsp sign/ternary with ``edgeps client`` processes;
+  and the **firmware jobs**, bsp fp32 and acbsp sign/ternary, whose last four devices are firmware
+  images (``edgeps.firmware.build_image``: two per board, the SDK's MQTT client over the UART) under
+  QEMU: best accuracy against the all-Python job of the same pace and codecs, commits refused,
+  flash and RAM as linked with the MQTT client's buffers.
 """
 
 from __future__ import annotations
@@ -40,11 +43,15 @@ from edgeps.embedded import (
     make,
     scripted_exchange,
 )
+from edgeps.firmware import BOARDS, build_image, ram_part_bytes
 from edgeps.report import read_report
 from edgeps.tables import Table
 
-FIRMWARE_BOARDS = ("riscv32-virt", "mps2-an386")  # the firmware job's last devices: one image per board
+#: the firmware jobs' last devices: two images per board, as the CI job
+FIRMWARE_BOARDS = ("mps2-an386", "riscv32-virt", "mps2-an386", "riscv32-virt")
 FIRMWARE_DEVICES = len(FIRMWARE_BOARDS)
+#: the firmware jobs: (pace, commit codec, pull codec)
+FIRMWARE_JOBS = (("bsp", "fp32", "fp32"), ("acbsp", "sign", "ternary"))
 
 # ---------------------------------------------------------------- a real job
 
@@ -67,28 +74,28 @@ def real_job(
     rounds: int,
     codecs: tuple[str, str],
     firmware: dict[int, Path] | None = None,
-    boards: dict[int, str] | None = None,
+    pace: str = "bsp",
 ) -> dict[str, Any]:
-    """A bsp job of the demo task with ``kind`` devices (``c``: edgeps-device, ``python``: edgeps
-    client; ``firmware``: edgeps client but device i of ``firmware``, that image under QEMU),
-    commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS per device."""
+    """A job of the demo task in ``pace`` with ``kind`` devices (``c``: edgeps-device, ``python``:
+    edgeps client; ``firmware``: edgeps client but device i of ``firmware``, the image in that
+    folder under QEMU), commits and pulls in ``codecs``; best accuracy, commits refused, peak RSS
+    per device."""
     firmware = firmware or {}
     workdir.mkdir(parents=True, exist_ok=True)
-    job, report = f"embedded-{kind}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
+    job, report = f"embedded-{kind}-{pace}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
     from edgeps.demo import spawn
 
-    server = spawn(["ps", *common, "--rounds", str(rounds), "--min-devices", str(len(shards.devices)),
+    server = spawn(["ps", *common, "--pace", pace, "--rounds", str(rounds), "--min-devices", str(len(shards.devices)),
                     "--eval-data", str(shards.holdout), "--report", str(report), "--codec", codecs[0],
                     "--pull-codec", codecs[1]], workdir / "ps.log")  # fmt: skip
     devices = []
     for i, shard in enumerate(shards.devices):
         log = workdir / f"dev-{i}.log"
         if i in firmware:
-            from edgeps.firmware import run_firmware
+            from edgeps.firmware import run_image
 
-            board = (boards or {}).get(i, "mps2-an386")
-            devices.append(run_firmware(firmware[i], broker.host, broker.port, log, board=board))
+            devices.append(run_image(firmware[i], broker.host, broker.port, log))
             continue
         if kind == "c":
             args = [*common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")), "--seed", str(i)]
@@ -115,6 +122,7 @@ def real_job(
     final = history[-1]
     return {
         "devices": kind,
+        "pace": pace,
         "codecs": "/".join(codecs),
         "best_accuracy": max(m["accuracy"] for m in history),
         "final_accuracy": final["accuracy"],
@@ -141,10 +149,10 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
         for model in MODELS:
             models[model] = {}
             for codecs in CODECS:
-                arena = arena_bytes(root / "host" / "epsf", model, *codecs)
+                arena = arena_bytes(root / "host" / "epsf", model, codecs[0])
                 build = root / f"m4-{model}-{'-'.join(codecs)}"
                 try:
-                    make(build, "m4", ARENA_BYTES=arena)
+                    make(build, "m4", ARENA_BYTES=arena, RAM_BYTES=ram_part_bytes(codecs[0]))
                     linked = image_size(build / "m4.elf")
                     image = image or linked
                     ram: int | None = linked["ram_bytes"]
@@ -153,8 +161,9 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
                         raise
                     ram = None
                 models[model]["/".join(codecs)] = {"arena_bytes": arena, "ram_bytes": ram}
-        say("the scripted exchange and the hostile corpus under QEMU (mps2-an386) ...")
-        qemu = scripted_exchange(root / "qemu")
+        say("the scripted exchange on each board and the hostile corpus under QEMU ...")
+        scripted = {board: scripted_exchange(root / f"qemu-{board}", board) for board in BOARDS}
+        qemu = scripted["mps2-an386"]
         hostile = corpus_on_qemu(root / "corpus")
         shards = prepare_shards(load_digits(), root / "data", devices=devices, alpha=0.5, seed=0)
         for shard in shards.devices:
@@ -172,25 +181,36 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
                                           root / name.replace(" ", "-").replace("/", "-"), rounds, codecs)  # fmt: skip
                 finally:
                     broker.stop()
-        say(f"a {rounds}-round bsp job of {devices - FIRMWARE_DEVICES} edgeps client processes and "
-            f"firmware images under QEMU ({', '.join(FIRMWARE_BOARDS)}; UART on the broker), fp32 ...")  # fmt: skip
-        from edgeps.firmware import build_firmware
-
-        arena = arena_bytes(root / "host" / "epsf", MODELS[0])
-        images, boards = {}, {}
-        for i, board in zip(range(devices - FIRMWARE_DEVICES, devices), FIRMWARE_BOARDS, strict=True):
-            data = Dataset.load(shards.devices[i])
-            images[i] = build_firmware(root / "firmware" / f"dev-{i}", "embedded-firmware-fp32-fp32", f"dev-{i}",
-                                       data.x.astype("float32"), data.y.astype("float32"), arena, seed=i,
-                                       board=board)  # fmt: skip
-            boards[board] = images[i]
-        broker = start_broker(workdir=root / "broker-firmware")
+        say(f"a {rounds}-round acbsp job of {devices} edgeps client processes over Mosquitto, sign/ternary ...")
+        broker = start_broker(workdir=root / "broker-python-acbsp")
         try:
-            fw_job = real_job("firmware", None, broker, shards, root / "firmware-job", rounds, ("fp32", "fp32"),
-                              images, boards={i: b for i, b in zip(images, FIRMWARE_BOARDS, strict=True)})  # fmt: skip
+            jobs["python acbsp sign/ternary"] = real_job("python", None, broker, shards, root / "python-acbsp",
+                                                         rounds, ("sign", "ternary"), pace="acbsp")  # fmt: skip
         finally:
             broker.stop()
-        fw_images = {board: image_size(elf) for board, elf in boards.items()}
+        holdout = Dataset.load(shards.holdout)
+        sizes = [holdout.x.shape[1], 64, holdout.classes]
+        fw_jobs, fw_images = {}, {}
+        for pace, codec, pull in FIRMWARE_JOBS:
+            name = f"firmware {pace} {codec}/{pull}"
+            say(f"a {rounds}-round {pace} job of {devices - FIRMWARE_DEVICES} edgeps client processes and "
+                f"{FIRMWARE_DEVICES} firmware images under QEMU ({', '.join(FIRMWARE_BOARDS)}; UART on the broker), "
+                f"{codec}/{pull} ...")  # fmt: skip
+            images = {}
+            for i, board in zip(range(devices - FIRMWARE_DEVICES, devices), FIRMWARE_BOARDS, strict=True):
+                data = Dataset.load(shards.devices[i])
+                folder = root / "firmware" / f"{pace}-{codec}-dev-{i}"
+                built = build_image(folder, board, f"embedded-firmware-{pace}-{codec}-{pull}", f"dev-{i}",
+                                    data.x.astype("float32"), data.y.astype("float32"), sizes, codec, pull,
+                                    seed=i)  # fmt: skip
+                fw_images.setdefault(board, {})[f"{codec}/{pull}"] = built
+                images[i] = folder
+            broker = start_broker(workdir=root / f"broker-{pace}-firmware")
+            try:
+                fw_jobs[name] = real_job("firmware", None, broker, shards, root / f"{pace}-firmware-job", rounds,
+                                         (codec, pull), images, pace=pace)  # fmt: skip
+            finally:
+                broker.stop()
     c, python = jobs["c fp32/fp32"], jobs["python fp32/fp32"]
     c_st, python_st = jobs["c sign/ternary"], jobs["python sign/ternary"]
     return {
@@ -216,19 +236,34 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print) -> dict[str, 
         "c_rejected": sum(c["rejected"].values()) + sum(c_st["rejected"].values()),
         "c_rss_kib": max(c["peak_rss_kib"] + c_st["peak_rss_kib"]),
         "python_rss_kib": max(python["peak_rss_kib"] + python_st["peak_rss_kib"]),
-        "jobs": {**jobs, "firmware fp32/fp32": fw_job},
-        "firmware": {  # one job: its accuracy and refusals are both boards'
-            board: {
-                "best_accuracy": fw_job["best_accuracy"],
-                "python_best_accuracy": python["best_accuracy"],
-                "refused": sum(fw_job["rejected"].values()),
-                "flash_bytes": image["flash_bytes"],  # with the device's data in flash
-                "code_bytes": image["sdk_bytes"] + image["libc_bytes"],  # the SDK, its MQTT client, libc
-                "ram_bytes": image["ram_bytes"],  # .data + .bss: arena, MQTT receive buffer, stack
-                "step_instructions": qemu.get("step_instructions") if board == "mps2-an386" else None,
-            }
-            for board, image in fw_images.items()
-        },
+        "jobs": {**jobs, **fw_jobs},
+        "firmware": {board: firmware_entry(fw_images[board], fw_jobs, jobs, scripted[board]) for board in BOARDS},
+    }
+
+
+def firmware_entry(
+    images: dict[str, dict[str, Any]], fw_jobs: dict[str, Any], jobs: dict[str, Any], scripted: dict[str, Any]
+) -> dict[str, Any]:
+    """One board's figures: its images' jobs (bsp fp32, acbsp sign/ternary: the accuracy is the
+    job's, which both boards' images share) against the all-Python jobs of the same pace and
+    codecs; its image's flash (code: the SDK with its MQTT client, libc, start-up; the device's
+    data apart) and RAM as linked (.data + .bss: the arena, the MQTT client's buffers, the stack)."""
+    fp32, st = fw_jobs["firmware bsp fp32/fp32"], fw_jobs["firmware acbsp sign/ternary"]
+    python, python_st = jobs["python fp32/fp32"], jobs["python acbsp sign/ternary"]
+    return {
+        "best_accuracy": fp32["best_accuracy"],
+        "python_best_accuracy": python["best_accuracy"],
+        "best_accuracy_sign_ternary": st["best_accuracy"],
+        "python_best_accuracy_sign_ternary": python_st["best_accuracy"],
+        "refused": sum(fp32["rejected"].values()) + sum(st["rejected"].values()),
+        "flash_bytes": images["fp32/fp32"]["flash_bytes"],
+        "sdk_bytes": images["fp32/fp32"]["sdk_bytes"],
+        "ram_bytes": images["fp32/fp32"]["ram_bytes"],
+        "ram_bytes_sign_ternary": images["sign/ternary"]["ram_bytes"],
+        "rx_bytes": images["fp32/fp32"]["rx_bytes"],
+        "rx_bytes_sign_ternary": images["sign/ternary"]["rx_bytes"],
+        "step_instructions": scripted.get("step_instructions"),
+        "params_frame_instructions": scripted.get("params_frame_instructions"),
     }
 
 
@@ -237,7 +272,8 @@ def format_embedded(report: dict[str, Any]) -> Table:
     codecs = ["/".join(c) for c in CODECS]
     table = Table(["model", *(f"arena, {c}" for c in codecs), *(f"RAM linked, {c}" for c in codecs)])
     table.before.append(
-        f"Cortex-M4F image (no MQTT stack), linked for a part with {report['ram_part_bytes']:,} bytes of RAM, heap "
+        f"Cortex-M4F image (no MQTT client), linked for a part with {report['ram_part_bytes']:,} bytes of RAM (160 "
+        f"KiB with sign commits), heap "
         f"forbidden: {'yes' if report['heap_forbidden_ok'] else 'NO'}; flash {image['flash_bytes']:,} bytes (the SDK "
         f"{image['sdk_bytes']:,}, libc/libm/libgcc {image['libc_bytes']:,}, start-up {image['startup_bytes']:,}; "
         f"semihosting {image['board_bytes']:,} not counted); RAM = .data + .bss with the arena and a "
@@ -257,16 +293,20 @@ def format_embedded(report: dict[str, Any]) -> Table:
     table.after.append(f"QEMU hostile corpus (the 105-byte frame, NaN/Inf/out-of-range fields) and 20,000 mutations: "
                        f"{'each refused with its reason, no fault' if report['hostile_ok'] else 'FAILED'}")  # fmt: skip
     for board, fw in report.get("firmware", {}).items():
-        table.after.append(f"firmware on {board} (under QEMU, in a job with one image per board): best "
-                           f"{fw['best_accuracy']:.4f} against {fw['python_best_accuracy']:.4f} all Python, refused "
-                           f"{fw['refused']}; RAM linked {fw['ram_bytes']:,} (arena, MQTT buffer, stack), code "
-                           f"{fw['code_bytes']:,} + the device's data in flash")  # fmt: skip
+        table.after.append(
+            f"firmware on {board} (QEMU; 2 images per board + Python devices): best bsp fp32 {fw['best_accuracy']:.4f} "
+            f"vs {fw['python_best_accuracy']:.4f} all Python, acbsp sign/ternary {fw['best_accuracy_sign_ternary']:.4f}"
+            f" vs {fw['python_best_accuracy_sign_ternary']:.4f}; refused {fw['refused']}; flash {fw['flash_bytes']:,}"
+            f" (code, the MQTT client in it; data apart); RAM linked {fw['ram_bytes']:,} fp32 / "
+            f"{fw['ram_bytes_sign_ternary']:,} sign/ternary; instructions: a local step {fw['step_instructions']:,}, "
+            f"the fp32 snapshot into the arena {fw['params_frame_instructions']:,}"
+        )
     for job in report["jobs"].values():
         if job["devices"] == "firmware":  # its line is above; QEMU's RSS is not a device's
             continue
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
-        table.after.append(f"{who:<14} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
+        table.after.append(f"{who:<14} {job['pace']:<5} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
                            f"{job['final_accuracy']:.4f}  applied {job['applied']}  refused: {refused}  peak RSS per "
                            f"device {max(job['peak_rss_kib']):,} KiB")  # fmt: skip
     return table

@@ -5,42 +5,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 BOARDS = ("mps2-an386", "riscv32-virt")  # edgeps.firmware.BOARDS
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from edgeps.embedded import arena_bytes, image_size, make
-    from edgeps.firmware import RX_BYTES, STACK_BYTES, build_firmware, check_tools
+    from edgeps.firmware import build_image
     from learning.data import Dataset
 
-    check_tools(args.board)
     out = Path(args.out)
     data = Dataset.load(args.data)
     password = Path(args.password_file).read_text().strip() if args.password_file else None
-    make(out / "host", "all")
-    arena = arena_bytes(out / "host" / "epsf", args.model.replace(",", "-"), args.codec, args.pull_codec, args.batch)
-    elf = build_firmware(out / "src", args.job, args.device, data.x.astype("float32"), data.y.astype("float32"), arena,
-                         seed=args.seed, username=args.username, password=password, board=args.board)  # fmt: skip
-    shutil.copy(elf, out / "firmware.elf")
-    objcopy = "arm-none-eabi-objcopy" if args.board == "mps2-an386" else "riscv64-unknown-elf-objcopy"
-    subprocess.run([objcopy, "-O", "binary", str(elf), str(out / "firmware.bin")], check=True)
-    size = image_size(elf)
-    report = {"board": args.board, "job": args.job, "device": args.device, "broker": args.broker,
-              "flash_bytes": size["flash_bytes"], "ram_bytes": size["ram_bytes"], "arena_bytes": arena,
-              "rx_bytes": RX_BYTES, "stack_bytes": STACK_BYTES, "samples": len(data)}  # fmt: skip
-    (out / "firmware.json").write_text(json.dumps(report, indent=2) + "\n")
+    sizes = [int(n) for n in args.model.split(",")]
+    built = build_image(
+        out, args.board, args.job, args.device, data.x.astype("float32"), data.y.astype("float32"), sizes,
+        args.codec, args.pull_codec, args.batch, seed=args.seed, username=args.username, password=password,
+        broker=args.broker,
+    )  # fmt: skip
+    code, flash_data, part = built["flash_bytes"], built["data_flash_bytes"], built["ram_part_bytes"] // 1024
     print(f"{out / 'firmware.elf'} (and firmware.bin) for {args.board}: device {args.device} of job {args.job}, "
-          f"{len(data)} samples; flash {size['flash_bytes']:,} bytes, RAM {size['ram_bytes']:,} as linked (arena "
-          f"{arena:,}, MQTT receive buffer {RX_BYTES:,}, stack {STACK_BYTES:,})")  # fmt: skip
+          f"{len(data)} samples; flash {code:,} bytes of code (+ {flash_data:,} of data), RAM {built['ram_bytes']:,} "
+          f"as linked for a {part} KiB part (arena {built['arena_bytes']:,}, MQTT receive buffer "
+          f"{built['rx_bytes']:,}, stack {built['stack_bytes']:,})")  # fmt: skip
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edgeps.firmware import check_tools, run_firmware
+    from edgeps.firmware import check_tools, run_image
 
     out = Path(args.dir)
     built = json.loads((out / "firmware.json").read_text())
@@ -48,8 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     host, _, port = (args.broker or built["broker"]).rpartition(":")
     log = out / "console.log"
     print(f"running {built['device']} ({built['board']}) under QEMU against {host}:{port}; console: {log}")
-    qemu = run_firmware(out / "firmware.elf", host, int(port), log, board=built["board"])
-    code = qemu.wait()
+    code = run_image(out, host, int(port), log).wait()
     print(log.read_text().rstrip()[-2000:])
     return code
 
@@ -78,7 +69,9 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--codec", default="fp32", help="the job's commit codec, which sizes the arena (default: %(default)s)"
     )
     build.add_argument(
-        "--pull-codec", default="fp32", help="the job's pull codec, which sizes the arena (default: %(default)s)"
+        "--pull-codec",
+        default="fp32",
+        help="the job's pull codec, which sizes the MQTT receive buffer (default: %(default)s)",
     )
     build.add_argument("--out", required=True, help="folder for firmware.elf, firmware.bin and firmware.json")
     build.set_defaults(func=cmd_build)

@@ -36,6 +36,11 @@ void board_uart_init(void);
 long board_uart_send(const uint8_t *data, size_t len);
 long board_uart_recv(uint8_t *data, size_t cap);
 
+/* Sleep until the next interrupt, a millisecond at most (the core halts: WFI, woken by the clock's
+ * tick): a device with nothing to do waits so instead of spinning. A byte the UART receives
+ * meanwhile waits in its FIFO, and the link behind holds the rest. */
+void board_idle(void);
+
 /* Seconds since board_clock_start() (mps2-an386: SysTick at 1 kHz; virt: the CLINT's mtime). */
 void board_clock_start(void);
 double board_clock(void);

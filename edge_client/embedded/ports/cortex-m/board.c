@@ -76,3 +76,5 @@ void board_clock_start(void) {
 }
 
 double board_clock(void) { return (double)millis * 0.001; }
+
+void board_idle(void) { __asm__ volatile("wfi"); } /* SysTick's millisecond interrupt wakes it */

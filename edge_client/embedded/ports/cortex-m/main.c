@@ -93,14 +93,20 @@ static int sending(void *ctx) {
     return eps_mqtt_sending(&mqtt);
 }
 
+static int moved; /* bytes went over the UART since the loop last looked */
+
 static long uart_send(void *ctx, const uint8_t *data, size_t len) {
     (void)ctx;
-    return board_uart_send(data, len);
+    long n = board_uart_send(data, len);
+    moved |= n > 0;
+    return n;
 }
 
 static long uart_recv(void *ctx, uint8_t *data, size_t cap) {
     (void)ctx;
-    return board_uart_recv(data, cap);
+    long n = board_uart_recv(data, cap);
+    moved |= n > 0;
+    return n;
 }
 
 static void inbound(void *ctx, const char *topic, const uint8_t *payload, size_t len) {
@@ -265,7 +271,7 @@ static int network(void) {
     mqtt.stream = (eps_mqtt_stream){stream_begin, stream_room, stream_wrote, stream_end};
     line("INCARNATION", dev.incarnation);
     connect();
-    double asked = board_clock(), left = 0;
+    double asked = board_clock(), left = 0, quiet_since = 0;
     int was = 0;
     for (;;) {
         double now = board_clock();
@@ -288,7 +294,9 @@ static int network(void) {
             if ((!eps_mqtt_sending(&mqtt) && mqtt.tx_len == 0) || now - left > 5) break;
             continue;
         }
+        if (moved) quiet_since = now, moved = 0;
         if (eps_device_ready(&dev)) eps_device_step(&dev);
+        else if (now - quiet_since > 0.005) board_idle(); /* waiting on the job, the link quiet: sleep, not spin */
     }
     eps_mqtt_disconnect(&mqtt);
     for (double until = board_clock() + 1; board_clock() < until && mqtt.tx_len;) eps_mqtt_poll(&mqtt, board_clock());
