@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,65 @@ def run_firmware(elf: Path, host: str, port: int, log: Path, board: str = "mps2-
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
 
-def run_image(folder: Path, host: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """The image ``build_image`` wrote into ``folder``, under its board's QEMU, against host:port."""
+class TlsModem:
+    """What a cellular or Wi-Fi modem with TLS in transparent mode (SIMCom's and Quectel's SSL
+    modes, an ESP-AT module's) does for the image: the plain MQTT bytes of its UART go to the
+    broker over TLS, the broker's certificate checked against ``ca`` and its name against ``host``.
+    A loopback port for QEMU's UART socket; a TLS connection to the broker for each of its
+    connections, both closed together (a cut of either is a cut of the link)."""
+
+    def __init__(self, host: str, port: int, ca: Path) -> None:
+        import ssl
+        import threading
+
+        self.target = (host, port)
+        self.context = ssl.create_default_context(cafile=str(ca))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                uart, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                plain = socket.create_connection(self.target, timeout=10)
+                broker = self.context.wrap_socket(plain, server_hostname=self.target[0])
+                broker.settimeout(None)
+            except OSError as exc:  # no broker, or a certificate that does not check: the modem hangs up
+                print(f"modem: cannot reach {self.target[0]}:{self.target[1]} over TLS: {exc}", flush=True)
+                uart.close()
+                continue
+            for s in (uart, broker):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for a, b in ((uart, broker), (broker, uart)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        import contextlib
+
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def run_image(folder: Path, host: str, port: int, log: Path, tls_ca: Path | None = None) -> subprocess.Popen[bytes]:
+    """The image ``build_image`` wrote into ``folder``, under its board's QEMU, against host:port;
+    with ``tls_ca``, through a ``TlsModem`` (which lives as long as this process)."""
     board = json.loads((folder / "firmware.json").read_text())["board"]
+    if tls_ca is not None:
+        host, port = "127.0.0.1", TlsModem(host, port, tls_ca).port
     return run_firmware(folder / "firmware.elf", host, port, log, board=board)

@@ -131,7 +131,7 @@ def cmd_bench_embedded(args: argparse.Namespace) -> int:
 
     if not args.verbose:
         logging.getLogger("edgeps").setLevel(logging.WARNING)
-    report = run_bench_embedded(args.rounds, args.devices, args.json)
+    report = run_bench_embedded(args.rounds, args.devices, args.json, args.firmware_rounds)
     return 0 if report["qemu_ok"] else 1
 
 
@@ -301,8 +301,11 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     restart.add_argument("--json", help="write the report as JSON here")
     restart.set_defaults(func=cmd_bench_restart)
 
-    embedded = bench.add_parser("embedded", help="the C device SDK: Cortex-M4F flash/RAM, QEMU, a job of C devices")
-    embedded.add_argument("--rounds", type=int, default=100, help="bsp versions in each real job")
+    embedded = bench.add_parser("embedded", help="the C device SDK: flash/RAM, QEMU, jobs of C devices and firmware")
+    embedded.add_argument("--rounds", type=int, default=100, help="versions in each real job")
+    embedded.add_argument("--firmware-rounds", type=int, default=40, help="versions in each job with firmware "
+                          "images (four QEMUs: some 5 s a version on 2 cores), compared with the all-Python job's "
+                          "first as many")  # fmt: skip
     embedded.add_argument("--devices", type=int, default=8, help="device processes in each real job")
     embedded.add_argument("--json", help="write the report as JSON here")
     embedded.set_defaults(func=cmd_bench_embedded)

@@ -40,7 +40,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     host, _, port = (args.broker or built["broker"]).rpartition(":")
     log = out / "console.log"
     print(f"running {built['device']} ({built['board']}) under QEMU against {host}:{port}; console: {log}")
-    code = run_image(out, host, int(port), log).wait()
+    tls_ca = Path(args.tls_ca) if args.tls_ca else None
+    code = run_image(out, host, int(port), log, tls_ca).wait()
     print(log.read_text().rstrip()[-2000:])
     return code
 
@@ -54,8 +55,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--device", required=True, help="its device id")
     build.add_argument("--job", default="demo", help="the job it joins (default: %(default)s)")
     build.add_argument("--data", required=True, help="its shard (.npz of x, y: edgeps data writes them)")
-    build.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT the image's UART reaches (plain MQTT: "
-                       "the firmware has no TLS stack yet; default: %(default)s)")  # fmt: skip
+    build.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT the image's UART reaches (its MQTT is "
+                       "plain: TLS is the modem's, edgeps firmware run --tls-ca; default: %(default)s)")  # fmt: skip
     build.add_argument("--username", help="its broker account (broker init: the device id)")
     build.add_argument("--password-file", help="its password (broker init: CREDENTIALS/DEVICE.password)")
     build.add_argument("--seed", type=int, default=0, help="its batches' and incarnation's seed (default: %(default)s)")
@@ -78,4 +79,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="run a built image under QEMU, its UART joined to the broker")
     run.add_argument("dir", help="the folder edgeps firmware build wrote")
     run.add_argument("--broker", help="HOST:PORT (default: the one it was built for)")
+    run.add_argument("--tls-ca", help="reach the broker over TLS, as a modem with TLS in transparent mode does (the "
+                     "image speaks plain MQTT on its UART): the CA that signed the broker's certificate (broker "
+                     "init: CREDENTIALS/ca.crt)")  # fmt: skip
     run.set_defaults(func=cmd_run)

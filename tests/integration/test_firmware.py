@@ -228,6 +228,55 @@ def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit
             firmware.kill()
 
 
+def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp_path) -> None:
+    """The walk-through of docs/EMBEDDED.md: accounts, ACLs and TLS from ``broker init``; the image
+    built with its device's account; its UART's plain MQTT carried over TLS as a modem would."""
+    from broker.launcher import start_broker
+    from broker.secure import init_secure_broker
+    from ps_service.config import ServerConfig
+    from ps_service.core import ServerCore
+    from ps_service.evaluator import Evaluator
+    from ps_service.mqtt import connect_server, serve
+
+    needs_firmware_tools()
+    devices = ["dev-0", "dev-1"]
+    setup = init_secure_broker(tmp_path / "setup", "tls-fw", devices=devices)
+    broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
+    shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
+    data = Dataset.load(shards.devices[1])
+    x, y = data.x.astype(np.float32), data.y.astype(np.float32)
+    build_image(tmp_path / "fw", "mps2-an386", "tls-fw", "dev-1", x, y, [64, 64, 10], username="dev-1",
+                password=setup.passwords["dev-1"])  # fmt: skip
+    config = ServerConfig(job="tls-fw", rounds=8, min_devices=2, allowed_devices=frozenset(devices))
+    core = ServerCore(config, init_mlp([64, 64, 10], seed=0), Evaluator(Dataset.load(shards.holdout)))
+    ca = setup.ca_cert
+    transport = connect_server(
+        core, BrokerAddress(broker.host, broker.port, "ps", setup.passwords["ps"], tls_ca=str(ca))
+    )
+    stop = threading.Event()
+    server = threading.Thread(target=serve, args=(core, transport), kwargs={"stop": stop, "linger_s": 0.2}, daemon=True)
+    server.start()
+    firmware = run_image(tmp_path / "fw", broker.host, broker.port, tmp_path / "fw.log", tls_ca=ca)
+    python, runner = None, None
+    try:
+        address = BrokerAddress(broker.host, broker.port, "dev-0", setup.passwords["dev-0"], tls_ca=str(ca))
+        python, runner = start_device("tls-fw", "dev-0", Dataset.load(shards.devices[0]), address, seed=0)
+        wait_until(lambda: core.finished, timeout=180, what="the job over TLS with a firmware device")
+        firmware.wait(timeout=90)
+        log = (tmp_path / "fw.log").read_text()
+        assert firmware.returncode == 0 and log.rstrip().endswith("DONE"), log[-2000:]
+        assert core.store.version == 8 and core.traffic.applied == 16 and set(core.traffic.rejected) <= {"finished"}
+    finally:
+        stop.set()
+        if python is not None:
+            stop_devices([python], [runner])
+        server.join(timeout=10)
+        transport.close()
+        if firmware.poll() is None:
+            firmware.kill()
+        broker.stop()
+
+
 def test_the_demo_runs_firmware_devices_beside_python_ones(tmp_path) -> None:
     from edgeps.demo import DemoSettings, run_demo
 
