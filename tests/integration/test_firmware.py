@@ -33,54 +33,6 @@ def needs_firmware_tools() -> None:
             pytest.fail(str(exc))
 
 
-@pytest.mark.parametrize("board", ["mps2-an386", "riscv32-virt"])
-def test_a_firmware_image_joins_a_bsp_job_over_its_uart_and_trains(mosquitto, tmp_path, board) -> None:
-    """As a user would: ``edgeps firmware build`` from a shard, ``edgeps firmware run`` against the
-    broker; a Cortex-M4F (hard float) and an RV32IMAC (soft float) image, the same SDK."""
-    import json
-    import subprocess
-    import sys
-
-    from edgeps.cli import main
-
-    try:
-        check_tools(board)
-    except ValueError as exc:
-        pytest.fail(str(exc))
-    address = BrokerAddress(mosquitto.host, mosquitto.port)
-    shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
-    rounds = 10
-    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="fw", pace="bsp", rounds=rounds,
-                                        min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
-    out = tmp_path / "fw-0"
-    assert main(["firmware", "build", "--board", board, "--device", "fw-0", "--job", "fw", "--data",
-                 str(shards.devices[0]), "--broker", f"{mosquitto.host}:{mosquitto.port}", "--seed", "1",
-                 "--out", str(out)]) == 0  # fmt: skip
-    built = json.loads((out / "firmware.json").read_text())
-    assert built["arena_bytes"] == DEMO_ARENA and (out / "firmware.bin").stat().st_size > 20_000
-    assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
-    assert built["rx_bytes"] == 1024  # the snapshot streams into the arena: the buffer holds JSON messages only
-    assert built["flash_bytes"] <= 64 * 1024  # the SDK with its MQTT client, libc, start-up (the data apart)
-    firmware = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    python, runner = start_device("fw", "py-1", Dataset.load(shards.devices[1]), address, seed=1)
-    try:
-        wait_until(lambda: server.finished, timeout=180, what="the job with a firmware device to finish")
-        code = firmware.wait(timeout=90)
-        console = firmware.stdout.read()  # type: ignore[union-attr]
-        assert code == 0 and console.rstrip().endswith("DONE"), console[-2000:]
-        assert server.store.version == rounds and server.traffic.applied == 2 * rounds  # each device every round
-        assert set(server.traffic.rejected) <= {"finished"}  # commits crossing the job's end only
-        assert server.registry.record("fw-0").highest_seq >= rounds
-        assert max(m.accuracy for m in server.history) > 0.8
-    finally:
-        stop.set()
-        stop_devices([python], [runner])
-        thread.join(timeout=10)
-        if firmware.poll() is None:
-            firmware.kill()
-
-
 MIXED_ROUNDS = {"bsp": 20, "acbsp": 20}  # versions of each job (the UART's speed makes a firmware round ~1 s)
 
 
@@ -229,10 +181,16 @@ def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit
 
 
 def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp_path) -> None:
-    """The walk-through of docs/EMBEDDED.md: accounts, ACLs and TLS from ``broker init``; the image
-    built with its device's account; its UART's plain MQTT carried over TLS as a modem would."""
+    """The walk-through of docs/EMBEDDED.md, as a user runs it: accounts, ACLs and TLS from
+    ``broker init``; ``edgeps firmware build`` with the device's account from a shard; ``edgeps
+    firmware run --tls-ca``, the UART's plain MQTT carried over TLS as a modem would."""
+    import json
+    import subprocess
+    import sys
+
     from broker.launcher import start_broker
     from broker.secure import init_secure_broker
+    from edgeps.cli import main
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
@@ -243,29 +201,35 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
     setup = init_secure_broker(tmp_path / "setup", "tls-fw", devices=devices)
     broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
-    data = Dataset.load(shards.devices[1])
-    x, y = data.x.astype(np.float32), data.y.astype(np.float32)
-    build_image(tmp_path / "fw", "mps2-an386", "tls-fw", "dev-1", x, y, [64, 64, 10], username="dev-1",
-                password=setup.passwords["dev-1"])  # fmt: skip
+    (tmp_path / "dev-1.password").write_text(setup.passwords["dev-1"] + "\n")
+    out = tmp_path / "fw"
+    assert main(["firmware", "build", "--device", "dev-1", "--job", "tls-fw", "--data", str(shards.devices[1]),
+                 "--username", "dev-1", "--password-file", str(tmp_path / "dev-1.password"), "--broker",
+                 f"{broker.host}:{broker.port}", "--out", str(out)]) == 0  # fmt: skip
+    built = json.loads((out / "firmware.json").read_text())
+    assert built["arena_bytes"] == DEMO_ARENA and (out / "firmware.bin").stat().st_size > 20_000
+    assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
+    assert built["rx_bytes"] == 1024  # the snapshot streams into the arena: the buffer holds JSON messages only
+    assert built["flash_bytes"] <= 64 * 1024  # the SDK with its MQTT client, libc, start-up (the data apart)
     config = ServerConfig(job="tls-fw", rounds=8, min_devices=2, allowed_devices=frozenset(devices))
     core = ServerCore(config, init_mlp([64, 64, 10], seed=0), Evaluator(Dataset.load(shards.holdout)))
-    ca = setup.ca_cert
-    transport = connect_server(
-        core, BrokerAddress(broker.host, broker.port, "ps", setup.passwords["ps"], tls_ca=str(ca))
-    )
+    ca = str(setup.ca_cert)
+    transport = connect_server(core, BrokerAddress(broker.host, broker.port, "ps", setup.passwords["ps"], tls_ca=ca))
     stop = threading.Event()
     server = threading.Thread(target=serve, args=(core, transport), kwargs={"stop": stop, "linger_s": 0.2}, daemon=True)
     server.start()
-    firmware = run_image(tmp_path / "fw", broker.host, broker.port, tmp_path / "fw.log", tls_ca=ca)
+    firmware = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out), "--tls-ca", ca],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     python, runner = None, None
     try:
-        address = BrokerAddress(broker.host, broker.port, "dev-0", setup.passwords["dev-0"], tls_ca=str(ca))
+        address = BrokerAddress(broker.host, broker.port, "dev-0", setup.passwords["dev-0"], tls_ca=ca)
         python, runner = start_device("tls-fw", "dev-0", Dataset.load(shards.devices[0]), address, seed=0)
         wait_until(lambda: core.finished, timeout=180, what="the job over TLS with a firmware device")
-        firmware.wait(timeout=90)
-        log = (tmp_path / "fw.log").read_text()
-        assert firmware.returncode == 0 and log.rstrip().endswith("DONE"), log[-2000:]
+        code = firmware.wait(timeout=90)
+        console = firmware.stdout.read()  # type: ignore[union-attr]
+        assert code == 0 and console.rstrip().endswith("DONE"), console[-2000:]
         assert core.store.version == 8 and core.traffic.applied == 16 and set(core.traffic.rejected) <= {"finished"}
+        assert max(m.accuracy for m in core.history) > 0.8
     finally:
         stop.set()
         if python is not None:
