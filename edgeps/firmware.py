@@ -135,6 +135,26 @@ def run_firmware(elf: Path, host: str, port: int, log: Path, board: str = "mps2-
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
 
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy each socket's bytes to the other on two daemon threads; when either side ends or
+    fails, both are closed (a cut of either is a cut of the link)."""
+    import contextlib
+    import threading
+
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.close()
+
+    for source, sink in ((a, b), (b, a)):
+        threading.Thread(target=pipe, args=(source, sink), daemon=True).start()
+
+
 class TlsModem:
     """What a cellular or Wi-Fi modem with TLS in transparent mode (SIMCom's and Quectel's SSL
     modes, an ESP-AT module's) does for the image: the plain MQTT bytes of its UART go to the
@@ -153,7 +173,6 @@ class TlsModem:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import threading
 
         while True:
             try:
@@ -170,21 +189,7 @@ class TlsModem:
                 continue
             for s in (uart, broker):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for a, b in ((uart, broker), (broker, uart)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        import contextlib
-
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.close()
+            splice(uart, broker)
 
     def close(self) -> None:
         self.listener.close()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from broker.client import BrokerAddress
-from edgeps.firmware import BOARDS, build_image, check_tools, run_image
+from edgeps.firmware import BOARDS, build_image, check_tools, run_image, splice
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards
@@ -61,19 +61,7 @@ class CuttableLink:
                 continue
             upstream = socket.create_connection(self.target)
             self.open += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a, b) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.close()
+            splice(client, upstream)
 
     def cut(self, seconds: float) -> None:
         import socket
