@@ -251,10 +251,16 @@ def run_local_job(
     finally:
         watcher.close()
         progress.close()
-        for proc in processes:
+        for proc in processes:  # all told at once, then 10 s for all of them together, then killed
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        for proc in processes:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return JobResult(history, statuses)
 
 
