@@ -130,6 +130,9 @@ require_certificate {"true" if client_certs else "false"}
 persistence true
 persistence_location {directory / "data"}/
 autosave_interval 30
+# A persistent session offline for a day is dropped with its queue (retained parameters, Control
+# and Barrier stay; a device resends what it waited on): the database stays bounded.
+persistent_client_expiration 1d
 
 # As the local profile: never drop a queued commit; bound memory by bytes. Refuse packets
 # larger than the server accepts (its --max-commit-bytes plus frame overhead).

@@ -105,6 +105,7 @@ class DeviceCore:
         self.committed_on = -1  # the base version of our last commit
         self.sent: Sent | None = None  # the newest commit, until the next one
         self.slowest_clock = 0
+        self.barrier: Barrier | None = None  # the newest Barrier of this run (what a wait is for)
         self.finished = False
         self.trained = False  # whether the last step() made an SGD step (only those are timed)
         self.last_loss = float("nan")
@@ -183,6 +184,7 @@ class DeviceCore:
             elif kind == "barrier" and payload:
                 barrier = Barrier.from_bytes(payload, tolerant=True)
                 if barrier.run == self.run:  # a retained barrier of another run says nothing about ours
+                    self.barrier = barrier
                     self.slowest_clock = barrier.slowest_clock
                     self.finished = barrier.state == "finished" or self.finished
             elif kind == "model" and payload and self.use_artifact:

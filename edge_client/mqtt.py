@@ -43,9 +43,18 @@ def awaited(core: DeviceCore) -> str:
         return f"job {job}'s parameters"
     if core.backend.trainer is None:
         return "the server's model artifact (--backend tflite: the server needs --export-tflite)"
-    if core.waiting:
-        return "the next version: the pace waits for the round's other devices"
-    return "the job: its staleness bound, the cap on uncommitted steps, or a pause"
+    barrier = core.barrier
+    if barrier is not None and barrier.state == "paused":
+        return f"job {job} to resume (an operator paused it: edgeps ctl resume)"
+    if core.blocked and core.control is not None:
+        return (f"the slowest device: ssp's staleness bound ({core.control.staleness_bound} commits) holds this one "
+                f"{core.seq - core.slowest_clock} commits ahead")  # fmt: skip
+    if barrier is not None and barrier.waiting_for:
+        names = ", ".join(barrier.waiting_for[:5]) + (", ..." if len(barrier.waiting_for) > 5 else "")
+        return f"version {barrier.version + 1}: the round waits for {len(barrier.waiting_for)} devices ({names})"
+    if barrier is None or barrier.version == 0:
+        return f"job {job}'s first version: its start quorum (edgeps ps --min-devices) and the round's commits"
+    return f"version {barrier.version + 1}: the pace waits for this round's commits (this device holds its own)"
 
 
 def run_device(

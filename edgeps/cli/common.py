@@ -46,3 +46,21 @@ def stop_on_signals() -> threading.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     return stop
+
+
+def writable(path: str | None, flag: str) -> None:
+    """ValueError in one line unless a file can be written at ``path`` when the job ends (its folder
+    exists and is writable, the path is not a folder): checked before a device is waited for."""
+    import os
+    from pathlib import Path
+
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ValueError(f"{flag} {path}: a folder, not a file")
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: no folder {folder} to write it in (make it first)")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: folder {folder} is not writable")

@@ -10,7 +10,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from edgeps.cli.common import address, broker_args, job_args, stop_on_signals
+from edgeps.cli.common import address, broker_args, job_args, stop_on_signals, writable
 from ps_service.config import PROCESS_DEFAULTS
 
 
@@ -26,6 +26,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from ps_service.mqtt import connect_server, serve
     from schemas.artifact import decode_artifact
 
+    for path, flag in ((args.save_model, "--save-model"), (args.report, "--report"), (args.checkpoint, "--checkpoint")):
+        writable(path, flag)  # a job's result is never lost to a missing folder after it trained
     values = model_values(ServerConfig, args)
     if args.task:
         task = load_task(args.task)

@@ -130,3 +130,17 @@ def test_edgeps_broker_refuses_a_port_in_use_and_keeps_its_data(mosquitto, tmp_p
     with start_broker(workdir=tmp_path / "kept", embedded=False, ws_port=free_port()) as broker:
         assert broker.listeners == [f"mqtt://127.0.0.1:{broker.port}", f"ws://127.0.0.1:{broker.ws_port}"]
     assert (tmp_path / "kept" / "mosquitto.db").exists() and oct((tmp_path / "kept").stat().st_mode)[-3:] == "700"
+
+
+def test_every_profile_expires_offline_persistent_sessions(tmp_path) -> None:
+    """Without it the database grows with every job's sessions (804 MB over 25 demo jobs); the
+    running brokers of the other tests show that Mosquitto takes the line."""
+    from broker.secure import init_secure_broker
+
+    setup = init_secure_broker(tmp_path / "setup", "j", devices=["d"])
+    root = Path(__file__).parents[2] / "broker"
+    expiry = {name: [line.split()[1] for line in text.splitlines() if line.startswith("persistent_client_expiration")]
+              for name, text in (("local", (root / "mosquitto.conf").read_text()),
+                                 ("compose", (root / "mosquitto-compose.conf").read_text()),
+                                 ("init", Path(setup.config).read_text()))}  # fmt: skip
+    assert expiry == {"local": ["1h"], "compose": ["1d"], "init": ["1d"]}

@@ -248,3 +248,26 @@ def test_a_commit_the_device_waits_on_can_be_sent_again_as_the_same_bytes() -> N
     refused = Notice(device="d1", seq=decode_frame(second.payload).seq, reason=RejectReason.RATE_LIMITED, detail="")
     device.on_message(f"{T}/notice/d1", refused.to_bytes())  # refused: its work goes into the next commit
     assert device.resend() == []
+
+
+def test_a_waiting_device_says_what_it_waits_for() -> None:
+    from edge_client.mqtt import awaited
+
+    device = small_device("d1")
+    device.on_message(f"{T}/params", params_frame(0))
+    device.on_message(f"{T}/ctrl/d1", control(wait=True, push_every=1))
+    device.step()  # its commit: bsp waits for the round
+    first = "job t's first version: its start quorum (edgeps ps --min-devices) and the round's commits"
+    assert awaited(device) == first
+    waiting = Barrier(run=RUN, round=0, version=0, pace="bsp", state="running", waiting_for=["d2", "d3"])
+    device.on_message(f"{T}/barrier", waiting.to_bytes())
+    assert awaited(device) == "version 1: the round waits for 2 devices (d2, d3)"
+    paused = Barrier(run=RUN, round=0, version=0, pace="bsp", state="paused")
+    device.on_message(f"{T}/barrier", paused.to_bytes())
+    assert awaited(device) == "job t to resume (an operator paused it: edgeps ctl resume)"
+    ahead = small_device("d1")
+    ahead.on_message(f"{T}/params", params_frame(0))
+    ahead.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1, staleness_bound=2))
+    for _ in range(3):
+        ahead.step()
+    assert awaited(ahead) == "the slowest device: ssp's staleness bound (2 commits) holds this one 3 commits ahead"

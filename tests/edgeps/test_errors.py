@@ -119,3 +119,20 @@ def test_logs_as_json_lines_for_loki_or_elk(tmp_path) -> None:
     assert records[0]["message"].startswith("--codec 'nope': unknown codec") and records[0]["time"].endswith("+00:00")
     quiet = edgeps("--log-level", "error", "ps", "--broker", "127.0.0.1:1", cwd=tmp_path)
     assert " INFO " not in quiet.stderr and " ERROR " in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "expected"),
+    [
+        ("--save-model", "runs/x/model.npz", "--save-model runs/x/model.npz: no folder runs/x to write it in"),
+        ("--report", "runs/x/report.json", "--report runs/x/report.json: no folder runs/x to write it in"),
+        ("--checkpoint", "runs/x/state.ckpt", "--checkpoint runs/x/state.ckpt: no folder runs/x to write it in"),
+        ("--report", ".", "--report .: a folder, not a file"),
+    ],
+)
+def test_an_output_the_server_could_not_write_is_refused_before_it_waits_for_a_device(
+    tmp_path, flag, where, expected
+) -> None:
+    # no broker listens on port 9: had the check come after training, the job would be lost for it
+    line = one_line(edgeps("ps", "--broker", "127.0.0.1:9", flag, where, cwd=tmp_path))
+    assert expected in line, line
