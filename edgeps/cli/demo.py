@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from edgeps.cli.common import job_args
 from ps_service.config import PROCESS_DEFAULTS
@@ -17,6 +18,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     server = ServerConfig(**model_values(ServerConfig, args))
     model = ModelSpec(**model_values(ModelSpec, args))
     settings = DemoSettings(server=server, model=model, **model_values(DemoSettings, args, skip=DEMO_API_ONLY))
+
+    def terminated(signum: int, frame: object) -> None:  # as Ctrl-C: every process the demo started is stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
     report = run_demo(settings, json_path=args.json)
     return 0 if report["rounds"] > 0 else 1
 

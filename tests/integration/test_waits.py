@@ -81,7 +81,8 @@ def test_watching_a_finished_job_says_so_and_ends(mosquitto, caplog) -> None:
     assert notes(caplog, "job done has finished") == ["job done has finished (version 42)"]
 
 
-def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path) -> None:
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path, signum) -> None:
     import signal
     import subprocess
     import sys
@@ -92,7 +93,7 @@ def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
     wait_until(lambda: (out / "logs" / "demo-dev-07.log").exists(), timeout=60, what="the demo's devices")
     time.sleep(1.0)  # let them connect and train: Ctrl-C in the middle of the job
-    demo.send_signal(signal.SIGINT)
+    demo.send_signal(getattr(signal, signum))  # Ctrl-C, or kill -TERM
     _, err = demo.communicate(timeout=60)
     errors = [line for line in err.splitlines() if " ERROR " in line]
     assert demo.returncode == 130 and "Traceback" not in err and len(errors) == 1 and "interrupted" in errors[0]
