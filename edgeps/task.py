@@ -47,10 +47,17 @@ class TaskError(ValueError):
 DataLike = Dataset | CsvData | tuple[Any, Any]
 
 
-def as_dataset(value: DataLike, classification: bool, where: str) -> tuple[Dataset, list[str] | None]:
-    """(the rows as a checked Dataset, each row's device or None) from what a data function gave."""
+def as_dataset(value: DataLike, classification: bool | None, where: str) -> tuple[Dataset, list[str] | None]:
+    """(the rows as a checked Dataset, each row's device or None) from what a data function gave;
+    ``classification`` as the loss says (None: a trainer's own loss, labels checked as classes)."""
     devices = None
     if isinstance(value, CsvData):
+        if classification is True and not value.classes:
+            wrong = "the loss needs classes but load_csv read real-valued targets (regression=True)"
+            raise TaskError(f"{where}: {wrong}: drop regression=True, or use a regression loss (mse, mae)")
+        if classification is False and value.classes:
+            wrong = f"the loss is a regression's but load_csv read the labels as {len(value.classes)} classes"
+            raise TaskError(f"{where}: {wrong}: pass regression=True to load_csv")
         value, devices = value.data, value.devices
     if isinstance(value, tuple) and len(value) == 2:
         x, y = np.asarray(value[0]), np.asarray(value[1])
@@ -61,7 +68,7 @@ def as_dataset(value: DataLike, classification: bool, where: str) -> tuple[Datas
     if x.ndim > 2:  # images (n, h, w[, c]) are flattened row-major, as a Keras Flatten does
         x = x.reshape(len(x), -1)
     try:
-        return checked(x, y, where, classification), devices
+        return checked(x, y, where, classification is not False), devices
     except DataError as exc:
         raise TaskError(str(exc)) from None
 
@@ -148,7 +155,7 @@ class Task:
     def _call(self, function: Callable[..., DataLike], name: str, *args: Any) -> tuple[Dataset, list[str] | None]:
         """Call one of the task's data functions and check what it gave."""
         value = self._run(function, name, *args)
-        return as_dataset(value, self.classification is not False, self._where(name + "()"))
+        return as_dataset(value, self.classification, self._where(name + "()"))
 
     def dataset(self) -> tuple[Dataset, list[str] | None]:
         """The whole dataset ``data()`` gives, and each row's device if it names them."""

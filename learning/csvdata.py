@@ -9,6 +9,7 @@ saved beside the shards so that a gateway scales new readings the same way).
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -88,7 +89,7 @@ def load_csv(
     named = [label, *(features or []), *([device_column] if device_column else [])]
     for column in named:
         if column not in header:
-            raise DataError(f"{path}: no column {column!r} (columns: {', '.join(header)})")
+            raise DataError(f"{path}: no column {column!r}{_nearest(column, header)}")
     if features is None:
         features = [h for h in header if h not in (label, device_column)]
     if not features:
@@ -123,10 +124,41 @@ def load_csv(
     return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None)
 
 
+def _nearest(column: str, header: list[str]) -> str:
+    """What a missing column's name is most likely a typo of, or (a short header) the columns."""
+    close = difflib.get_close_matches(column, header, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    shown = ", ".join(header[:12]) + (f", ... ({len(header)} columns)" if len(header) > 12 else "")
+    return f" (columns: {shown})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def _classes(
     path: Path, column: str, labels: list[tuple[int, str]], classes: int | None
 ) -> tuple[np.ndarray, list[str]]:
-    """Class indices for the labels: integers as written, or names in sorted order."""
+    """Class indices for the labels: integers as written, or names in sorted order. Labels that are
+    numbers but not all whole numbers from 0 are refused (a stray row, or a regression's target read
+    as classes), so that no number silently becomes a class name."""
+    numeric = [(number, text) for number, text in labels if _is_number(text)]
+    if numeric and len(numeric) < len(labels):  # numbers and names mixed: name the fewer
+        names = [(number, text) for number, text in labels if not _is_number(text)]
+        number, text = min(numeric, names, key=len)[0]
+        kind = "a number among class names" if len(numeric) <= len(names) else "a name among class numbers"
+        raise DataError(f"{path} line {number}, column {column!r}: label {text!r} is {kind}")
+    odd = next(((number, text) for number, text in numeric if not text.isdigit()), None)
+    if odd is not None:
+        where = f"{path} line {odd[0]}, column {column!r}"
+        raise DataError(
+            f"{where}: label {odd[1]!r} is not a class number (0, 1, ...); for a real-valued target "
+            "pass regression=True"
+        )
     if all(text.isdigit() for _, text in labels):
         y = np.array([int(text) for _, text in labels], np.int64)
         count = classes if classes is not None else int(y.max()) + 1

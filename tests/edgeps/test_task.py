@@ -46,6 +46,20 @@ CSV = "gateway,temp,hum,label\n" + "".join(f"gw-{i % 3},{i % 7}.5,{i % 5},{i % 2
          r"data\.csv line \d+, column 'temp': 'nan' is not a finite number"),
         (CSV.replace(",1\n", ",7\n", 1), 'load_csv(CSV, label="label", device_column="gateway", classes=2)',
          r"data\.csv line \d+, column 'label': 7 is outside the 2 classes \(0\.\.1\)"),
+        (CSV, 'load_csv(CSV, label="lable")', r"data\.csv: no column 'lable'; did you mean 'label'\?"),
+        # a stray label is not silently a class name, nor a regression's target a class
+        (CSV.replace(",1\n", ",-1\n", 1), 'load_csv(CSV, label="label", device_column="gateway")',
+         r"line \d+, column 'label': label '-1' is not a class number \(0, 1, \.\.\.\); for a real-valued target"),
+        (CSV.replace(",1\n", ",2.5\n", 1), 'load_csv(CSV, label="label", device_column="gateway", classes=2)',
+         r"line \d+, column 'label': label '2\.5' is not a class number"),
+        (CSV.replace(",1\n", ",walk\n"), 'load_csv(CSV, label="label", device_column="gateway")',
+         r"line 2, column 'label': label '0' is a number among class names|label 'walk' is a name among"),
+        (CSV, 'load_csv(CSV, label="temp", device_column="gateway")',
+         r"label '0\.5' is not a class number \(0, 1, \.\.\.\); for a real-valued target pass regression=True"),
+        (CSV, 'load_csv(CSV, label="hum", device_column="gateway"), loss="mse"',
+         r"data\(\): the loss is a regression's but load_csv read the labels as 5 classes: pass regression=True"),
+        (CSV, 'load_csv(CSV, label="hum", device_column="gateway", regression=True)',
+         r"data\(\): the loss needs classes but load_csv read real-valued targets"),
     ],
 )  # fmt: skip
 def test_bad_data_is_one_line_naming_the_file_line_and_column(tmp_path, csv, call, message) -> None:
