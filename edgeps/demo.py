@@ -363,5 +363,8 @@ def run_demo(
     if not quiet:
         format_report(report).print()
     also = f" and {json_path}" if json_path else ""
-    say(f"\nreport: {out / 'report.json'}{also}; plot: {out / 'curves.png'}; final model: {out / 'model.npz'}")
+    say(
+        f"\nreport: {out / 'report.json'}{also}; plot: {out / 'curves.png'}; models: {out / 'model.npz'} (final), "
+        f"{out / 'model-best.npz'} (best; edgeps predict --model FILE --csv READINGS)"
+    )
     return report

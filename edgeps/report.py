@@ -28,6 +28,8 @@ def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]
     last, metric = history[-1], history[-1].metric
     higher = METRICS[metric].higher_is_better if metric in METRICS else True
     values = [_value(m) for m in history]
+    best = max(range(len(values)), key=lambda i: values[i] if higher else -values[i])  # the first of the best
+    baseline = last.baseline.get(metric)
     accuracy = {}
     if all(m.accuracy is not None for m in history):
         accuracy = {"best_accuracy": max(m.accuracy or 0.0 for m in history), "final_accuracy": last.accuracy}
@@ -35,8 +37,11 @@ def build_report(history: list[Metrics], wall_s: float, settings: dict[str, Any]
         "settings": settings,
         "metric": metric,
         "higher_is_better": higher,
-        "best": max(values) if higher else min(values),
+        "best": values[best],
+        "best_version": history[best].evaluated_version,
         "final": values[-1],
+        "final_version": last.evaluated_version,
+        "baseline": baseline,
         **accuracy,
         "rounds": last.version,
         "wall_s": round(wall_s, 3),
@@ -93,10 +98,14 @@ def format_report(report: dict[str, Any], max_rows: int = 25) -> Table:
     table = Table(["round", metric, "loss", "commits", "time s"])
     for r in rows:
         table.add(r["version"], f"{r['value']:.4f}", f"{r['loss']:.4f}", r["commits"], f"{r['elapsed_s']:.2f}")
+    lower = [] if report["higher_is_better"] else ["lower is better"]
+    best, final = report.get("best_version"), report.get("final_version")
+    best_notes = ([] if best is None else [f"version {best}"]) + lower
     table.after += [
         "",
-        f"best {metric:<10} {report['best']:.4f}" + ("" if report["higher_is_better"] else " (lower is better)"),
-        f"final {metric:<9} {report['final']:.4f}",
+        f"best {metric:<10} {report['best']:.4f}" + (f" ({'; '.join(best_notes)})" if best_notes else ""),
+        f"final {metric:<9} {report['final']:.4f}" + ("" if final is None else f" (version {final})"),
+        *_baseline_line(report),
         f"rounds          {report['rounds']}",
         f"wall time       {report['wall_s']:.1f} s (training {report['train_s']:.1f} s)",
         f"commits         {report['commits']} ({report['applied']} applied, {report['rejected']} rejected)",
@@ -109,6 +118,17 @@ def format_report(report: dict[str, Any], max_rows: int = 25) -> Table:
         backends = ", ".join(f"{n} {name}" for name, n in sorted(report["device_backends"].items()))
         table.after.append(f"device trainers {backends}")
     return table
+
+
+def _baseline_line(report: dict[str, Any]) -> list[str]:
+    """How the final model compares with a constant predictor (a job that learned nothing says so)."""
+    baseline, metric = report.get("baseline"), report["metric"]
+    if baseline is None:
+        return []
+    kind = "its most common class" if metric in ("accuracy", "macro_f1") else "the mean"
+    line = f"{'trivial ' + metric:<15} {baseline:.4f} (predicting {kind})"
+    learned = report["final"] > baseline if report["higher_is_better"] else report["final"] < baseline
+    return [line if learned else f"{line}: the final model is no better; it learned nothing"]
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:

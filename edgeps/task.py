@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from edge_client.trainer import NumpyTrainer, Trainer
+from edgeps.deploy import ModelCard, save_card
 from learning.csvdata import CsvData
 from learning.data import DataError, Dataset, checked, stratified_split
 from learning.keras import quiet_tensorflow
@@ -235,12 +236,26 @@ class Task:
         trainer = self.trainer()
         return lambda params, x, y: float(self._run(trainer.loss_and_grads, "loss_and_grads", params, x, y)[0])
 
-    def save_model(self, params: Params, path: Path) -> list[Path]:
-        """Save the final model in the task's format: ``.npz`` by tensor name, and for a Keras task
-        also the Keras model (``.keras``) and a TFLite inference model (``.tflite``) beside it."""
+    def card(self, version: int) -> ModelCard:
+        """What a saved model of this task needs beside its tensors to predict from raw readings: the
+        loss and metrics, and for CSV data (``data()`` or ``server_data()`` gave a ``CsvData``) the
+        label, the feature columns with their scaling and the class names."""
+        function, name = (self.data, "data") if self.data is not None else (self.server_data, "server_data")
+        value = self._run(function, name) if function is not None else None
+        classification = self.classification is not False
+        card = ModelCard(self.loss, list(self.metric_names), version, classification)
+        if isinstance(value, CsvData):
+            card = ModelCard(card.loss, card.metrics, version, classification, value.label or None, value.classes,
+                             value.scaling)  # fmt: skip
+        return card
+
+    def save_model(self, params: Params, path: Path, card: ModelCard) -> list[Path]:
+        """Save a model in the task's format: ``.npz`` by tensor name and its card (``.json``,
+        edgeps/deploy.py), and for a Keras task also the Keras model (``.keras``) and a TFLite
+        inference model (``.tflite``) beside it."""
         path = Path(path)
         np.savez(path, **params)
-        written = [path]
+        written = [path, save_card(card, path)]
         model = self.keras_model
         if model is not None:
             from learning.keras import save_keras

@@ -19,7 +19,7 @@ import numpy as np
 
 from learning.data import DataError, Dataset
 
-__all__ = ["CsvData", "DataError", "Scaling", "load_csv"]
+__all__ = ["CsvData", "DataError", "Scaling", "load_csv", "nearest_column", "read_number"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +44,20 @@ class CsvData:
     classes: list[str]  # the label of each class index, as the file wrote it (none for a regression)
     scaling: Scaling
     devices: list[str] | None  # each row's device, with a device column
+    label: str = ""  # the label column's name
 
-    def save_meta(self, path: Path, label: str) -> None:
-        """What a gateway needs to read new rows as the shards were made: the columns, the scaling
-        and the class names, as JSON."""
-        meta = {"label": label, "classes": self.classes, "features": self.scaling.features,
+    def meta(self) -> dict[str, object]:
+        """What a gateway needs to read new rows as the shards were made: the label column, the
+        feature columns, their scaling and the class names."""
+        return {"label": self.label, "classes": self.classes, "features": self.scaling.features,
                 "low": self.scaling.low, "span": self.scaling.span}  # fmt: skip
-        path.write_text(json.dumps(meta, indent=2) + "\n")
+
+    def save_meta(self, path: Path) -> None:
+        """``meta()`` as JSON (``edgeps data --csv`` writes it as columns.json)."""
+        path.write_text(json.dumps(self.meta(), indent=2) + "\n")
 
 
-def _number(text: str, where: str) -> float:
+def read_number(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -89,7 +93,7 @@ def load_csv(
     named = [label, *(features or []), *([device_column] if device_column else [])]
     for column in named:
         if column not in header:
-            raise DataError(f"{path}: no column {column!r}{_nearest(column, header)}")
+            raise DataError(f"{path}: no column {column!r}{nearest_column(column, header)}")
     if features is None:
         features = [h for h in header if h not in (label, device_column)]
     if not features:
@@ -103,7 +107,7 @@ def load_csv(
         if len(row) != len(header):
             raise DataError(f"{path} line {number}: {len(row)} fields, the header has {len(header)}")
         for c, column in enumerate(features):
-            x[r, c] = _number(row[at[column]], f"{path} line {number}, column {column!r}")
+            x[r, c] = read_number(row[at[column]], f"{path} line {number}, column {column!r}")
         text = row[at[label]].strip()
         if not text:
             raise DataError(f"{path} line {number}, column {label!r}: missing label")
@@ -114,21 +118,27 @@ def load_csv(
                 raise DataError(f"{path} line {number}, column {device_column!r}: missing device")
             devices.append(device)
     if regression:
-        y = np.array([_number(text, f"{path} line {number}, column {label!r}") for number, text in labels], np.float32)
+        targets = [read_number(text, f"{path} line {number}, column {label!r}") for number, text in labels]
+        y = np.array(targets, np.float32)
         names: list[str] = []
     else:
         y, names = _classes(path, label, labels, classes)
     low, high = x.min(axis=0), x.max(axis=0)
     span = np.where(high > low, high - low, 1.0)
     scaling = Scaling(features, low.tolist(), span.tolist())
-    return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None)
+    return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None, label)
 
 
-def _nearest(column: str, header: list[str]) -> str:
+def nearest_column(column: str, header: list[str]) -> str:
     """What a missing column's name is most likely a typo of, or (a short header) the columns."""
-    close = difflib.get_close_matches(column, header, n=1, cutoff=0.6)
+    folded = {h.casefold(): h for h in header}
+    close = difflib.get_close_matches(column.casefold(), list(folded), n=1, cutoff=0.6)
+    prefixed = [
+        h for h in folded if h and column and (h.startswith(column.casefold()) or column.casefold().startswith(h))
+    ]
+    close = close or prefixed[:1]
     if close:
-        return f"; did you mean {close[0]!r}?"
+        return f"; did you mean {folded[close[0]]!r}?"
     shown = ", ".join(header[:12]) + (f", ... ({len(header)} columns)" if len(header) > 12 else "")
     return f" (columns: {shown})"
 
@@ -148,9 +158,9 @@ def _classes(
     as classes), so that no number silently becomes a class name."""
     numeric = [(number, text) for number, text in labels if _is_number(text)]
     if numeric and len(numeric) < len(labels):  # numbers and names mixed: name the fewer
-        names = [(number, text) for number, text in labels if not _is_number(text)]
-        number, text = min(numeric, names, key=len)[0]
-        kind = "a number among class names" if len(numeric) <= len(names) else "a name among class numbers"
+        named = [(number, text) for number, text in labels if not _is_number(text)]
+        number, text = min(numeric, named, key=len)[0]
+        kind = "a number among class names" if len(numeric) <= len(named) else "a name among class numbers"
         raise DataError(f"{path} line {number}, column {column!r}: label {text!r} is {kind}")
     odd = next(((number, text) for number, text in numeric if not text.isdigit()), None)
     if odd is not None:

@@ -56,6 +56,21 @@ class Evaluator:
         self.clock = clock
         self.seconds = 0.0
         self.calls = 0
+        self.baseline = self._baseline()
+
+    def _baseline(self) -> dict[str, float]:
+        """Every metric of a constant predictor on the held-out set: its most common class, or for a
+        regression (or a trainer's own loss on real values) its mean: what a model that learned
+        nothing scores."""
+        y, n = self.holdout.y, len(self.holdout)
+        if y.dtype.kind in "iu":
+            common = int(np.bincount(y).argmax())
+            z = np.zeros((n, max(2, common + 1)), np.float32)
+            z[:, common] = 1.0
+        else:
+            z = np.full((n, 1), float(np.mean(y)), np.float32)
+        values = {metric.name: metric.compute(z, y) for metric in self.metrics}
+        return {name: v for name, v in values.items() if math.isfinite(v)}
 
     @property
     def metric(self) -> Metric:

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from learning.model import Params
 from ps_service.evaluator import Evaluation
 from ps_service.registry import DeviceRecord
 from ps_service.validation import Rejection
@@ -18,6 +19,15 @@ from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
     from ps_service.core import ServerCore
+
+
+@dataclass(frozen=True)
+class Best:
+    """The best version evaluated so far by the job's metric, and its parameters (a copy)."""
+
+    version: int
+    evaluation: Evaluation
+    params: Params
 
 
 @dataclass
@@ -38,6 +48,7 @@ class Report:
         self.history: list[Metrics] = []
         self.history_json: list[bytes] = []  # the same records, serialised once (for checkpoints)
         self.evaluation: tuple[int, Evaluation] | None = None  # (version, its evaluation)
+        self.best: Best | None = None  # the best version evaluated so far, kept beside the last
         self.metrics_at = now  # when metrics last went out
         self.sites: dict[str, dict[str, int]] = {}  # each site's refusals as it last reported them
 
@@ -104,6 +115,9 @@ def evaluate(core: ServerCore, now: float) -> tuple[int, Evaluation]:
         evaluation = core.evaluator(core.store.view())
         report.evaluation = latest = (version, evaluation)
         metric = core.evaluator.metric
+        best = report.best
+        if best is None or metric.better(evaluation.values[metric.name], best.evaluation.values[metric.name]):
+            report.best = Best(version, evaluation, core.store.params())  # a copy: the model moves on
         core.frequency.observe(now - core.round.started, metric.score(evaluation.values[metric.name]), evaluation.loss)
     assert latest is not None
     return latest
@@ -141,6 +155,7 @@ def metrics(core: ServerCore, now: float) -> Publish:
         server_step=round(core.server_step, 4),
         push_every=_push_every(core),
         unable=dict(core.registry.unable),
+        baseline=core.evaluator.baseline,
     )
     report.record(record)
     return Publish(core.topics.metrics, record.to_bytes(), qos=1)
@@ -162,6 +177,8 @@ def status(core: ServerCore, now: float) -> dict[str, Any]:
         "accuracy": evaluation.values.get("accuracy"),
         "loss": evaluation.loss,
         "evaluated_version": evaluated,
+        "best_version": None if core.report.best is None else core.report.best.version,
+        "best_value": None if core.report.best is None else core.report.best.evaluation.values.get(metric),
         "devices_online": sorted(core.registry.active()),
         "waiting_for": core.waiting_for(),
         "left": sorted(core.membership.left),

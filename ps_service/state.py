@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ps_service.broadcast import Broadcaster
 from ps_service.evaluator import Evaluation
 from ps_service.paces import make_pace
-from ps_service.reporting import Traffic
+from ps_service.reporting import Best, Traffic
 from ps_service.round import JobState
 from ps_service.store import ParameterStore
 from ps_service.update import from_state
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 def to_state(core: ServerCore, now: float) -> dict[str, Any]:
     """Everything ``core`` knows but its configuration and metrics history."""
     traffic, clock = core.report.traffic, core.round
-    evaluation = core.report.evaluation
+    evaluation, best = core.report.evaluation, core.report.best
     return {
         "run": core.run,
         "store": core.store.to_state(),
@@ -40,6 +42,7 @@ def to_state(core: ServerCore, now: float) -> dict[str, Any]:
         "bound": core.bounds.to_state(),
         "frequency": core.frequency.to_state(now),
         "evaluation": None if evaluation is None else [evaluation[0], evaluation[1].values, evaluation[1].loss],
+        "best": None if best is None else [best.version, best.evaluation.values, best.evaluation.loss, best.params],
         "traffic": {
             "commits": traffic.commits,
             "applied": traffic.applied,
@@ -84,6 +87,12 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
         values = evaluation[1] if isinstance(evaluation[1], dict) else {"accuracy": evaluation[1]}
         values = {str(k): float(v) for k, v in values.items()}
         report.evaluation = (int(evaluation[0]), Evaluation(values, float(evaluation[2])))
+    best = state.get("best")  # checkpoints before the best model was kept have none
+    report.best = None
+    if best is not None:
+        values = {str(k): float(v) for k, v in best[1].items()}
+        params = {str(name): np.asarray(t, np.float32) for name, t in best[3].items()}
+        report.best = Best(int(best[0]), Evaluation(values, float(best[2])), params)
     report.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
                              Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
     report.sites = {str(s): {str(r): int(n) for r, n in c.items()} for s, c in t.get("sites", {}).items()}

@@ -297,6 +297,11 @@ class Metrics(Message):
     unable: dict[DeviceId, str] = Field(
         default_factory=dict, description="(1.7) devices whose status says they cannot take part, with their reason"
     )
+    baseline: dict[str, float] = Field(
+        default_factory=dict,
+        description="(1.8) every metric of a constant predictor on the held-out set: its most common class, "
+        "or for a regression its mean",
+    )
 
 
 class Command(Message):

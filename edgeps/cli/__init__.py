@@ -1,5 +1,5 @@
-"""The ``edgeps`` command: one module per role (ps, aggregator, client, broker, ctl, data, demo, bench, report), each
-adding its subcommand; ``main`` layers a role's TOML file and environment under its flags."""
+"""The ``edgeps`` command: one module per role (ps, aggregator, client, broker, ctl, data, demo, bench, report,
+predict, firmware), each adding its subcommand; ``main`` layers a role's TOML file and environment under its flags."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import time
 
 from edgeps import __version__
-from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, firmware, ps, report
+from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, firmware, predict, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add(sub)
     data.add(sub)
     firmware.add(sub)
+    predict.add(sub)
     report.add(sub)
     _show_defaults(parser)
     return parser

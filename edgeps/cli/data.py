@@ -31,7 +31,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         data = table.data
         print(f"read {len(data)} rows of {args.csv}: {data.x.shape[1]} features, {len(table.classes)} classes")
         out.mkdir(parents=True, exist_ok=True)
-        table.save_meta(out / "columns.json", args.label)
+        table.save_meta(out / "columns.json")
         if table.devices is not None:  # split by the gateway each row came from
             paths = prepare_device_shards(data, table.devices, out, args.seed)
         else:

@@ -9,9 +9,14 @@ import re
 import time
 import urllib.parse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgeps.cli.common import address, broker_args, job_args, stop_on_signals, writable
 from ps_service.config import PROCESS_DEFAULTS
+
+if TYPE_CHECKING:
+    from edgeps.task import Task
+    from ps_service.core import ServerCore
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -95,9 +100,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
         transport.close()
-    if args.save_model:  # the final model, by tensor name (learning.model reads it), and a Keras task's own
-        where = ", ".join(str(p) for p in task.save_model(core.store.params(), Path(args.save_model)))
-        logging.getLogger("edgeps").info("final model (version %d) saved to %s", core.store.version, where)
+    if args.save_model:  # the final and the best model, each with its card (edgeps.deploy reads them)
+        save_models(task, core, Path(args.save_model))
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
 
@@ -105,6 +109,20 @@ def cmd_ps(args: argparse.Namespace) -> int:
                     "task": args.task}  # fmt: skip
         write_json(build_report(core.history, time.monotonic() - started, settings), args.report)
     return 0
+
+
+def save_models(task: Task, core: ServerCore, path: Path) -> None:
+    """The final model at ``path`` and the best version by the job's metric beside it (``-best``)."""
+    from edgeps.deploy import best_path
+
+    log, metric = logging.getLogger("edgeps"), core.evaluator.metric.name
+    final, best = core.store.version, core.report.best
+    where = ", ".join(str(p) for p in task.save_model(core.store.params(), path, task.card(final)))
+    log.info("final model (version %d) saved to %s", final, where)
+    if best is not None:
+        where = ", ".join(str(p) for p in task.save_model(best.params, best_path(path), task.card(best.version)))
+        value = best.evaluation.values[metric]
+        log.info("best model (version %d, %s %.4f) saved to %s", best.version, metric, value, where)
 
 
 def checkpoint_key(path: str | None, checkpoint: Path, environ_key: str | None) -> bytes:

@@ -7,14 +7,15 @@ import json
 import pytest
 
 from edgeps.cli import main
-from edgeps.report import build_report, read_metrics, read_report, write_json
+from edgeps.report import build_report, format_report, read_metrics, read_report, write_json
 from schemas.messages import Metrics
 
 
-def metrics(version: int, accuracy: float, finished: bool = False) -> Metrics:
+def metrics(version: int, accuracy: float, finished: bool = False, baseline: float | None = None) -> Metrics:
     return Metrics(job="j", run=1, version=version, round=version, pace="bsp", accuracy=accuracy, loss=1 - accuracy,
                    commits=3 * version, applied=3 * version, rejected={}, bytes_up=100 * version,
-                   bytes_down=200 * version, devices_online=3, elapsed_s=0.5 * version, finished=finished)  # fmt: skip
+                   bytes_down=200 * version, devices_online=3, elapsed_s=0.5 * version, finished=finished,
+                   evaluated_version=version, baseline={} if baseline is None else {"accuracy": baseline})  # fmt: skip
 
 
 def test_a_report_keeps_every_record_and_shows_again(tmp_path, capsys) -> None:
@@ -37,3 +38,17 @@ def test_an_earlier_metrics_list_still_reads_and_other_files_are_refused(tmp_pat
     with pytest.raises(ValueError, match=r"other\.json: not an edgeps report"):
         read_report(other)
     assert main(["report", str(tmp_path / "missing.json")]) == 2  # one line, no traceback
+
+
+def test_the_report_shows_the_best_and_the_final_model_and_what_learning_nothing_scores(capsys) -> None:
+    history = [metrics(0, 0.1, baseline=0.3), metrics(1, 0.9, baseline=0.3), metrics(2, 0.7, True, baseline=0.3)]
+    report = build_report(history, 1.0, {})
+    assert (report["best"], report["best_version"], report["final"], report["final_version"]) == (0.9, 1, 0.7, 2)
+    assert report["baseline"] == 0.3
+    format_report(report).print()
+    out = capsys.readouterr().out
+    assert "best accuracy   0.9000 (version 1)" in out and "final accuracy  0.7000 (version 2)" in out
+    assert "trivial accuracy 0.3000 (predicting its most common class)\n" in out
+    flat = [metrics(0, 0.3, baseline=0.3), metrics(1, 0.25, True, baseline=0.3)]
+    format_report(build_report(flat, 1.0, {})).print()
+    assert "the final model is no better; it learned nothing" in capsys.readouterr().out

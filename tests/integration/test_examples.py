@@ -24,6 +24,15 @@ def demo(tmp_path: Path, example: str, *flags: str) -> dict:
     return json.loads((out / "r.json").read_text())
 
 
+def predict(tmp_path: Path, *flags: str) -> dict[str, float]:
+    """``edgeps predict``'s metrics, as it prints them: ``N rows of F, model version V (route): m 0.1, ...``."""
+    command = [sys.executable, "-m", "edgeps.cli", "predict", *flags, "--out", str(tmp_path / "predicted.csv")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stderr.strip().splitlines()[-1].split("): ", 1)[1]
+    return {name: float(value) for name, value in (part.split() for part in said.split(", "))}
+
+
 def test_the_digits_task_is_the_built_in_job(tmp_path) -> None:
     """Same data, model, seeds: the same bytes and (to aggregation order) the same accuracy."""
     flags = ("--rounds", "15", "--devices", "4")
@@ -52,6 +61,11 @@ def test_the_keras_cnn_trains_and_is_saved_as_keras_and_tflite(tmp_path) -> None
     predicted = model.predict(x.reshape(-1, 8, 8, 1), verbose=0).argmax(axis=1)
     assert abs(float((predicted == y).mean()) - report["final"]) < 1e-6  # the model the server measured
     assert (out / "model.tflite").read_bytes()[4:8] == b"TFL3"
+    for route in ("numpy", "keras", "tflite"):  # edgeps predict: the whole held-out set as one batch
+        for saved, measured in (("model.npz", report["final"]), ("model-best.npz", report["best"])):
+            said = predict(tmp_path, "--model", str(out / saved), "--data", str(out / "data" / "holdout.npz"),
+                           "--route", route)  # fmt: skip
+            assert abs(said["accuracy"] - measured) < 0.001, (route, saved, said, measured)
 
 
 def test_the_sensor_regression_trains_python_and_c_devices_together(tmp_path) -> None:
@@ -61,6 +75,25 @@ def test_the_sensor_regression_trains_python_and_c_devices_together(tmp_path) ->
     assert report["best"] < 0.3 < first  # kW of mean absolute error: from about 2.6 at version 0
     assert report["device_backends"] == {"c": 2, "numpy": 4}  # one shard per gateway of the CSV
     assert report["rejected"] == 0
+    # the held-out rows as a user's own CSV, its columns in another order: the model scales them itself
+    sys.path.insert(0, str(ROOT / "examples"))
+    from sensor_regression import CSV
+
+    from learning.csvdata import load_csv
+    from learning.data import stratified_indices
+
+    table = load_csv(CSV, label="power_kw", device_column="gateway", regression=True)
+    held = stratified_indices(table.data.y, 0.2, 0)[1]
+    header, *rows = [line.split(",") for line in CSV.read_text().splitlines()]
+    readings = tmp_path / "held-out.csv"
+    readings.write_text("\n".join(",".join(reversed(row)) for row in [header, *(rows[i] for i in held)]) + "\n")
+    out = tmp_path / "sensor_regression"
+    said = predict(tmp_path, "--model", str(out), "--csv", str(readings))
+    assert abs(said["mae"] - report["final"]) < 0.001, (said, report["final"])
+    assert abs(predict(tmp_path, "--model", str(out / "model-best.npz"), "--csv", str(readings))["mae"]
+               - report["best"]) < 0.001  # fmt: skip
+    predictions = (tmp_path / "predicted.csv").read_text().splitlines()
+    assert predictions[0] == "prediction" and len(predictions) == len(held) + 1
 
 
 def test_a_trainer_of_ones_own_runs_as_separate_roles_from_the_task_alone(tmp_path, mosquitto) -> None:

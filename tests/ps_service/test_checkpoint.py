@@ -37,6 +37,10 @@ def test_a_restored_server_goes_on_exactly_like_the_saved_one(tmp_path) -> None:
     restore(restored, tmp_path / "ps.ckpt", now=100.0, key=KEY)  # a new process: another clock
     assert restored.store.version == original.store.version == 1
     assert restored.run == original.run and restored.history == original.history
+    best = original.report.best  # the best version's parameters travel with the checkpoint
+    assert best is not None and restored.report.best is not None and restored.report.best.version == best.version
+    for name, values in best.params.items():
+        np.testing.assert_array_equal(restored.report.best.params[name], values)
     assert restored.round.opened == pytest.approx(original.round.opened + 98.0)
     resumed = restored.resume(100.0)
     assert {p.topic for p in resumed} >= {restored.topics.params, restored.topics.barrier, restored.topics.model}
