@@ -127,6 +127,12 @@ class RunResult:
     def best_accuracy(self) -> float:
         return max(a for _, a in self.curve)
 
+    def best_within(self, commits: int) -> float:
+        """The best accuracy sampled while the server had received at most ``commits`` commits: paces
+        compared at the same number of commits rather than the same time."""
+        samples = zip(self.curve, self.traffic, strict=True)
+        return max((a for (_, a), (c, _, _) in samples if c <= commits), default=self.curve[0][1])
+
     @property
     def final_accuracy(self) -> float:
         return self.curve[-1][1]

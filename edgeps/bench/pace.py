@@ -21,12 +21,15 @@ DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")
 def format_pace_table(runs: list[dict[str, Any]], unit: str) -> Table:
     """The comparison table, one row per run, each time-to-target as a ratio to the first row's."""
     first = runs[0]["time_to_target"] if runs else None
-    table = Table(["run", f"to target, {unit}", "vs 1st", "best acc", "final acc", "plateau", "idle", "commits",
-                   "MB up", "MB down"])  # fmt: skip
+    equal = next((r["equal_commits"] for r in runs if "equal_commits" in r), None)
+    same = [] if equal is None else [f"best @{equal} commits"]
+    table = Table(["run", f"to target, {unit}", "vs 1st", "best acc", *same, "final acc", "plateau", "idle",
+                   "commits", "MB up", "MB down"])  # fmt: skip
     for r in runs:
         ratio = f"{first / r['time_to_target']:.2f}x" if first and r["time_to_target"] else "-"
+        at_equal = [] if equal is None else [f"{r['best_at_equal_commits']:.4f}"]
         table.add(r.get("run", r["pace"]), fmt_time(r["time_to_target"]), ratio, f"{r['best_accuracy']:.4f}",
-                  f"{r['final_accuracy']:.4f}", f"{r.get('plateau_accuracy', r['final_accuracy']):.4f}",
+                  *at_equal, f"{r['final_accuracy']:.4f}", f"{r.get('plateau_accuracy', r['final_accuracy']):.4f}",
                   f"{r['idle_fraction']:.3f}", r["commits"], f"{r['bytes_up'] / 1e6:.2f}",
                   f"{r['bytes_down'] / 1e6:.2f}")  # fmt: skip
     return table
@@ -54,7 +57,7 @@ def plot_pace(curves: dict[str, list[tuple[float, float]]], target: float, path:
 def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | None = None, say=print) -> dict[str, Any]:
     """Simulate each pace (for each commit codec) on the same data, seed and fleet; return the report."""
     data = scenario_data(scenario)
-    runs, curves = [], {}
+    runs, curves, results = [], {}, []
     plan = [(pace, codec) for codec in (codecs or [scenario.server.codec]) for pace in paces]
     for n, (pace, codec) in enumerate(plan, 1):
         label = f"{pace} {codec}" if codecs else pace
@@ -65,9 +68,13 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
         result = Simulation(run_scenario, pace, data).run()
         summary = {"run": label, **result.summary(), "codec": push, "pull_codec": run_scenario.server.pull_codec}
         runs.append(summary)
+        results.append(result)
         curves[label] = result.curve
         say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
             f"({time.monotonic() - started:.1f} s)")  # fmt: skip
+    fewest = min(result.commits for result in results)  # every run compared at the commits all of them made
+    for summary, result in zip(runs, results, strict=True):
+        summary |= {"equal_commits": fewest, "best_at_equal_commits": round(result.best_within(fewest), 4)}
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
