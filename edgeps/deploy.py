@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from learning.csvdata import Scaling, nearest_column, read_number
-from learning.data import DataError
+from learning.data import DataError, TargetScale
 from learning.metrics import get_metrics
 from learning.model import Params, forward
 
@@ -38,6 +38,7 @@ class ModelCard:
     label: str | None = None  # CSV data: the label column
     classes: list[str] = field(default_factory=list)  # CSV data: each class index's name
     scaling: Scaling | None = None  # CSV data: the feature columns and their scaling
+    target: TargetScale | None = None  # a regression: the model's outputs are (y - mean) / std
 
     def to_json(self) -> dict[str, Any]:
         columns = (
@@ -53,6 +54,7 @@ class ModelCard:
             "classification": self.classification,
             "label": self.label,
             "classes": self.classes,
+            "target": None if self.target is None else {"mean": self.target.mean, "std": self.target.std},
             **columns,
         }
 
@@ -68,6 +70,7 @@ class ModelCard:
                     [float(v) for v in data["low"]],
                     [float(v) for v in data["span"]],
                 )
+            target = data.get("target")
             return ModelCard(
                 str(data["loss"]),
                 [str(m) for m in data["metrics"]],
@@ -76,6 +79,7 @@ class ModelCard:
                 data.get("label"),
                 [str(c) for c in data.get("classes") or []],
                 scaling,
+                None if target is None else TargetScale(float(target["mean"]), float(target["std"])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"{where}: model card unreadable ({exc!r})") from None
@@ -110,7 +114,10 @@ class Model:
 
     def outputs(self, x: np.ndarray) -> np.ndarray:
         """The model's raw outputs (n, outputs) for raw readings ``x`` (n, features)."""
-        inputs = self.scale(x)
+        z = self._run(self.scale(x))
+        return z if self.card.target is None else self.card.target.invert(z)  # a regression: in y's units
+
+    def _run(self, inputs: np.ndarray) -> np.ndarray:
         if self.route == "numpy":
             assert self.params is not None
             return forward(self.params, inputs)

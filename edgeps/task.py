@@ -17,6 +17,7 @@ The model is one of:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import sys
@@ -31,7 +32,7 @@ import numpy as np
 from edge_client.trainer import NumpyTrainer, Trainer
 from edgeps.deploy import ModelCard, save_card
 from learning.csvdata import CsvData
-from learning.data import DataError, Dataset, checked, stratified_split
+from learning.data import DataError, Dataset, TargetScale, checked, stratified_split
 from learning.keras import quiet_tensorflow
 from learning.losses import LOSSES, Loss, LossError, get_loss
 from learning.metrics import job_metrics
@@ -94,6 +95,7 @@ class Task:
     lr: float | None = None  # the devices' learning rate (default: the job's, --lr)
     batch_size: int | None = None  # the devices' batch size (default: the job's, --batch-size)
     name: str = "task"
+    standardize: bool = True  # a regression learns (y - mean) / std of data()'s targets; reports are in y's units
     source: Path | None = None  # the task file (set by load_task)
 
     def __post_init__(self) -> None:  # load_task puts the file's name before these messages
@@ -158,24 +160,38 @@ class Task:
         value = self._run(function, name, *args)
         return as_dataset(value, self.classification, self._where(name + "()"))
 
+    @functools.cached_property
+    def target(self) -> TargetScale | None:
+        """How a regression's targets are standardised for training (the mean and spread of
+        ``data()``'s), or None: a classification, a trainer's own loss, ``standardize=False``, or
+        no ``data()`` (every role reads the same task file, so every role finds the same scale)."""
+        if not self.standardize or self.classification is not False or self.data is None:
+            return None
+        return TargetScale.of(self._call(self.data, "data")[0].y)
+
+    def _scaled(self, data: Dataset) -> Dataset:
+        return data if self.target is None else self.target.apply(data)
+
     def dataset(self) -> tuple[Dataset, list[str] | None]:
-        """The whole dataset ``data()`` gives, and each row's device if it names them."""
+        """The whole dataset ``data()`` gives (a regression's targets standardised: ``target``), and
+        each row's device if it names them."""
         if self.data is None:
             raise TaskError(self._where("no data() to split into device shards"))
-        return self._call(self.data, "data")
+        data, devices = self._call(self.data, "data")
+        return self._scaled(data), devices
 
     def holdout(self, seed: int, fraction: float = 0.2) -> Dataset:
         """The server's held-out set: ``server_data()``, else ``fraction`` of ``data()`` (stratified by
         class, or target quintile; the rows ``edgeps data`` holds out with the same seed)."""
         if self.server_data is not None:
-            return self._call(self.server_data, "server_data")[0]
+            return self._scaled(self._call(self.server_data, "server_data")[0])
         return stratified_split(self.dataset()[0], fraction, seed)[1]
 
     def device_dataset(self, device: str) -> Dataset:
         """One gateway's own data, from ``device_data(device)``."""
         if self.device_data is None:
             raise TaskError(self._where("no device_data(device) to read this device's data from: give --data"))
-        return self._call(self.device_data, "device_data", device)[0]
+        return self._scaled(self._call(self.device_data, "device_data", device)[0])
 
     def outputs(self, data: Dataset) -> int:
         """The model's output width for the task's loss and this data."""
@@ -243,10 +259,9 @@ class Task:
         function, name = (self.data, "data") if self.data is not None else (self.server_data, "server_data")
         value = self._run(function, name) if function is not None else None
         classification = self.classification is not False
-        card = ModelCard(self.loss, list(self.metric_names), version, classification)
+        card = ModelCard(self.loss, list(self.metric_names), version, classification, target=self.target)
         if isinstance(value, CsvData):
-            card = ModelCard(card.loss, card.metrics, version, classification, value.label or None, value.classes,
-                             value.scaling)  # fmt: skip
+            card = dataclasses.replace(card, label=value.label or None, classes=value.classes, scaling=value.scaling)
         return card
 
     def save_model(self, params: Params, path: Path, card: ModelCard) -> list[Path]:

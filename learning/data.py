@@ -48,6 +48,28 @@ class Dataset:
             return Dataset(data["x"].astype(np.float32), y.astype(np.int64 if y.dtype.kind in "iub" else np.float32))
 
 
+@dataclass(frozen=True)
+class TargetScale:
+    """A regression's targets as the model learns them: (y - mean) / std, so that one learning rate
+    suits targets of any magnitude; ``invert`` takes outputs back to the data's units."""
+
+    mean: float
+    std: float
+
+    @staticmethod
+    def of(y: np.ndarray) -> TargetScale:
+        std = float(np.std(y))
+        return TargetScale(float(np.mean(y)), std if std > 0 else 1.0)
+
+    def apply(self, data: Dataset) -> Dataset:
+        return Dataset(data.x, ((data.y - self.mean) / self.std).astype(np.float32))
+
+    def invert(self, values: np.ndarray) -> np.ndarray:
+        """Outputs (or standardised targets) in the data's units, in their own precision."""
+        out: np.ndarray = np.asarray(values) * self.std + self.mean
+        return out
+
+
 def load_npz(path: str | Path, classification: bool | None = True) -> Dataset:
     """A user's ``.npz`` with ``x`` (n, features) numbers and ``y`` (n,) class numbers from 0 (or, not
     ``classification``, real targets; None: as ``y``'s type says), checked (DataError naming the file

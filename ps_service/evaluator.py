@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from learning.data import Dataset
+from learning.data import Dataset, TargetScale
 from learning.losses import get_loss
 from learning.metrics import Metric, get_metrics
 from learning.model import Params, forward
@@ -43,13 +43,15 @@ class Evaluator:
         metrics: tuple[str, ...] = ("accuracy",),
         predict: Predict = forward,
         loss_value: Callable[[Params, np.ndarray, np.ndarray], float] | None = None,
+        target: TargetScale | None = None,
     ) -> None:
         if len(holdout) == 0:
             raise ValueError("the held-out set is empty")
         if sample is not None and sample < len(holdout):
             rows = np.sort(np.random.default_rng(seed).choice(len(holdout), size=sample, replace=False))
             holdout = holdout.subset(rows)
-        self.holdout = holdout
+        self.holdout, self.target = holdout, target
+        self.labels = holdout.y if target is None else target.invert(holdout.y)  # in the data's units
         self.loss = None if loss_value is not None else get_loss(loss)
         self.metrics: list[Metric] = get_metrics(metrics, None if self.loss is None else self.loss.classification)
         self.predict, self.loss_value = predict, loss_value
@@ -62,7 +64,7 @@ class Evaluator:
         """Every metric of a constant predictor on the held-out set: its most common class, or for a
         regression (or a trainer's own loss on real values) its mean: what a model that learned
         nothing scores."""
-        y, n = self.holdout.y, len(self.holdout)
+        y, n = self.labels, len(self.holdout)
         if y.dtype.kind in "iu":
             common = int(np.bincount(y).argmax())
             z = np.zeros((n, max(2, common + 1)), np.float32)
@@ -79,12 +81,14 @@ class Evaluator:
 
     def _measure(self, params: Params, x: np.ndarray) -> tuple[list[float], float]:
         z = self.predict(params, x)
+        if self.target is not None:  # a regression trained on standardised targets: judged in the data's units
+            z = self.target.invert(z)
         if self.loss_value is not None:
-            loss = self.loss_value(params, x, self.holdout.y)
+            loss = self.loss_value(params, x, self.labels)
         else:
             assert self.loss is not None
-            loss, _ = self.loss.value_and_delta(z, self.holdout.y)
-        return [metric.compute(z, self.holdout.y) for metric in self.metrics], loss
+            loss, _ = self.loss.value_and_delta(z, self.labels)
+        return [metric.compute(z, self.labels) for metric in self.metrics], loss
 
     def __call__(self, params: Params) -> Evaluation:
         """The metrics and loss, all finite: where float32 overflows, the evaluation is made again in

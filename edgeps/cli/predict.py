@@ -17,8 +17,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         x, y = model.read_csv(args.csv)
         source = args.csv
     else:
-        data = load_npz(args.data, model.card.classification)  # rows already scaled, as edgeps data writes them
-        x, y, source = data.x, data.y, args.data
+        data = load_npz(args.data, model.card.classification)  # rows scaled as edgeps data writes them
+        target = model.card.target  # and a regression's targets standardised
+        x, y, source = data.x, data.y if target is None else target.invert(data.y), args.data
         model.card = dataclasses.replace(model.card, scaling=None)
     predicted = model.predict(x)
     names = model.card.classes

@@ -61,7 +61,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
         artifact = build_artifact(params, args.batch_size, loss=config.loss)
     evaluator = Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss,
-                          metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value())  # fmt: skip
+                          metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value(),
+                          target=task.target)  # fmt: skip
     core = ServerCore(config, params, evaluator, artifact=artifact)
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
