@@ -20,7 +20,7 @@ from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.progress import JobProgress
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
-from edgeps.task import builtin_task, load_task
+from edgeps.task import Task, builtin_task, load_task
 from learning.data import Dataset
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
 from learning.spec import ModelSpec
@@ -138,6 +138,22 @@ def build_demo_firmware(settings: DemoSettings, task: Any, shards: ShardPaths, o
                     sizes, settings.server.codec, settings.server.pull_codec, seed=settings.seed + i)  # fmt: skip
         images[i] = out / name
     return images
+
+
+def _an_mlp(task: Task) -> bool:
+    """Whether the task's model is an MLP, which the C trainer runs: the built-in one, or a Keras
+    model whose layers convert to it (Dense layers only)."""
+    if isinstance(task.model, ModelSpec):
+        return task.model.arch == "mlp"
+    if task.keras_model is None:
+        return False
+    from learning.keras import KerasError, from_keras
+    from learning.model import architecture
+
+    try:
+        return architecture(from_keras(task.keras_model, task.loss)) == "mlp"
+    except KerasError:
+        return False  # refused with its reason when the job starts
 
 
 def run_local_job(
@@ -293,11 +309,12 @@ def run_demo(
             raise ValueError(f"--firmware-devices {k}: 1 to --devices ({settings.devices}) less --embedded-devices "
                              f"firmware devices, with the built-in MLP and loss {' or '.join(C_LOSSES)}")  # fmt: skip
     if settings.embedded_devices:
-        mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
+        mlp = _an_mlp(task)
         if not 0 < settings.embedded_devices <= settings.devices or not mlp or settings.server.loss not in C_LOSSES:
             raise ValueError(
                 f"--embedded-devices {settings.embedded_devices}: 1 to --devices ({settings.devices}) C devices, "
-                f"with the built-in MLP and loss {' or '.join(C_LOSSES)} (the C trainer's)"
+                f"with an MLP (the built-in one, or Keras Dense layers) and loss {' or '.join(C_LOSSES)} "
+                "(the C trainer's)"
             )
         from edgeps.embedded import build_device
 

@@ -183,3 +183,28 @@ def test_a_device_whose_training_diverges_ends_the_demo_with_its_reason(tmp_path
     error = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(error) == 1 and "device dev-0" in error[0] and "local training diverged (loss " in error[0], error
     assert "the job's learning rate 5.0 is too high" in error[0]
+
+
+def test_a_keras_mlp_runs_on_c_devices_beside_python_ones(tmp_path) -> None:
+    """A Keras model of Dense layers converts to the built-in MLP, which the C trainer runs."""
+    pytest.importorskip("tensorflow")
+    task = tmp_path / "keras_mlp.py"
+    task.write_text(
+        textwrap.dedent("""
+        from edgeps import Task, load_digits
+
+        def model():
+            import keras
+            return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                     keras.layers.Dense(10, activation="softmax")])
+
+        task = Task(name="keras-mlp", model=model, data=load_digits)
+        """)
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "edgeps.cli", "demo", "--task", str(task), "--out", str(out), "--json",
+               str(out / "r.json"), "--rounds", "10", "--devices", "4", "--embedded-devices", "2"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "r.json").read_text())
+    assert report["device_backends"] == {"c": 2, "numpy": 2} and report["rejected"] == 0 and report["best"] > 0.7
