@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
 
 import edge_client.mqtt
@@ -99,3 +100,46 @@ def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path, signum) 
     assert demo.returncode == 130 and "Traceback" not in err and len(errors) == 1 and "interrupted" in errors[0]
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert left == []  # broker, server and devices all stopped
+
+
+@pytest.mark.integration  # starts the edgeps command for each role
+def test_every_role_exits_within_two_seconds_of_sigterm(mosquitto, tmp_path) -> None:
+    """A server mid-job, a device training, an operator watching and a broker each stop on their
+    own SIGTERM within 2 s (the demo's SIGTERM is the Ctrl-C test above)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from broker.launcher import free_port
+    from learning.data import load_digits
+
+    cli = [sys.executable, "-m", "edgeps.cli"]
+    broker = ["--broker", f"{mosquitto.host}:{mosquitto.port}", "--job", "term"]
+    shard = tmp_path / "dev-00.npz"
+    load_digits().subset(np.arange(300)).save(shard)
+    logs = {name: tmp_path / f"{name}.log" for name in ("ps", "client", "watch", "broker")}
+    commands = {
+        "ps": [*cli, "ps", *broker, "--rounds", "100000", "--min-devices", "1"],
+        "client": [*cli, "client", *broker, "--device", "dev-00", "--data", str(shard)],
+        "watch": [*cli, "ctl", *broker, "watch"],
+        "broker": [*cli, "broker", "--port", str(free_port()), "--ws-port", str(free_port()),
+                   "--data-dir", str(tmp_path / "own-broker")],
+    }  # fmt: skip
+    processes = {}
+    try:
+        for name, command in commands.items():
+            processes[name] = subprocess.Popen(command, stdout=logs[name].open("w"), stderr=subprocess.STDOUT)
+        wait_until(lambda: "applied" in logs["watch"].read_text(), timeout=60, what="the job under way")
+        for name, process in processes.items():
+            assert process.poll() is None, f"{name} ended early: {logs[name].read_text()[-2000:]}"
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=10)
+            took = time.monotonic() - started
+            print(f"{name} exited {took:.2f} s after SIGTERM")
+            assert took < 2.0, f"{name} took {took:.2f} s to exit after SIGTERM: {logs[name].read_text()[-2000:]}"
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
