@@ -49,6 +49,9 @@ class DemoSettings(BaseModel):
                               "default: the built-in digits job")  # fmt: skip
     out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, curves.png")
     broker: str | None = Field(None, description="use this HOST:PORT instead of starting a broker")
+    dashboard_broker: str | None = Field(None, description="with --broker and --metrics-port: the broker's "
+                                         "WebSocket URL the dashboard connects to (default: ws://HOST:9001, "
+                                         "edgeps broker's)")  # fmt: skip
     embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
     embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
                                   "(built into OUT/sdk on the fly)")  # fmt: skip
@@ -348,6 +351,11 @@ def run_demo(
     dashboard_broker = None
     if settings.broker:
         address = BrokerAddress.parse(settings.broker)
+        if settings.metrics_port:
+            dashboard_broker = settings.dashboard_broker or f"ws://{address.host}:9001"
+            said = "" if settings.dashboard_broker else " (edgeps broker's WebSocket port; another: --dashboard-broker)"
+            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
+                f"&broker={dashboard_broker}{said}")  # fmt: skip
     else:
         broker = start_broker(workdir=out / "broker", embedded=True if settings.embedded_broker else None)
         address = BrokerAddress(broker.host, broker.port)

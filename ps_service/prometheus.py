@@ -135,6 +135,9 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+HISTORY_POINTS = 2000  # the most points of the job's curves the page is handed
+
+
 class MetricsEndpoint:
     """Serves ``/metrics`` and the dashboard on ``host:port`` from a thread; ``update`` sets the
     metrics record ``/metrics`` shows. The dashboard, where an operator types a password, is
@@ -151,6 +154,7 @@ class MetricsEndpoint:
         page: dict[str, str] | None = None,
     ) -> None:
         self.page = page or {}
+        self.history: list[list[float]] = []  # [elapsed_s, value, loss] of each record, for the page's charts
         self.collector = JobCollector()
         self.registry = CollectorRegistry()
         self.registry.register(self.collector)
@@ -168,6 +172,8 @@ class MetricsEndpoint:
                     body, kind = generate_latest(endpoint.registry), CONTENT_TYPE_LATEST
                 elif path == "/config.json" and endpoint.dashboard:  # where the page finds its job and broker
                     body, kind = json.dumps(endpoint.page).encode(), "application/json"
+                elif path == "/history.json" and endpoint.dashboard:  # the job's curves so far
+                    body, kind = json.dumps(list(endpoint.history)).encode(), "application/json"
                 elif path in PAGES and endpoint.dashboard:  # a fixed list of files: nothing else is reachable
                     page = DASHBOARD / PAGES[path]
                     body, kind = page.read_bytes(), TYPES[page.suffix]
@@ -193,7 +199,16 @@ class MetricsEndpoint:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def update(self, metrics: Metrics) -> None:
+        """Show ``metrics`` on ``/metrics`` and add it to the page's history: one point a record,
+        thinned to every other point whenever it passes ``HISTORY_POINTS`` (the whole job, coarser)."""
         self.collector.latest = metrics
+        value = metrics.value if metrics.value is not None else metrics.accuracy
+        if value is None or (self.history and self.history[-1][0] == metrics.elapsed_s):
+            return
+        history = [*self.history, [metrics.elapsed_s, value, metrics.loss]]
+        if len(history) > HISTORY_POINTS:
+            history = [*history[:-1:2], history[-1]]  # every other point, and the newest
+        self.history = history  # replaced whole: a page's request reads the old list or the new
 
     def close(self) -> None:
         self._server.shutdown()

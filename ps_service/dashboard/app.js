@@ -21,17 +21,27 @@ let barrier = { waiting_for: [], committed: [] };
 
 function megabytes(n) { return (n / 1e6).toFixed(2) + " MB"; }
 
+// A line chart with its axes: the value from 0 (or the lowest value, if below) to the highest seen,
+// against seconds since the job started, three labelled ticks on each axis.
 function drawCurve(id, points, color) {
   const canvas = $(id), ctx = canvas.getContext("2d");
+  canvas.dataset.points = String(points.length);
   ctx.clearRect(0, 0, canvas.width, canvas.height);
+  const left = 48, bottom = 18, right = 24, top = 10;
+  const w = canvas.width - left - right, h = canvas.height - top - bottom;
+  const t0 = points.length ? points[0][0] : 0, t1 = points.length ? points[points.length - 1][0] : 1;
+  const values = points.map(([, a]) => a);
+  const high = Math.max(1e-9, ...values), low = Math.min(0, ...values);
+  const x = (t) => left + ((t - t0) / (t1 - t0 || 1)) * w, y = (a) => top + h - ((a - low) / (high - low || 1)) * h;
+  ctx.strokeStyle = "#c5cad3"; ctx.fillStyle = "#68707d"; ctx.lineWidth = 1; ctx.font = "11px system-ui, sans-serif";
+  ctx.beginPath(); ctx.moveTo(left, top); ctx.lineTo(left, top + h); ctx.lineTo(left + w, top + h); ctx.stroke();
+  ctx.textAlign = "right"; ctx.textBaseline = "middle";
+  for (const a of [low, (low + high) / 2, high]) ctx.fillText(a.toPrecision(3), left - 4, y(a));
+  ctx.textAlign = "center"; ctx.textBaseline = "top";
+  for (const t of [t0, (t0 + t1) / 2, t1]) ctx.fillText(`${t.toFixed(1)} s`, x(t), top + h + 3);
   if (points.length < 2) return;
-  const t0 = points[0][0], t1 = points[points.length - 1][0] || 1;
-  const top = Math.max(1e-9, ...points.map(([, a]) => a));  // from 0 to the highest value seen
   ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
-  points.forEach(([t, a], i) => {
-    const x = ((t - t0) / (t1 - t0 || 1)) * (canvas.width - 4) + 2, y = canvas.height - 2 - (a / top) * (canvas.height - 4);
-    i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
-  });
+  points.forEach(([t, a], i) => (i ? ctx.lineTo(x(t), y(a)) : ctx.moveTo(x(t), y(a))));
   ctx.stroke();
 }
 
@@ -70,7 +80,7 @@ function onMetrics(m) {
   for (const [id, push] of Object.entries(m.push_every || {})) {
     devices.set(id, { ...(devices.get(id) || { state: "online" }), push_every: push });
   }
-  if (!curve.length || curve[curve.length - 1][0] !== m.elapsed_s) {
+  if (!curve.length || curve[curve.length - 1][0] < m.elapsed_s) {
     curve.push([m.elapsed_s, value]);
     losses.push([m.elapsed_s, m.loss]);
   }
@@ -176,6 +186,15 @@ async function start() {
   brokerUrl = (served ? page.broker : params.get("broker")) || `ws://${location.hostname || "127.0.0.1"}:9001`;
   prefix = `edgeps/${job}`;
   $("job").textContent = job;
+  if (served) {  // the job's curves so far, from the server: the page shows the whole job, not only what comes next
+    try {
+      for (const [t, value, loss] of await (await fetch("history.json")).json()) {
+        if (isNumber(t) && isNumber(value) && isNumber(loss)) { curve.push([t, value]); losses.push([t, loss]); }
+      }
+    } catch (e) { /* an older server: live points only */ }
+    drawCurve("curve", curve, "#3b6fd8");
+    drawCurve("losses", losses, "#d8503b");
+  }
   connect(undefined, undefined);
 }
 start();

@@ -84,9 +84,13 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
     for runner in runners:
         runner.start()
     try:
+        wait_until(lambda: len(endpoint.history) >= 6, timeout=30, what="the job's first metrics")
+        before = len(endpoint.history)  # opened mid-job, the page draws the job from its start
         browser.get(f"http://127.0.0.1:{endpoint.port}/")  # no parameters: config.json says where the job is
         text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
         wait_until(lambda: "connected" in text("connection"), timeout=15, what="the page's MQTT connection")
+        for chart in ("curve", "losses"):
+            assert int(browser.find_element(By.ID, chart).get_attribute("data-points")) >= before
         wait_until(lambda: text("accuracy") not in ("", "–") and float(text("accuracy")) > 0.5, timeout=30,
                    what="a live accuracy")  # fmt: skip
         if os.environ.get("EDGEPS_SCREENSHOT"):  # for docs/dashboard.png: a longer curve
@@ -177,3 +181,24 @@ def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_
         fake.close()
         endpoint.close()
         broker.stop()
+
+
+def test_the_demo_on_a_broker_of_ones_own_links_the_dashboard_to_its_websocket_port(mosquitto, tmp_path) -> None:
+    """Under --broker the demo cannot see the broker's WebSocket listener: --dashboard-broker names it,
+    and both the demo's link and the page's config.json carry it (not ws://HOST:9001)."""
+    import subprocess
+    import sys
+    import urllib.parse
+
+    from broker.launcher import free_port
+
+    ws = f"ws://127.0.0.1:{mosquitto.ws_port}"
+    command = [sys.executable, "-m", "edgeps.cli", "demo", "--broker", f"{mosquitto.host}:{mosquitto.port}",
+               "--metrics-port", str(free_port()), "--dashboard-broker", ws, "--rounds", "3", "--devices", "2",
+               "--out", str(tmp_path / "out")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    links = [line for line in result.stdout.splitlines() if line.startswith("dashboard: ")]
+    assert len(links) == 1 and links[0].endswith(f"&broker={ws}"), links
+    server_log = (tmp_path / "out" / "logs" / "demo-ps.log").read_text()
+    assert f"broker={urllib.parse.quote(ws, safe='')}" in server_log
