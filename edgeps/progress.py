@@ -1,5 +1,6 @@
 """A job's progress for a person: a rich progress bar on a terminal, plain lines otherwise (a log,
-CI, a pipe), every tenth of the job."""
+CI, a pipe), every tenth of the job (a job that runs until its metric stops improving: every 25
+versions)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from schemas.messages import Metrics
 
 
 class JobProgress:
-    """Shows each metrics record of a job of ``rounds`` versions and ``devices`` devices."""
+    """Shows each metrics record of a job of ``rounds`` versions (None: until its metric stops
+    improving) and ``devices`` devices."""
 
-    def __init__(self, rounds: int, devices: int, stream: TextIO | None = None, quiet: bool = False) -> None:
+    def __init__(self, rounds: int | None, devices: int, stream: TextIO | None = None, quiet: bool = False) -> None:
         self.rounds, self.devices, self.quiet = rounds, devices, quiet
         self.stream = stream or sys.stdout
         self.bar = None
@@ -43,8 +45,9 @@ class JobProgress:
             if m.devices_online != self.waiting_shown:
                 self.waiting_shown = m.devices_online
                 print(info, file=self.stream, flush=True)
-        elif m.finished or m.version % max(1, self.rounds // 10) == 0:
-            print(f"round {m.version:>4}/{self.rounds}  {info}", file=self.stream, flush=True)
+        elif m.finished or m.version % (max(1, self.rounds // 10) if self.rounds else 25) == 0:
+            of = f"/{self.rounds}" if self.rounds else ""
+            print(f"round {m.version:>4}{of}  {info}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -60,7 +60,19 @@ class ServerConfig(BaseModel):
 
     job: Name = Field("demo", description="job name (topic prefix edgeps/JOB/)")
     pace: str = Field("bsp", description="bsp, acbsp, asp or ssp:S")
-    rounds: int = Field(100, ge=1, description="global versions to produce before the job finishes")
+    rounds: int | None = Field(
+        None,
+        ge=1,
+        description="global versions to produce before the job finishes (default: until the held-out metric has "
+        "not improved for --patience broadcasts, at most --max-rounds versions)",
+    )
+    patience: int = Field(
+        100,
+        ge=1,
+        description="without --rounds: parameter broadcasts (one a round under bsp and acbsp, one per fleet of "
+        "commits under asp) without a better held-out metric before the job finishes",
+    )
+    max_rounds: int = Field(5000, ge=1, description="without --rounds: the most global versions a job makes")
     push_every: int = Field(10, ge=1, description="local steps per commit")
     lr: float = Field(0.2, gt=0, description="the devices' SGD learning rate")
     batch_size: int = Field(32, ge=1, description="the devices' batch size")

@@ -81,12 +81,27 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
             core.membership.round_closed(now - core.round.opened)
         core.round.opened = now
         core.unbroadcast += 1
-        last = core.store.version >= core.config.rounds
+        last = last_version(core)
         if last or core.unbroadcast >= core.pace.broadcast_every(len(core.barrier_set())):
             out += core.broadcast_version(now)
         else:
             out += core.barrier(now)
     return out
+
+
+def last_version(core: ServerCore) -> bool:
+    """Whether the newest version is the job's last: the ``rounds``-th, or without ``rounds``, one
+    made ``patience`` broadcasts after the best evaluated so far (the held-out metric stopped
+    improving; not for a job of a set ``duration_s``), or the ``max_rounds``-th."""
+    config, version = core.config, core.store.version
+    if config.rounds is not None:
+        return version >= config.rounds
+    if config.duration_s is not None:  # a job of a set duration ends by the clock (or at max_rounds)
+        return version >= config.max_rounds
+    best = core.report.best
+    since = version - (best.version if best is not None else 0)
+    broadcasts = since / core.pace.broadcast_every(len(core.barrier_set()))
+    return version >= config.max_rounds or broadcasts >= config.patience
 
 
 def refuse_outlier(core: ServerCore, device: str, seq: int) -> Publish:
@@ -124,7 +139,7 @@ def broadcast(core: ServerCore, now: float) -> list[Publish]:
     messages, per_device = core.broadcaster.publish(core.store)
     core.last_broadcast = messages
     core.traffic.bytes_down += per_device * len(core.registry.active())
-    if core.store.version >= core.config.rounds:
+    if last_version(core):
         core.round.state = JobState.FINISHED
     for device in core.registry.active():  # devices waiting for parameters train again from here
         if core.pace.configure(device).wait_for_params:

@@ -517,3 +517,29 @@ def test_a_command_on_an_operators_own_topic_is_answered_on_its_own_reply_topic_
     assert server.topics.cmd_of("+") in server.subscriptions()
     out = server.on_message(server.topics.cmd_of("op"), Command(cmd="pause").to_bytes(), 1.0)
     assert server.paused and not [p for p in out if "/reply/" in p.topic]  # no reply asked: none sent
+
+
+def test_without_rounds_a_job_ends_when_its_metric_stops_improving() -> None:
+    """No --rounds: the job ends ``patience`` broadcasts after its best evaluated version (the same
+    constant commit keeps moving the model one way: the metric peaks, then falls or stays)."""
+    server = small_server(pace="bsp", rounds=None, patience=3)
+    server.start(0.0)
+    for device in ("a", "b"):
+        hello(server, device)
+    seq, now = 0, 1.0
+    while not server.finished and server.store.version < 500:
+        seq += 1
+        for device in ("a", "b"):
+            server.on_message(server.topics.grad(device), commit_bytes(server, device, seq, scale=0.05), now)
+        now += 0.1
+    best = server.report.best
+    assert server.finished and best is not None and server.store.version == best.version + 3
+    assert server.history[-1].finished and server.history[-1].version == server.store.version
+    fixed = small_server(pace="bsp", rounds=None, patience=3, duration_s=60.0, max_rounds=8)
+    fixed.start(0.0)
+    for device in ("a", "b"):
+        hello(fixed, device)
+    for seq in range(1, 20):  # a job of a set duration does not stop on a plateau; max_rounds still caps it
+        for device in ("a", "b"):
+            fixed.on_message(fixed.topics.grad(device), commit_bytes(fixed, device, seq, scale=0.05), 1.0 + seq)
+    assert fixed.finished and fixed.store.version == 8
