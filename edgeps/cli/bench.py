@@ -197,6 +197,26 @@ def cmd_bench_codec(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_tasks(args: argparse.Namespace) -> int:
+    from edgeps.bench.tasks import DEFAULT_TASKS, EXAMPLES, bench_tasks, format_tasks
+    from schemas.codecs import make_codec
+
+    tasks = [Path(t) for t in args.task] if args.task else [EXAMPLES / name for name in DEFAULT_TASKS]
+    for task in tasks:
+        if not task.is_file():
+            raise ValueError(f"--task {task}: no such task file")
+    codecs = args.codecs.split(",")
+    for codec in codecs:
+        make_codec(codec)  # fail before training anything
+    if not args.verbose:  # the table and the progress lines say it all
+        logging.getLogger("edgeps").setLevel(logging.WARNING)
+    report = bench_tasks(list(tasks), codecs, Path(args.out))
+    format_tasks(report).print()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
@@ -338,3 +358,10 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     codec.add_argument("--repeats", type=int, default=9, help="timings per measurement; the fastest counts")
     codec.add_argument("--json", help="write the report as JSON here")
     codec.set_defaults(func=cmd_bench_codec)
+
+    tasks = bench.add_parser("tasks", help="each task with the demo's defaults against a centralised model")
+    tasks.add_argument("--task", action="append", help="a task file (repeatable; default: the examples/ ones)")
+    tasks.add_argument("--codecs", default="fp32,sign", help="commit codecs, a demo each, comma-separated")
+    tasks.add_argument("--out", default="edgeps-bench-tasks", help="folder for the demos' files")
+    tasks.add_argument("--json", help="write the report as JSON here")
+    tasks.set_defaults(func=cmd_bench_tasks)

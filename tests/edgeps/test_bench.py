@@ -139,3 +139,23 @@ def test_bench_shards_cuts_each_shards_bytes_and_takes_every_commit(tmp_path) ->
         assert two["bytes_per_shard"] < 0.55 * one["bytes_per_shard"]  # half the values, and a header each
         assert one["bytes_total"] <= two["bytes_total"] < 1.05 * one["bytes_total"]
         assert one["speedup"] == 1.0 and two["round_cpu_s"] > 0
+
+
+def test_bench_tasks_trains_the_centralised_reference_and_shows_the_gap() -> None:
+    from edgeps import ModelSpec, Task
+    from edgeps.bench.tasks import centralised, format_tasks
+    from tests.helpers import blobs
+
+    data = blobs(n=300)
+    task = Task(model=ModelSpec(hidden="8"), data=lambda: (data.x, data.y))
+    reference = centralised(task, max_epochs=30, patience=5)
+    assert reference["best"] > 0.9 and 1 <= reference["epochs"] <= 30 and reference["lr"] in (0.2, 0.05)
+    run = {"best": 0.9, "best_version": 40, "final": 0.85, "rounds": 140, "wall_s": 3.0}
+
+    def entry(name: str, metric: str, higher: bool, reference: float) -> dict:
+        return {"task": name, "metric": metric, "higher_is_better": higher, "centralised": {"best": reference},
+                "runs": {"fp32": run}}  # fmt: skip
+
+    report = {"codecs": ["fp32"], "tasks": [entry("mine", "accuracy", True, 0.92), entry("reg", "rmse", False, 0.5)]}
+    text = str(format_tasks(report))
+    assert "-2.0 pt" in text and "1.80x" in text
