@@ -77,12 +77,14 @@ class DeviceCore:
         seed: int = 0,
         artifact_trainer: ArtifactTrainer | None = None,
         incarnation: int | None = None,
+        columns: str | None = None,
     ) -> None:
         if len(data) == 0:
             raise ValueError("a device needs training data")
         self.topics = Topics(job)
         self.device = device
         self.data = data
+        self.columns = columns  # the fingerprint of the data's CSV columns and scaling, if it came from one
         self.events = Events()  # what happened, for the driver to log
         self.backend = Backend(trainer, artifact_trainer, self.events)  # the trainer, maybe the server's artifact's
         self.rng = np.random.default_rng(seed)
@@ -220,13 +222,23 @@ class DeviceCore:
         judged = (self.backend.trainer, self.control.loss, shapes)
         if judged == self._fits:  # every version: the labels were checked once for this model and loss
             return False
-        problem = self.backend.use_loss(self.control.loss)
+        problem = self.backend.use_loss(self.control.loss) or self._other_columns()
         problem = problem or (None if replica is None else self.backend.mismatch(replica, self.data))
         if problem is not None:
             self._end(problem)
         else:
             self._fits = judged
         return problem is not None
+
+    def _other_columns(self) -> str | None:
+        """Why this device's rows would mean other things than the fleet's (another set, order or
+        scaling of CSV columns), or None: where the job or the device knows no columns, nothing."""
+        assert self.control is not None
+        job = self.control.columns
+        if job is None or self.columns is None or job == self.columns:
+            return None
+        return (f"this device's data columns or their scaling (fingerprint {self.columns}) differ from the job's "
+                f"({job}): read the CSV with load_csv(..., scaling=the job's columns.json)")  # fmt: skip
 
     def _end(self, why: str) -> None:
         """This device cannot take part in the job: it stops (``fatal`` says why)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -34,6 +35,24 @@ class Scaling:
         """Raw readings (n, features) scaled as the training data was."""
         scaled: np.ndarray = ((x - np.asarray(self.low)) / np.asarray(self.span)).astype(np.float32)
         return scaled
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits that name the columns, their order and their scaling: two devices whose rows
+        mean the same have the same (a device's status and the job's control carry it)."""
+        text = json.dumps([self.features, [float(v) for v in self.low], [float(v) for v in self.span]])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @staticmethod
+    def load(path: str | Path) -> Scaling:
+        """The scaling in a JSON file that holds ``features``, ``low`` and ``span``: the columns.json of
+        ``edgeps data --csv``, or a saved model's card (edgeps.deploy)."""
+        try:
+            data = json.loads(Path(path).read_text())
+            return Scaling([str(f) for f in data["features"]], [float(v) for v in data["low"]],
+                           [float(v) for v in data["span"]])  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path}: no scaling (features, low, span) readable: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -74,11 +93,19 @@ def load_csv(
     device_column: str | None = None,
     classes: int | None = None,
     regression: bool = False,
+    scaling: Scaling | str | Path | None = None,
 ) -> CsvData:
     """Read ``path``: ``label`` holds each row's class (non-negative integers, or names, numbered in
     sorted order), or with ``regression`` its target value (a real number), ``features`` the inputs
     (default: every other column but ``device_column``). With ``classes``, a label outside
-    0..classes-1 is an error."""
+    0..classes-1 is an error. Features are scaled by their minimum and maximum over the file, or
+    with ``scaling`` (a Scaling, or a JSON file ``Scaling.load`` reads) as the fleet's are: its
+    columns, found by name in any order, and its numbers; a gateway's own file read so means what
+    the other devices' rows mean."""
+    if scaling is not None and not isinstance(scaling, Scaling):
+        scaling = Scaling.load(scaling)
+    if scaling is not None:
+        features = list(scaling.features)
     path = Path(path)
     try:
         with path.open(newline="") as file:
@@ -123,9 +150,10 @@ def load_csv(
         names: list[str] = []
     else:
         y, names = _classes(path, label, labels, classes)
-    low, high = x.min(axis=0), x.max(axis=0)
-    span = np.where(high > low, high - low, 1.0)
-    scaling = Scaling(features, low.tolist(), span.tolist())
+    if scaling is None:
+        low, high = x.min(axis=0), x.max(axis=0)
+        span = np.where(high > low, high - low, 1.0)
+        scaling = Scaling(features, low.tolist(), span.tolist())
     return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None, label)
 
 

@@ -65,9 +65,11 @@ class ServerCore:
         now: float = 0.0,
         artifact: bytes | None = None,
         run: int | None = None,
+        columns: str | None = None,
     ) -> None:
         self.config = config
         self.artifact = artifact  # the devices' TFLite trainer (schemas/artifact.py), published retained
+        self.columns = columns  # the fingerprint of the data's columns and scaling, told devices (Control)
         self.topics = Topics(config.job)
         self.run = run if run is not None else new_run()
         self.store = ParameterStore(params)
@@ -303,6 +305,7 @@ class ServerCore:
             wait_for_params=rules.wait_for_params,
             staleness_bound=rules.staleness_bound,
             one_commit_per_version=rules.one_commit_per_version,
+            columns=self.columns,
         )
         return Publish(self.topics.ctrl(device), control.to_bytes(), qos=1, retain=True)
 

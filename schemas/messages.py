@@ -149,6 +149,12 @@ class Control(Message):
     pull_codec: str = Field(
         "fp32", description="fp32: every version comes as a snapshot on params; else as a delta in this codec"
     )
+    columns: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{16}$",
+        description="(1.8) the fingerprint of the job's data columns and their scaling; a device whose rows "
+        "have another does not train",
+    )
 
     @field_validator("codec", "pull_codec")
     @classmethod

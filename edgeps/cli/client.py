@@ -27,12 +27,14 @@ def cmd_client(args: argparse.Namespace) -> int:
     trainer, artifact_trainer = make_trainer(config.backend, task.loss if task and task.loss_spec else "cross_entropy")
     if task is not None and config.backend != "tflite":
         trainer = task.trainer()
+    columns = None  # a task's own CSV rows: the fingerprint of their columns and scaling
     if config.data:
         data = load_npz(config.data, None if task is None else task.classification)
     else:
         assert task is not None
-        data = task.device_dataset(config.device)
-    core = DeviceCore(config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer)
+        data, columns = task.device_rows(config.device)
+    core = DeviceCore(config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer,
+                      columns=columns)  # fmt: skip
     transport = connect_device(core, address(args))
     log = logging.getLogger("edgeps")
     log.info("device %s joined job %s with %d samples", config.device, config.job, len(core.data))

@@ -63,7 +63,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     evaluator = Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss,
                           metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value(),
                           target=task.target)  # fmt: skip
-    core = ServerCore(config, params, evaluator, artifact=artifact)
+    core = ServerCore(config, params, evaluator, artifact=artifact, columns=task.columns())
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
     if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects

@@ -200,6 +200,24 @@ def test_a_model_the_data_does_not_fit_ends_the_device_with_one_line_instead_of_
     assert fits.fatal == "the job's model (2 outputs, loss cross_entropy): label 2 (row 2) is not a class of 0..1"
 
 
+def test_a_device_whose_csv_columns_differ_from_the_jobs_does_not_train() -> None:
+    """Rows read with other columns, another order or another scaling mean other things: the device
+    says so in one line (its status's error) instead of training on them."""
+    ours, theirs = "0123456789abcdef", "fedcba9876543210"
+    same = DeviceCore("t", "d1", blobs(seed=1), NumpyTrainer(), seed=0, incarnation=INCARNATION, columns=ours)
+    same.on_message(f"{T}/ctrl/d1", control(wait=False, columns=ours))
+    assert same.fatal is None
+    other = DeviceCore("t", "d1", blobs(seed=1), NumpyTrainer(), seed=0, incarnation=INCARNATION, columns=theirs)
+    other.on_message(f"{T}/ctrl/d1", control(wait=False, columns=ours))
+    assert other.finished and other.fatal == (
+        f"this device's data columns or their scaling (fingerprint {theirs}) differ from the job's ({ours}): "
+        "read the CSV with load_csv(..., scaling=the job's columns.json)"
+    )
+    unknown = small_device("d1")  # an .npz shard names no columns: nothing to compare
+    unknown.on_message(f"{T}/ctrl/d1", control(wait=False, columns=ours))
+    assert unknown.fatal is None
+
+
 def test_the_device_trains_the_loss_its_control_names_and_stops_on_one_it_does_not_know() -> None:
     x = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32)
     targets = Dataset(x, (x @ np.linspace(-1, 1, 8)).astype(np.float32))  # a regression: real-valued targets

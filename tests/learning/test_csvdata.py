@@ -97,3 +97,17 @@ def test_edgeps_data_reads_a_csv_and_refuses_a_bad_one_in_one_line(tmp_path) -> 
     done = subprocess.run([*run[:5], str(bad), *run[6:]], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{bad} line 3, column 'hum': 'fourty' is not a number" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_gateways_own_file_read_with_the_fleets_scaling_means_what_the_fleets_rows_mean(tmp_path) -> None:
+    fleet = load_csv(write(tmp_path, GOOD), "label", device_column="gateway")
+    fleet.save_meta(tmp_path / "columns.json")
+    mine = "label,humidity,temp\nidle,42,22.0\nrun,58,29.0\n"  # its columns in another order, no gateway column
+    own = load_csv(write(tmp_path, mine, "mine.csv"), "label", scaling=tmp_path / "columns.json")
+    np.testing.assert_allclose(own.data.x, fleet.scaling.apply(np.array([[22.0, 42.0], [29.0, 58.0]])))
+    assert own.scaling.fingerprint == fleet.scaling.fingerprint
+    alone = load_csv(write(tmp_path, mine, "alone.csv"), "label", features=["temp", "humidity"])  # its own min and max
+    assert alone.scaling.fingerprint != fleet.scaling.fingerprint
+    renamed = "label,humid,temp\nidle,40,21.5\n"
+    with pytest.raises(DataError, match=r"no column 'humidity'; did you mean 'humid'\?"):
+        load_csv(write(tmp_path, renamed, "renamed.csv"), "label", scaling=fleet.scaling)
