@@ -3,8 +3,12 @@ reply out. A command is carried out whole or not at all."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ps_service.frequency import make_policy
 from ps_service.paces import make_pace
@@ -120,10 +124,35 @@ def set_frequency(core: ServerCore, command: Command) -> list[Publish]:
     return core.reassign()
 
 
+#: What the reply to ``model`` may weigh beyond the largest commit: the broker that ``edgeps broker init``
+#: sets up passes packets of 64 KiB more than that; the rest is for the topic and the JSON around the model.
+MODEL_REPLY_ROOM = 60 * 1024
+
+
+def model_reply(core: ServerCore, which: str) -> tuple[str, int, str]:
+    """(the ``which`` version's tensors as an .npz in base64, its version, what was done); CommandError
+    when there is none yet or it is too large for a reply (``--save-model`` writes any size)."""
+    if which == "best":
+        best = core.report.best
+        if best is None:
+            raise CommandError("no version has been evaluated yet")
+        params, version = best.params, best.version
+    else:
+        params, version = core.store.params(), core.store.version
+    archive = io.BytesIO()
+    np.savez(archive, **params)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+    text = base64.b64encode(archive.getvalue()).decode("ascii")
+    limit = core.door.commit_limit(core.store.shapes) + MODEL_REPLY_ROOM
+    if len(text) > limit:
+        raise CommandError(f"the model is {len(text)} bytes in base64, more than a reply carries ({limit}): "
+                           "edgeps ps --save-model writes it")  # fmt: skip
+    return text, version, f"{which} model: version {version}"
+
+
 def execute(core: ServerCore, command: Command, now: float) -> tuple[list[Publish], str]:
     """(messages, what was done) for a valid command; ValueError changes nothing."""
     cmd = command.cmd
-    if cmd == "status":
+    if cmd in ("status", "model"):  # answered in the reply
         return [], ""
     if cmd == "pause":
         return pause(core, now), "aggregation paused"
@@ -174,4 +203,13 @@ def on_command(
         core.events.warning("rejected command: %s", exc)
         return answer(Reply(cmd=command_name(payload), correlation=correlation, ok=False, detail=str(exc)[:1024]))
     state = status(core, now) if command.cmd == "status" else None
-    return [*out, *answer(Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=state))]
+    reply = Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=state)
+    if command.cmd == "model":
+        try:
+            text, version, detail = model_reply(core, command.which or "last")
+        except CommandError as exc:
+            core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
+            core.events.warning("rejected command: %s", exc)
+            return answer(Reply(cmd=command.cmd, correlation=correlation, ok=False, detail=str(exc)[:1024]))
+        reply = reply.model_copy(update={"model": text, "model_version": version, "detail": detail})
+    return [*out, *answer(reply)]

@@ -317,12 +317,15 @@ class Command(Message):
     ``status`` asks for the job's state; ``pause``, ``resume``, ``stop``; ``set_pace`` switches the
     ``pace``; ``set_codec`` the devices' commit ``codec``; ``set_frequency`` picks the push_every
     ``policy`` and/or its bounds ``low`` and ``high``; ``freeze_frequency`` holds the current
-    base push_every until ``unfreeze_frequency``; ``evict`` removes ``device`` from the job."""
+    base push_every until ``unfreeze_frequency``; ``evict`` removes ``device`` from the job;
+    ``model`` asks for the parameters of the ``which`` version (``best`` by the job's metric, or the
+    ``last``, the default), answered in the reply."""
 
     cmd: Literal[
         "status", "pause", "resume", "stop", "set_pace", "set_codec", "set_frequency", "freeze_frequency",
-        "unfreeze_frequency", "evict",
+        "unfreeze_frequency", "evict", "model",
     ]  # fmt: skip
+    which: Literal["best", "last"] | None = Field(None, description="(1.8) model: the best version or the last")
     reason: str = Field("", max_length=256)
     codec: str | None = Field(None, description="set_codec: the commit codec devices switch to")
     pace: str | None = Field(None, max_length=32, description="set_pace: bsp, acbsp, asp or ssp:S")
@@ -353,6 +356,8 @@ class Command(Message):
             raise ValueError("set_pace needs pace, and only set_pace takes one")
         if (self.cmd == "evict") != (self.device is not None):
             raise ValueError("evict needs device, and only evict takes one")
+        if self.which is not None and self.cmd != "model":
+            raise ValueError("only model takes which")
         frequency_args = (self.policy, self.low, self.high)
         if self.cmd == "set_frequency":
             if all(arg is None for arg in frequency_args):
@@ -372,3 +377,5 @@ class Reply(Message):
     ok: bool
     detail: str = Field("", max_length=1024, description="what was done, or why nothing was")
     status: dict[str, Any] | None = Field(None, description="status: the job's state")
+    model: str | None = Field(None, description="(1.8) model: the version's tensors, an .npz file in base64")
+    model_version: int | None = Field(None, ge=0, description="(1.8) model: the version it holds")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+from pathlib import Path
 
 from pydantic import ValidationError
 
-from edgeps.cli.common import address, broker_args, stop_on_signals
+from edgeps.cli.common import address, broker_args, stop_on_signals, writable
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
@@ -35,6 +37,10 @@ def cmd_ctl(args: argparse.Namespace) -> int:
                 raise ValueError(f"set-pace {args.value!r}: {exc}") from None
     if args.action == "set-frequency":
         fields |= {"policy": args.policy, "low": args.low, "high": args.high}
+    if args.action == "model":
+        fields["which"] = args.which
+        out = Path(args.out or f"model-{args.which}.npz")
+        writable(str(out), "--out")
     try:
         reply = request(address(args), args.job, fields, args.timeout)
     except TimeoutError as exc:
@@ -44,6 +50,9 @@ def cmd_ctl(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.action}{'' if args.value is None else f' {args.value!r}'}: {message}") from None
     if reply.status is not None:
         print(json.dumps(reply.status, indent=2))
+    elif reply.ok and reply.model is not None:
+        out.write_bytes(base64.b64decode(reply.model))
+        print(f"ok: {reply.detail}, saved to {out}")
     else:
         print(f"{'ok' if reply.ok else 'refused'}: {reply.cmd}: {reply.detail}")
     return 0 if reply.ok else 1
@@ -56,7 +65,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ctl.add_argument(
         "action",
         choices=["status", "pause", "resume", "stop", "set-pace", "set-codec", "set-frequency", "freeze-frequency",
-                 "unfreeze-frequency", "evict", "watch"],
+                 "unfreeze-frequency", "evict", "model", "watch"],
     )  # fmt: skip
     ctl.add_argument(
         "value", nargs="?", help="set-codec: the codec (sign); set-pace: the pace (acbsp); evict: the device"
@@ -66,5 +75,8 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
     ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")
     ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")
+    ctl.add_argument("--which", choices=["last", "best"], default="last",
+                     help="model: the last version, or the best by the job's metric")  # fmt: skip
+    ctl.add_argument("--out", help="model: where to write the .npz (default: model-WHICH.npz)")
     ctl.add_argument("--reason", default="", help="recorded in the server's log")
     ctl.set_defaults(func=cmd_ctl)

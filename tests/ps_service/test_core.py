@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
-from schemas.messages import Barrier, Command, Control, Metrics, Notice
+from schemas.messages import Barrier, Command, Control, MessageError, Metrics, Notice, Reply
 from tests.helpers import commit_bytes, hello, small_server
 
 
@@ -357,6 +357,37 @@ def test_commands_are_answered_on_the_reply_topic_and_refusals_change_nothing() 
     out = server.on_message(server.topics.cmd, Command(cmd="set_pace", pace="acbsp", **ask).to_bytes(), 1.0)
     assert reply_of(server, out).ok and server.pace.name == "acbsp"
     assert Control.from_bytes(by_topic(out, server.topics.ctrl("a"))[0].payload).one_commit_per_version
+
+
+def test_an_operator_can_ask_for_the_best_or_the_last_model() -> None:
+    import base64
+    import io
+
+    server = small_server(pace="bsp", rounds=50)
+    server.start(0.0)
+    hello(server, "a")
+    ask = {"reply_to": server.topics.reply("op"), "correlation": "c-1"}
+
+    def model(which: str | None) -> tuple[Reply, dict[str, np.ndarray]]:
+        command = Command(cmd="model", which=which, **ask).to_bytes()
+        answer = reply_of(server, server.on_message(server.topics.cmd, command, 20.0))
+        with np.load(io.BytesIO(base64.b64decode(answer.model or ""))) as archive:
+            return answer, {name: archive[name] for name in archive.files}
+
+    for seq in range(1, 6):  # the same commit again and again: the model moves one way, past its best
+        server.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq, scale=0.3), 1.0 + seq)
+    best = server.report.best
+    assert best is not None and server.store.version > 0
+    answer, params = model("best")
+    assert answer.ok and answer.model_version == best.version and answer.detail == f"best model: version {best.version}"
+    for name, values in best.params.items():
+        np.testing.assert_array_equal(params[name], values)
+    answer, params = model(None)  # the last, by default
+    assert answer.model_version == server.store.version
+    for name, values in server.store.params().items():
+        np.testing.assert_array_equal(params[name], values)
+    with pytest.raises(MessageError, match="only model takes which"):
+        Command.from_bytes(b'{"cmd": "status", "which": "best"}')
 
 
 def test_replies_go_only_to_reply_topics() -> None:
