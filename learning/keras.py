@@ -8,11 +8,13 @@ that model, layer for layer:
   (``softmax`` or none for cross_entropy, ``sigmoid`` or none for bce, none for mse and mae);
 * ``Conv2D`` first, once, on a square one-channel image (``Input((s, s, 1))`` or ``Reshape((s, s,
   1))`` of s*s features): stride 1, ``valid`` padding, no dilation, with bias, ReLU; then ``Flatten``;
+* ``Conv1D`` first, once, on a sensor window ``Input((steps, channels))`` (the features are the
+  window flattened time-major, channels fastest): the same rules; then ``Flatten``;
 * ``ReLU``, ``Activation`` (relu, and on the last layer softmax/sigmoid as above), ``Softmax``;
 * ``Dropout``: accepted and not applied (devices train without it; Keras skips it at inference too);
 * ``Flatten`` and ``InputLayer``.
 
-Anything else (pooling, BatchNormalization, DepthwiseConv2D, recurrent layers, other activations,
+Anything else (pooling (not yet), BatchNormalization, DepthwiseConv2D, recurrent layers, other activations,
 strides or padding) is refused before the job starts, naming the layer. Tensors are named as the
 built-in model's (``conv0.w``, ``dense{i}.w``, ...); ``layer_names`` maps them to the Keras layers.
 
@@ -57,10 +59,12 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
     """(Keras layer, the built-in tensor names of its weights) for every layer with weights."""
     shape = tuple(model.input_shape[1:])
     image = len(shape) == 3 and shape[0] == shape[1] and shape[2] == 1
-    if not image and len(shape) != 1:
-        raise KerasError(f"input shape {shape}: edgeps takes (features,) or a square one-channel image (s, s, 1)")
+    window = len(shape) == 2  # (time steps, channels): a sensor window, for a Conv1D
+    if not image and not window and len(shape) != 1:
+        raise KerasError(f"input shape {shape}: edgeps takes (features,), a window (steps, channels) for a Conv1D, "
+                         "or a square one-channel image (s, s, 1)")  # fmt: skip
     mapped: list[tuple[Any, list[str]]] = []
-    dense, flat = 0, not image
+    dense, flat = 0, not (image or window)
     act, owner = "", ""  # the activation of the last Dense or Conv2D so far, and that layer
     for layer in model.layers:
         kind = type(layer).__name__
@@ -82,7 +86,7 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
             if act != "linear":
                 raise KerasError(f"{name}: an activation layer converts only right after a Dense or Conv2D without one")
             act, owner = new, name
-        elif kind in ("Conv2D", "Dense"):
+        elif kind in ("Conv2D", "Conv1D", "Dense"):
             if mapped and act != "relu":
                 raise KerasError(f"{owner}: activation {act!r} on a hidden layer does not convert (edgeps runs ReLU)")
             if not config["use_bias"]:
@@ -95,16 +99,23 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
                 if kernel[0] != kernel[1] or not plain or config["padding"] != "valid" or config.get("groups", 1) != 1:
                     raise KerasError(f"{name}: needs a square kernel, strides 1, padding 'valid', no dilation")
                 mapped.append((layer, ["conv0.w", "conv0.b"]))
+            elif kind == "Conv1D":
+                if mapped or not window or flat:
+                    raise KerasError(f"{name}: only one Conv1D converts, first, on a (steps, channels) window")
+                plain = tuple(config["strides"]) == (1,) and tuple(config.get("dilation_rate", (1,))) == (1,)
+                if not plain or config["padding"] != "valid" or config.get("groups", 1) != 1:
+                    raise KerasError(f"{name}: needs strides 1, padding 'valid', no dilation")
+                mapped.append((layer, ["tconv0.w", "tconv0.b"]))
             else:
                 if not flat:
-                    raise KerasError(f"{name}: a Dense after a Conv2D needs a Flatten before it")
+                    raise KerasError(f"{name}: a Dense after a convolution needs a Flatten before it")
                 mapped.append((layer, [f"dense{dense}.w", f"dense{dense}.b"]))
                 dense += 1
             act, owner = _activation(layer), name
         else:
             raise KerasError(
-                f"{name} does not convert: edgeps runs Dense, one Conv2D, Flatten, Dropout, ReLU and the "
-                "output's activation (docs/TASKS.md)"
+                f"{name} does not convert: edgeps runs Dense, one Conv2D or Conv1D, Flatten, Dropout, ReLU and "
+                "the output's activation (docs/TASKS.md)"
             )
     if not mapped or type(mapped[-1][0]).__name__ != "Dense":
         raise KerasError("the model's outputs must come from a Dense layer")

@@ -49,8 +49,43 @@ def init_cnn(side: int, kernel: int, channels: int, hidden: list[int], classes: 
 
 
 def architecture(params: Params) -> str:
-    """``cnn`` if the parameters hold a convolution, else ``mlp``."""
-    return "cnn" if "conv0.w" in params else "mlp"
+    """``cnn`` if the parameters hold a convolution over a square image, ``conv1d`` one over time
+    windows, else ``mlp``."""
+    return "cnn" if "conv0.w" in params else "conv1d" if "tconv0.w" in params else "mlp"
+
+
+def conv1d_geometry(params: Params, features: int) -> tuple[int, int, int, int]:
+    """(window length, kernel, input channels, filters) of a Conv1D model on ``features`` inputs (a
+    (length, channels) window flattened time-major, channels fastest); ValueError if inconsistent."""
+    w = params["tconv0.w"]
+    if w.ndim != 3:
+        raise ValueError(f"tconv0.w {w.shape}: a Conv1D kernel is (kernel, channels, filters)")
+    kernel, channels, filters = (int(d) for d in w.shape)
+    if channels < 1 or features % channels or not 1 <= kernel <= features // channels:
+        raise ValueError(f"tconv0.w {w.shape} does not convolve windows of {features} values")
+    length = features // channels
+    if params["tconv0.b"].shape != (filters,) or params["dense0.w"].shape[0] != (length - kernel + 1) * filters:
+        raise ValueError("tconv0.b or dense0.w does not match tconv0.w")
+    return length, kernel, channels, filters
+
+
+@functools.cache
+def window_index(length: int, kernel: int, channels: int) -> np.ndarray:
+    """(positions, kernel*channels) indices into a flattened (length, channels) window: each run of
+    ``kernel`` consecutive time steps, time-major, channels fastest (a Keras Conv1D kernel's order)."""
+    steps, channel = np.divmod(np.arange(kernel * channels), channels)
+    starts = np.arange(length - kernel + 1)
+    return ((starts[:, None] + steps[None, :]) * channels + channel[None, :]).astype(np.int32)
+
+
+def convolution(params: Params, features: int) -> tuple[np.ndarray, str]:
+    """(the patch index of the model's convolution on ``features`` inputs, its tensors' prefix): the
+    square image's k x k patches (``conv0``) or the window's runs of time steps (``tconv0``)."""
+    if architecture(params) == "cnn":
+        side, kernel, _ = conv_geometry(params, features)
+        return patch_index(side, kernel), "conv0"
+    length, kernel, channels, _ = conv1d_geometry(params, features)
+    return window_index(length, kernel, channels), "tconv0"
 
 
 def conv_geometry(params: Params, features: int) -> tuple[int, int, int]:
@@ -75,10 +110,11 @@ def patch_index(side: int, kernel: int) -> np.ndarray:
 
 
 def _conv_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(patches (n, positions, k*k), activations (n, positions, channels), flattened features)."""
-    side, kernel, _ = conv_geometry(params, x.shape[1])
-    patches = x[:, patch_index(side, kernel)]
-    activations = np.maximum(patches @ params["conv0.w"] + params["conv0.b"], 0.0)
+    """(patches (n, positions, patch), activations (n, positions, channels), flattened features)."""
+    index, name = convolution(params, x.shape[1])
+    patches = x[:, index]
+    w = params[f"{name}.w"]
+    activations = np.maximum(patches @ w.reshape(-1, w.shape[-1]) + params[f"{name}.b"], 0.0)
     return patches, activations, activations.reshape(len(x), -1)
 
 
@@ -100,9 +136,15 @@ def mlp_sizes(params: Params) -> list[int]:
 
 
 def model_features(params: Params) -> int:
-    """Input features of a parameter set (the CNN's image is square)."""
+    """Input features of a parameter set (the CNN's image is square; a Conv1D's window is as long as
+    its positions and kernel make it)."""
     if architecture(params) == "mlp":
         return int(params["dense0.w"].shape[0])
+    if architecture(params) == "conv1d":
+        kernel, channels, filters = (int(d) for d in params["tconv0.w"].shape)
+        features = int((params["dense0.w"].shape[0] // filters + kernel - 1) * channels)
+        conv1d_geometry(params, features)  # ValueError if the shapes do not fit together
+        return features
     kernel, channels = math.isqrt(params["conv0.w"].shape[0]), params["conv0.w"].shape[1]
     out = math.isqrt(params["dense0.w"].shape[0] // channels)
     features = (out + kernel - 1) ** 2
@@ -122,7 +164,7 @@ def classes(params: Params) -> int:
 
 def forward(params: Params, x: np.ndarray) -> np.ndarray:
     """Logits for a batch ``x`` of shape (n, features)."""
-    h = _conv_forward(params, x)[2] if architecture(params) == "cnn" else x
+    h = _conv_forward(params, x)[2] if architecture(params) != "mlp" else x
     last = dense_layers(params) - 1
     for i in range(last + 1):
         h = h @ params[f"dense{i}.w"] + params[f"dense{i}.b"]
@@ -133,7 +175,7 @@ def forward(params: Params, x: np.ndarray) -> np.ndarray:
 
 def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cross_entropy") -> tuple[float, Params]:
     """Mean ``loss`` (learning.losses) over the batch and its gradient for every parameter."""
-    cnn = architecture(params) == "cnn"
+    cnn = architecture(params) != "mlp"
     if cnn:
         patches, conv_out, h = _conv_forward(params, x)
     else:
@@ -153,9 +195,11 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cr
         if i > 0:
             delta = (delta @ params[f"dense{i}.w"].T) * (activations[i] > 0)
     if cnn:  # back through the flattening, the ReLU and the patch product
+        name = "conv0" if "conv0.w" in params else "tconv0"
         delta = (delta @ params["dense0.w"].T).reshape(conv_out.shape) * (conv_out > 0)
-        grads["conv0.w"] = np.einsum("npk,npc->kc", patches, delta).astype(np.float32)
-        grads["conv0.b"] = delta.sum(axis=(0, 1)).astype(np.float32)
+        w = params[f"{name}.w"]
+        grads[f"{name}.w"] = np.einsum("npk,npc->kc", patches, delta).reshape(w.shape).astype(np.float32)
+        grads[f"{name}.b"] = delta.sum(axis=(0, 1)).astype(np.float32)
     return value, {name: grads[name] for name in params}
 
 

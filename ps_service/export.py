@@ -9,8 +9,9 @@ variables or checkpoints:
 * ``predict(<params>, x)`` -> ``logits``, for any number of rows.
 
 Only TFLite builtin ops: ReLU's gradient is written by hand (TF's ReluGrad does not
-convert), and the CNN's convolution is a gather of k x k patches times a matrix (im2col),
-whose weight gradient is a matrix product (TF's Conv2DBackpropFilter does not convert).
+convert), and a convolution (the CNN's k x k patches, a Conv1D's runs of time steps) is a gather
+of patches times a matrix (im2col), whose weight gradient is a matrix product (TF's
+Conv2DBackpropFilter does not convert).
 The arithmetic is learning.model's, so the two backends agree to float rounding.
 
 Needs the ``tf`` extra (tensorflow-cpu); imported only when an artifact is built.
@@ -22,7 +23,7 @@ import hashlib
 from typing import Any
 
 from learning.keras import quiet_tensorflow
-from learning.model import Params, architecture, classes, conv_geometry, dense_layers, model_features, patch_index
+from learning.model import Params, architecture, classes, convolution, dense_layers, model_features
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
 
 
@@ -47,11 +48,12 @@ def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -
     features = model_features(params)
     outputs = classes(params)
     layers = dense_layers(params)
-    cnn = architecture(params) == "cnn"
+    cnn = architecture(params) != "mlp"  # a convolution first: over a square image or a time window
     if cnn:
-        side, kernel, channels = conv_geometry(params, features)
-        index = tf.constant(patch_index(side, kernel))
-        positions = index.shape[0]
+        table, conv = convolution(params, features)
+        index = tf.constant(table)
+        positions, patch = table.shape
+        channels = params[f"{conv}.w"].shape[-1]
 
     @tf.custom_gradient
     def relu(h: Any) -> Any:
@@ -63,9 +65,10 @@ def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -
     def logits(p: dict[str, Any], x: Any) -> Any:
         h = x
         if cnn:
-            patches = tf.reshape(tf.gather(x, index, axis=1), [-1, kernel * kernel])
-            conv = tf.reshape(tf.matmul(patches, p["conv0.w"]), [-1, positions, channels]) + p["conv0.b"]
-            h = tf.reshape(relu(conv), [-1, positions * channels])
+            patches = tf.reshape(tf.gather(x, index, axis=1), [-1, patch])
+            kernel = tf.reshape(p[f"{conv}.w"], [patch, channels])
+            out = tf.reshape(tf.matmul(patches, kernel), [-1, positions, channels]) + p[f"{conv}.b"]
+            h = tf.reshape(relu(out), [-1, positions * channels])
         for i in range(layers):
             h = tf.matmul(h, p[f"dense{i}.w"]) + p[f"dense{i}.b"]
             if i < layers - 1:

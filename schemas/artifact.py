@@ -38,7 +38,7 @@ class ArtifactMeta(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["edgeps-tflite/1"] = "edgeps-tflite/1"
-    arch: Literal["mlp", "cnn"]
+    arch: Literal["mlp", "cnn", "conv1d"]
     version: int = Field(ge=1, description="the artifact's own version, counted by the server")
     params: list[TensorSpec]
     features: int = Field(ge=1, description="x: float32 (batch, features)")

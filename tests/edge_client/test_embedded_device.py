@@ -302,9 +302,10 @@ def test_a_reason_naming_what_the_server_sent_stays_a_valid_status(epsd, tmp_pat
         device.close()
 
 
-def conv_params(run: int) -> bytes:
+def conv_params(run: int, name: str = "conv0") -> bytes:
     rng = np.random.default_rng(0)
-    tensors = {"conv0.w": rng.standard_normal((3, 3, 1, 4)).astype(np.float32), "conv0.b": np.zeros(4, np.float32),
+    shape = (3, 3, 1, 4) if name == "conv0" else (3, 2, 4)  # a square image's kernel, or a Conv1D's
+    tensors = {f"{name}.w": rng.standard_normal(shape).astype(np.float32), f"{name}.b": np.zeros(4, np.float32),
                "dense0.w": rng.standard_normal((64, 3)).astype(np.float32),
                "dense0.b": np.zeros(3, np.float32)}  # fmt: skip
     return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=tensors))
@@ -325,6 +326,8 @@ def control_for(device: CDevice, run: int = 7) -> bytes:
 @pytest.mark.parametrize(("params", "arena", "reason"), [
     (conv_params(7), 1 << 20, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
                               "shapes; first tensor conv0.w)"),
+    (conv_params(7, "tconv0"), 1 << 20, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b "
+                                        "of matching shapes; first tensor tconv0.w)"),
     (mlp_params([8, 1024, 1024, 3], 7), 1 << 20, "the job's model needs an arena of "),
 ])  # fmt: skip
 def test_a_model_the_c_device_cannot_take_is_said_in_its_status(epsd, tmp_path, params, arena, reason) -> None:

@@ -208,3 +208,15 @@ def test_a_keras_mlp_runs_on_c_devices_beside_python_ones(tmp_path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "r.json").read_text())
     assert report["device_backends"] == {"c": 2, "numpy": 2} and report["rejected"] == 0 and report["best"] > 0.7
+
+
+def test_the_sensor_windows_conv1d_trains_and_predicts_on_every_route(tmp_path) -> None:
+    """A Keras Conv1D on accelerometer windows: numpy devices train it, and the saved model gives the
+    report's accuracy through numpy, Keras and TFLite."""
+    pytest.importorskip("tensorflow")
+    report = demo(tmp_path, "sensor_windows.py", "--rounds", "15")
+    assert report["metric"] == "accuracy" and report["best"] > report["baseline"] + 0.3 and report["rejected"] == 0
+    out = tmp_path / "sensor_windows"
+    for route in ("numpy", "keras", "tflite"):
+        said = predict(tmp_path, "--model", str(out), "--data", str(out / "data" / "holdout.npz"), "--route", route)
+        assert abs(said["accuracy"] - report["final"]) < 0.001, (route, said, report["final"])

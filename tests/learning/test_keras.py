@@ -39,6 +39,19 @@ def test_a_converted_model_computes_what_keras_computes() -> None:
     np.testing.assert_allclose(regression.predict(x5, verbose=0), forward(from_keras(regression, "mse"), x5), atol=1e-6)
 
 
+def test_a_keras_conv1d_on_sensor_windows_converts() -> None:
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((25, 3)), L.Conv1D(8, 5, activation="relu"), L.Flatten(),
+                              L.Dense(16, activation="relu"), L.Dense(6, activation="softmax")])  # fmt: skip
+    params = from_keras(model, "cross_entropy")
+    assert params["tconv0.w"].shape == (5, 3, 8) and params["dense0.w"].shape == (21 * 8, 16)
+    x = np.random.default_rng(0).normal(size=(7, 75)).astype(np.float32)  # windows flattened time-major
+    z = forward(params, x)
+    softmax = np.exp(z - z.max(axis=1, keepdims=True))
+    softmax /= softmax.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(model.predict(x.reshape(7, 25, 3), verbose=0), softmax, atol=1e-5)
+
+
 def test_trained_parameters_go_back_into_keras_and_tflite(tmp_path) -> None:
     model = cnn()
     params = {k: v + 0.01 for k, v in from_keras(model, "cross_entropy").items()}
@@ -75,6 +88,9 @@ def test_a_binary_model_with_its_sigmoid_head_is_saved_too(tmp_path) -> None:
         ([L.Conv2D(4, 3, strides=2, activation="relu"), L.Flatten(), L.Dense(10)], (8, 8, 1), r"strides 1"),
         ([L.Conv2D(4, 3, activation="relu"), L.Dense(10)], (8, 8, 1), r"needs a Flatten before it"),
         ([L.Dense(16, use_bias=False, activation="relu"), L.Dense(10)], (64,), r"needs use_bias=True"),
+        ([L.Conv1D(4, 3, activation="relu"), L.MaxPooling1D(), L.Flatten(), L.Dense(6)], (25, 3),
+         r"\(MaxPooling1D\) does not convert"),
+        ([L.Conv1D(4, 3, padding="same", activation="relu"), L.Flatten(), L.Dense(6)], (25, 3), r"padding 'valid'"),
     ],
 )  # fmt: skip
 def test_what_does_not_convert_is_refused_naming_the_layer(layers, shape, message) -> None:

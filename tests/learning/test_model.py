@@ -7,10 +7,19 @@ from learning.model import evaluate, init_mlp, loss_and_grads, mlp_sizes
 from tests.helpers import blobs
 
 
-def test_gradients_match_finite_differences() -> None:
-    params = {k: v.astype(np.float64) for k, v in init_mlp([5, 7, 3], seed=1).items()}
+def conv1d(length: int = 6, kernel: int = 3, channels: int = 2, filters: int = 4, seed: int = 1) -> dict:
+    """A Conv1D model on (length, channels) windows: its kernel, then a dense head."""
+    rng = np.random.default_rng(seed)
+    return {"tconv0.w": rng.normal(0, 0.5, (kernel, channels, filters)), "tconv0.b": rng.normal(0, 0.1, filters),
+            **init_mlp([(length - kernel + 1) * filters, 5, 3], seed=seed)}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", ["mlp", "conv1d"])
+def test_gradients_match_finite_differences(model: str) -> None:
+    initial = init_mlp([12, 7, 3], seed=1) if model == "mlp" else conv1d()
+    params = {k: np.asarray(v, np.float64) for k, v in initial.items()}
     rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(6, 5)), rng.integers(0, 3, size=6)
+    x, y = rng.normal(size=(6, 12)), rng.integers(0, 3, size=6)
     _, grads = loss_and_grads(params, x, y)
     eps = 1e-6
     for name, values in params.items():
@@ -41,3 +50,18 @@ def test_sizes_are_inferred_and_checked() -> None:
     params["dense1.w"] = np.zeros((31, 10), np.float32)
     with pytest.raises(ValueError, match="does not match"):
         mlp_sizes(params)
+
+
+def test_a_conv1d_runs_each_window_of_time_steps_through_its_kernel() -> None:
+    """Position p's output is sum over steps t and channels c of x[p + t, c] * w[t, c, f] + b[f]."""
+    from learning.model import forward, model_features
+
+    params = {k: np.asarray(v, np.float64) for k, v in conv1d().items()}
+    x = np.random.default_rng(2).normal(size=(3, 12))
+    window = x.reshape(3, 6, 2)
+    w, b = params["tconv0.w"], params["tconv0.b"]
+    conv = np.stack([np.einsum("ntc,tcf->nf", window[:, p : p + 3], w) + b for p in range(4)], axis=1)
+    h = np.maximum(conv, 0).reshape(3, -1)  # position-major, filters fastest: Keras's Flatten
+    h = np.maximum(h @ params["dense0.w"] + params["dense0.b"], 0) @ params["dense1.w"] + params["dense1.b"]
+    np.testing.assert_allclose(forward(params, x), h, atol=1e-12)
+    assert model_features(params) == 12

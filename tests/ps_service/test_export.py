@@ -15,7 +15,15 @@ pytest.importorskip("ai_edge_litert", reason="the tflite extra runs it")
 from edge_client.tflite import TFLiteTrainer, TrainerError
 from ps_service.export import build_artifact
 
-MODELS = {"mlp": init_mlp([64, 32, 10], seed=3), "cnn": init_cnn(8, 3, 8, [32], 10, seed=3)}
+MODELS = {
+    "mlp": init_mlp([64, 32, 10], seed=3),
+    "cnn": init_cnn(8, 3, 8, [32], 10, seed=3),
+    "conv1d": {  # the digits' 64 values as a window of 16 steps of 4 channels
+        "tconv0.w": np.random.default_rng(3).normal(0, 0.3, (3, 4, 6)).astype(np.float32),
+        "tconv0.b": np.zeros(6, np.float32),
+        **init_mlp([14 * 6, 32, 10], seed=3),
+    },
+}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
