@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps_service.paces.base import Pace, register
+from ps_service.paces.base import DeviceRules, Pace, register
 from ps_service.update import Contribution
 
 
@@ -22,6 +22,9 @@ class Asp(Pace):
         ``broadcast_share * fleet`` versions, so devices get about one snapshot per commit of
         their own, as in push-then-pull ASP."""
         return max(1, round(self.broadcast_share * fleet))
+
+    def configure(self, device: str) -> DeviceRules:
+        return DeviceRules(one_commit_per_version=True)
 
     def ready(self, barrier: frozenset[str]) -> bool:
         return bool(self._buffer)
