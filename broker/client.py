@@ -162,8 +162,9 @@ class Transport(ABC):
         """Acknowledge ``message`` to the broker: call once it has been processed."""
 
     @abstractmethod
-    def close(self, last: Publish | None = None) -> None:
-        """Publish ``last`` (if any), wait for it, and disconnect."""
+    def close(self, last: Publish | None = None, end_session: bool = False) -> None:
+        """Publish ``last`` (if any), wait for it, and disconnect; ``end_session``: for good, the
+        broker keeps nothing of this client (its job finished)."""
 
 
 class MqttTransport(Transport):
@@ -189,6 +190,7 @@ class MqttTransport(Transport):
         inbox: Inbox | None = None,
     ) -> None:
         self._inbox = inbox if inbox is not None else Inbox()
+        self._broker, self._client_id = broker, client_id
         self._subscriptions = subscriptions
         self._hello = hello
         # QoS 1 publishes not yet acknowledged by the broker. paho keeps them across a
@@ -368,14 +370,41 @@ class MqttTransport(Transport):
         with self._unacked_changed:
             return self._unacked_changed.wait_for(lambda: not self._unacked, timeout=timeout)
 
-    def close(self, last: Publish | None = None, timeout: float = 5.0) -> None:
+    def close(self, last: Publish | None = None, end_session: bool = False, timeout: float = 5.0) -> None:
+        """Deliver ``last`` and what is queued, then disconnect. ``end_session``: the client is done with
+        this client id for good (its job finished), so the broker drops its session (subscriptions
+        and the messages queued for it) instead of keeping it until ``persistent_client_expiration``."""
         try:
             if last is not None:
                 self.publish(last)
             self.wait_acknowledged(timeout)  # deliver what is queued before leaving
-            self._client.disconnect()
+            if end_session and self.mqtt5:  # MQTT 5: the DISCONNECT says the session expires now
+                properties = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
+                properties.SessionExpiryInterval = 0
+                self._client.disconnect(properties=properties)
+            else:
+                self._client.disconnect()
         finally:
             self._client.loop_stop()
+        if end_session and not self.mqtt5:  # MQTT 3.1.1: a clean session under the same id replaces it
+            self._clean_session(timeout)
+
+    def _clean_session(self, timeout: float) -> None:
+        """Connect once with a clean session under this client's id, and leave: the broker discards
+        the session the id had (best effort: a broker gone by now keeps it until it expires)."""
+        broker = self._broker
+        cleaner = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self._client_id, clean_session=True)
+        if broker.username:
+            cleaner.username_pw_set(broker.username, broker.password)
+        if broker.tls_ca:
+            cleaner.tls_set(ca_certs=broker.tls_ca, certfile=broker.tls_cert, keyfile=broker.tls_key)
+        with contextlib.suppress(OSError, ValueError):
+            if cleaner.connect(broker.host, broker.port, keepalive=10) == mqtt.MQTT_ERR_SUCCESS:
+                deadline = time.monotonic() + timeout
+                while not cleaner.is_connected() and time.monotonic() < deadline:
+                    cleaner.loop(timeout=0.05)
+                cleaner.disconnect()
+                cleaner.loop(timeout=0.05)
 
 
 def no_delay(sock: Any) -> None:

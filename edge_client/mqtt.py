@@ -126,4 +126,4 @@ def run_device(
         mark = now
         for event in core.events.take():  # what the core had to say
             log.log(event.level, event.message)
-    transport.close(last=core.status("offline"))
+    transport.close(last=core.status("offline"), end_session=core.finished and core.fatal is None)  # job over

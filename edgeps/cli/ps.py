@@ -100,7 +100,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     try:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
     finally:
-        transport.close()
+        transport.close(end_session=core.finished)  # a finished job's session is of no more use
     if args.save_model:  # the final and the best model, each with its card (edgeps.deploy reads them)
         save_models(task, core, Path(args.save_model))
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again

@@ -143,3 +143,53 @@ def test_every_role_exits_within_two_seconds_of_sigterm(mosquitto, tmp_path) -> 
         for process in processes.values():
             if process.poll() is None:
                 process.kill()
+
+
+def _session_present(address: BrokerAddress, client_id: str) -> bool:
+    """Whether the broker holds a session for ``client_id``: an MQTT 5 connection that asks to resume
+    one (and to keep nothing after it) reads the CONNACK's session-present flag."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    present: list[bool] = []
+    probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    probe.on_connect = lambda client, userdata, flags, reason, properties: present.append(flags.session_present)
+    expiry = Properties(PacketTypes.CONNECT)
+    expiry.SessionExpiryInterval = 0
+    probe.connect(address.host, address.port, clean_start=False, properties=expiry)
+    probe.loop_start()
+    try:
+        wait_until(lambda: bool(present), timeout=10, what=f"a CONNACK for {client_id}")
+    finally:
+        probe.disconnect()
+        probe.loop_stop()
+    return present[0]
+
+
+@pytest.mark.integration  # starts the edgeps command
+def test_finished_jobs_leave_no_sessions_and_the_brokers_disk_stays_bounded(tmp_path) -> None:
+    """After a job ends, its server and devices end their persistent sessions: nothing is queued
+    for them from then on, and a broker that ran several jobs holds little more than their retained
+    messages (before: offline sessions kept queuing commits, 804 MB after 25 jobs)."""
+    import subprocess
+    import sys
+
+    from broker.launcher import start_broker
+
+    broker = start_broker(workdir=tmp_path / "broker", embedded=False)
+    address = BrokerAddress(broker.host, broker.port)
+    try:
+        for job in ("j1", "j2", "j3"):
+            where = f"{broker.host}:{broker.port}"
+            command = [sys.executable, "-m", "edgeps.cli", "demo", "--broker", where, "--job", job, "--rounds", "20",
+                       "--devices", "3", "--pace", "asp", "--out", str(tmp_path / job)]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, done.stderr[-3000:]
+            for client in (f"edgeps-ps-{job}", *(f"edgeps-dev-{job}-dev-{i:02d}" for i in range(3))):
+                assert not _session_present(address, client), f"{client} left a session behind"
+    finally:
+        broker.stop()
+    database = tmp_path / "broker" / "mosquitto.db"
+    assert database.exists() and database.stat().st_size < 512 * 1024, database.stat().st_size
