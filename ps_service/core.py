@@ -28,6 +28,7 @@ from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report, Traffic
 from ps_service.robust import FleetBounds
 from ps_service.round import JobState, Round, drop_late, round_due
+from ps_service.stepguard import StepGuard
 from ps_service.store import ParameterStore
 from ps_service.validation import Rejection
 from schemas.events import Events
@@ -95,6 +96,7 @@ class ServerCore:
         self.report = Report(self.topics, now, self.events)
         self.unbroadcast = 0  # versions applied since the last parameter broadcast
         self.server_step = 1.0  # the last aggregate's step: 1 plain averaging, more extrapolated
+        self.step_guard = StepGuard()  # extrapolation held back while the held-out loss rises
         self.last_broadcast: list[Publish] = []  # the newest version's parameter messages
         self._barrier_sent: tuple[Any, ...] | None = None  # what the last barrier said that devices act on
         self._barrier_at = -math.inf  # when the last barrier went out

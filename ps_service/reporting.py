@@ -119,6 +119,7 @@ def evaluate(core: ServerCore, now: float) -> tuple[int, Evaluation]:
         if best is None or metric.better(evaluation.values[metric.name], best.evaluation.values[metric.name]):
             report.best = Best(version, evaluation, core.store.params())  # a copy: the model moves on
         core.frequency.observe(now - core.round.started, metric.score(evaluation.values[metric.name]), evaluation.loss)
+        core.step_guard.observe(evaluation.loss)
     assert latest is not None
     return latest
 

@@ -17,6 +17,7 @@ from ps_service.evaluator import Evaluation
 from ps_service.paces import make_pace
 from ps_service.reporting import Best, Traffic
 from ps_service.round import JobState
+from ps_service.stepguard import StepGuard
 from ps_service.store import ParameterStore
 from ps_service.update import from_state
 from schemas.messages import Metrics
@@ -56,6 +57,7 @@ def to_state(core: ServerCore, now: float) -> dict[str, Any]:
         "quorum": clock.quorum,
         "unbroadcast": core.unbroadcast,
         "server_step": core.server_step,
+        "step_guard": [core.step_guard.trust, core.step_guard.last_loss],
         "last_broadcast": [
             {"topic": m.topic, "payload": m.payload, "qos": m.qos, "retain": m.retain} for m in core.last_broadcast
         ],
@@ -104,6 +106,8 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
     core.round.started = now - float(state["started_age_s"])
     core.round.opened = now - float(state["round_age_s"])
     core.unbroadcast, core.server_step = int(state["unbroadcast"]), float(state["server_step"])
+    trust, last_loss = state.get("step_guard", [1.0, None])  # checkpoints before the guard: full trust
+    core.step_guard = StepGuard(float(trust), None if last_loss is None else float(last_loss))
     core.last_broadcast = [
         Publish(str(m["topic"]), bytes(m["payload"]), int(m["qos"]), bool(m["retain"])) for m in state["last_broadcast"]
     ]

@@ -62,9 +62,8 @@ def advance(core: ServerCore, now: float) -> list[Publish]:
         clips = {d: Clip(v.scale, v.steps) for d, v in judged.items() if not v.refused and d in current}
         try:
             weights = sizes(core, kept)
-            result = core.pace.aggregate(
-                updates, version, weights, core.config.extrapolation, steady(core), norm_kept(core.codec), clips
-            )
+            cap = core.step_guard.limit(core.pace.step_cap(version, core.config.extrapolation, steady(core)))
+            result = core.pace.aggregate(updates, version, weights, cap, steady(core), norm_kept(core.codec), clips)
             core.store.apply(result.delta)
             core.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
@@ -139,6 +138,7 @@ def broadcast(core: ServerCore, now: float) -> list[Publish]:
     messages, per_device = core.broadcaster.publish(core.store)
     core.last_broadcast = messages
     core.traffic.bytes_down += per_device * len(core.registry.active())
+    reporting.evaluate(core, now)  # when due: whether this version is the best decides whether the job goes on
     if last_version(core):
         core.round.state = JobState.FINISHED
     for device in core.registry.active():  # devices waiting for parameters train again from here

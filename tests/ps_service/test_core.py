@@ -476,6 +476,7 @@ def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(changes, late_s
     # extrapolation is off; the job's setting applies regardless. (a's norm is 3x b's: within a
     # norm bound of 4x, nothing is clipped.)
     server = small_server(pace="acbsp", rounds=30, clip_factor=4.0, **changes)
+    server.step_guard.observe = lambda loss: None  # these made-up commits raise the loss: the guard is tested apart
     server.start(0.0)
     hello(server, "a")
     hello(server, "b")
@@ -492,6 +493,32 @@ def test_acbsp_extrapolates_disagreeing_rounds_after_its_warm_up(changes, late_s
     np.testing.assert_allclose(steps[warmup:], late_step, rtol=1e-5)
     assert server.history[-1].version == warmup + 2
     assert server.history[-1].server_step == pytest.approx(late_step / 0.1, rel=1e-3)  # in every metrics record
+
+
+def test_the_step_guard_holds_extrapolation_back_while_the_loss_rises() -> None:
+    from ps_service.stepguard import StepGuard
+
+    guard = StepGuard()
+    assert guard.limit(3.0) == 3.0 and guard.limit(1.0) == 1.0
+    for loss in (1.0, 0.9, 0.8):  # falling: full trust
+        guard.observe(loss)
+    assert guard.limit(3.0) == 3.0
+    guard.observe(0.9)  # up more than 5 %: halved
+    assert guard.limit(3.0) == pytest.approx(2.0)
+    guard.observe(float("nan"))  # not even finite: a rise
+    assert guard.limit(3.0) == pytest.approx(1.5) and guard.last_loss == 0.9
+    guard.observe(0.9)  # level: trust comes back a tenth at a time
+    assert guard.limit(3.0) == pytest.approx(1.7)
+    # In a job: commits that raise the held-out loss bring acbsp's step down to plain averaging.
+    server = small_server(pace="acbsp", rounds=40, clip_factor=4.0)
+    server.start(0.0)
+    hello(server, "a")
+    hello(server, "b")
+    for seq in range(1, 30):
+        server.on_message(server.topics.grad("a"), commit_bytes(server, "a", seq, scale=0.3), float(seq))
+        server.on_message(server.topics.grad("b"), commit_bytes(server, "b", seq, scale=-0.1), float(seq))
+    steps = [m.server_step for m in server.history[12:]]  # after the warm-up; unguarded, every one 1.75
+    assert min(steps) < 1.3 and max(steps) <= 1.75 + 1e-6
 
 
 def test_the_log_of_an_operator_command_shows_its_arguments() -> None:
