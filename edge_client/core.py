@@ -232,13 +232,14 @@ class DeviceCore:
 
     def _other_columns(self) -> str | None:
         """Why this device's rows would mean other things than the fleet's (another set, order or
-        scaling of CSV columns), or None: where the job or the device knows no columns, nothing."""
+        scaling of CSV columns, another numbering of the classes), or None: where the job or the
+        device knows no columns, nothing."""
         assert self.control is not None
         job = self.control.columns
         if job is None or self.columns is None or job == self.columns:
             return None
-        return (f"this device's data columns or their scaling (fingerprint {self.columns}) differ from the job's "
-                f"({job}): read the CSV with load_csv(..., scaling=the job's columns.json)")  # fmt: skip
+        mine = f"this device's CSV columns, scaling or class names (fingerprint {self.columns})"
+        return f"{mine} differ from the job's ({job}): read the CSV with load_csv(..., scaling=the job's columns.json)"
 
     def _end(self, why: str) -> None:
         """This device cannot take part in the job: it stops (``fatal`` says why)."""

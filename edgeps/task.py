@@ -193,19 +193,19 @@ class Task:
 
     def device_rows(self, device: str) -> tuple[Dataset, str | None]:
         """One gateway's own data, from ``device_data(device)``, and for CSV rows the fingerprint of
-        their columns and scaling (``Scaling.fingerprint``), which must be the job's ``columns()``."""
+        their columns, scaling and class names (``CsvData.fingerprint``), which must be the job's ``columns()``."""
         if self.device_data is None:
             raise TaskError(self._where("no device_data(device) to read this device's data from: give --data"))
         value = self._run(self.device_data, "device_data", device)
         data, _ = as_dataset(value, self.classification, self._where("device_data()"))
-        return self._scaled(data), value.scaling.fingerprint if isinstance(value, CsvData) else None
+        return self._scaled(data), value.fingerprint if isinstance(value, CsvData) else None
 
     def columns(self) -> str | None:
         """The fingerprint of the job's CSV columns and scaling (``data()``'s, else ``server_data()``'s),
         or None where the data is no CsvData: what a device's own rows are checked against."""
         function, name = (self.data, "data") if self.data is not None else (self.server_data, "server_data")
         value = self._run(function, name) if function is not None else None
-        return value.scaling.fingerprint if isinstance(value, CsvData) else None
+        return value.fingerprint if isinstance(value, CsvData) else None
 
     def outputs(self, data: Dataset) -> int:
         """The model's output width for the task's loss and this data."""

@@ -36,13 +36,6 @@ class Scaling:
         scaled: np.ndarray = ((x - np.asarray(self.low)) / np.asarray(self.span)).astype(np.float32)
         return scaled
 
-    @property
-    def fingerprint(self) -> str:
-        """16 hex digits that name the columns, their order and their scaling: two devices whose rows
-        mean the same have the same (a device's status and the job's control carry it)."""
-        text = json.dumps([self.features, [float(v) for v in self.low], [float(v) for v in self.span]])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
     @staticmethod
     def load(path: str | Path) -> Scaling:
         """The scaling in a JSON file that holds ``features``, ``low`` and ``span``: the columns.json of
@@ -64,6 +57,16 @@ class CsvData:
     scaling: Scaling
     devices: list[str] | None  # each row's device, with a device column
     label: str = ""  # the label column's name
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits that name the feature columns, their order, their scaling and the class names
+        in index order: two devices whose rows mean the same have the same (the job's Control carries
+        the fleet's)."""
+        scaling = self.scaling
+        text = json.dumps([scaling.features, [float(v) for v in scaling.low], [float(v) for v in scaling.span],
+                           self.classes])  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def meta(self) -> dict[str, object]:
         """What a gateway needs to read new rows as the shards were made: the label column, the
@@ -91,18 +94,21 @@ def load_csv(
     label: str,
     features: list[str] | None = None,
     device_column: str | None = None,
-    classes: int | None = None,
+    classes: int | list[str] | None = None,
     regression: bool = False,
     scaling: Scaling | str | Path | None = None,
 ) -> CsvData:
     """Read ``path``: ``label`` holds each row's class (non-negative integers, or names, numbered in
     sorted order), or with ``regression`` its target value (a real number), ``features`` the inputs
     (default: every other column but ``device_column``). With ``classes``, a label outside
-    0..classes-1 is an error. Features are scaled by their minimum and maximum over the file, or
-    with ``scaling`` (a Scaling, or a JSON file ``Scaling.load`` reads) as the fleet's are: its
-    columns, found by name in any order, and its numbers; a gateway's own file read so means what
-    the other devices' rows mean."""
+    0..classes-1 is an error; ``classes`` as a list of names numbers them in that order (the fleet's),
+    and a label that is none of them is an error. Features are scaled by their minimum and maximum
+    over the file, or with ``scaling`` (a Scaling, or a JSON file ``Scaling.load`` reads: then also
+    its ``classes``, unless given) as the fleet's are: its columns, found by name in any order, and
+    its numbers; a gateway's own file read so means what the other devices' rows mean."""
     if scaling is not None and not isinstance(scaling, Scaling):
+        if classes is None and not regression:
+            classes = _fleet_classes(scaling)
         scaling = Scaling.load(scaling)
     if scaling is not None:
         features = list(scaling.features)
@@ -178,12 +184,31 @@ def _is_number(text: str) -> bool:
         return False
 
 
+def _fleet_classes(path: str | Path) -> list[str] | None:
+    """The class names a columns.json (or a model card) lists, or None where it lists none."""
+    try:
+        named = json.loads(Path(path).read_text()).get("classes")
+    except (OSError, ValueError, AttributeError):
+        return None  # Scaling.load says what is wrong with the file
+    return [str(name) for name in named] if isinstance(named, list) and named else None
+
+
 def _classes(
-    path: Path, column: str, labels: list[tuple[int, str]], classes: int | None
+    path: Path, column: str, labels: list[tuple[int, str]], classes: int | list[str] | None
 ) -> tuple[np.ndarray, list[str]]:
     """Class indices for the labels: integers as written, or names in sorted order. Labels that are
     numbers but not all whole numbers from 0 are refused (a stray row, or a regression's target read
-    as classes), so that no number silently becomes a class name."""
+    as classes), so that no number silently becomes a class name. A list of ``classes`` names them:
+    each label is one of them, numbered in that order."""
+    if isinstance(classes, list):
+        index = {name: i for i, name in enumerate(classes)}
+        for number, text in labels:
+            if text not in index:
+                shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+                raise DataError(
+                    f"{path} line {number}, column {column!r}: {text!r} is not one of the classes ({shown})"
+                )
+        return np.array([index[text] for _, text in labels], np.int64), list(classes)
     numeric = [(number, text) for number, text in labels if _is_number(text)]
     if numeric and len(numeric) < len(labels):  # numbers and names mixed: name the fewer
         named = [(number, text) for number, text in labels if not _is_number(text)]

@@ -210,7 +210,7 @@ def test_a_device_whose_csv_columns_differ_from_the_jobs_does_not_train() -> Non
     other = DeviceCore("t", "d1", blobs(seed=1), NumpyTrainer(), seed=0, incarnation=INCARNATION, columns=theirs)
     other.on_message(f"{T}/ctrl/d1", control(wait=False, columns=ours))
     assert other.finished and other.fatal == (
-        f"this device's data columns or their scaling (fingerprint {theirs}) differ from the job's ({ours}): "
+        f"this device's CSV columns, scaling or class names (fingerprint {theirs}) differ from the job's ({ours}): "
         "read the CSV with load_csv(..., scaling=the job's columns.json)"
     )
     unknown = small_device("d1")  # an .npz shard names no columns: nothing to compare

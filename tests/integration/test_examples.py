@@ -220,3 +220,39 @@ def test_the_sensor_windows_conv1d_trains_and_predicts_on_every_route(tmp_path) 
     for route in ("numpy", "keras", "tflite"):
         said = predict(tmp_path, "--model", str(out), "--data", str(out / "data" / "holdout.npz"), "--route", route)
         assert abs(said["accuracy"] - report["final"]) < 0.001, (route, said, report["final"])
+
+
+def test_a_gateway_whose_own_csv_means_other_things_says_so_and_does_not_train(tmp_path, mosquitto) -> None:
+    """device_data reading a gateway's own file with its own scaling (or columns in another order read
+    as they come) would train on rows that mean other things: the device says so in one line."""
+    rows = "gateway,temp,hum,label\n" + "".join(
+        f"gw-{i % 2},{20 + i % 7},{40 + i % 5},{'ab'[i % 2]}\n" for i in range(60)
+    )
+    (tmp_path / "fleet.csv").write_text(rows)
+    (tmp_path / "gw-1.csv").write_text(
+        "hum,temp,label\n" + "".join(f"{41 + i % 3},{21 + i % 4},b\n" for i in range(20))
+    )
+    task = tmp_path / "own.py"
+    task.write_text(
+        textwrap.dedent("""
+        from pathlib import Path
+        from edgeps import ModelSpec, Task, load_csv
+
+        HERE = Path(__file__).parent
+        task = Task(model=ModelSpec(hidden="8"),
+                    data=lambda: load_csv(HERE / "fleet.csv", "label", device_column="gateway"),
+                    device_data=lambda device: load_csv(HERE / f"{device}.csv", "label"))  # its own min and max
+        """)
+    )  # fmt: skip
+    broker = ["--broker", f"{mosquitto.host}:{mosquitto.port}", "--job", "cols"]
+    cli = [sys.executable, "-m", "edgeps.cli"]
+    server = subprocess.Popen([*cli, "ps", *broker, "--task", str(task), "--rounds", "1000"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        client = subprocess.run([*cli, "client", *broker, "--task", str(task), "--device", "gw-1"],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        server.kill()
+    errors = [line for line in client.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) >= 1 and "CSV columns, scaling or class names (fingerprint " in errors[0], client.stderr[-2000:]
+    assert "load_csv(..., scaling=the job's columns.json)" in errors[0] and "Traceback" not in client.stderr

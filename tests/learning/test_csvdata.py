@@ -105,9 +105,21 @@ def test_a_gateways_own_file_read_with_the_fleets_scaling_means_what_the_fleets_
     mine = "label,humidity,temp\nidle,42,22.0\nrun,58,29.0\n"  # its columns in another order, no gateway column
     own = load_csv(write(tmp_path, mine, "mine.csv"), "label", scaling=tmp_path / "columns.json")
     np.testing.assert_allclose(own.data.x, fleet.scaling.apply(np.array([[22.0, 42.0], [29.0, 58.0]])))
-    assert own.scaling.fingerprint == fleet.scaling.fingerprint
+    assert own.fingerprint == fleet.fingerprint and own.classes == fleet.classes
     alone = load_csv(write(tmp_path, mine, "alone.csv"), "label", features=["temp", "humidity"])  # its own min and max
-    assert alone.scaling.fingerprint != fleet.scaling.fingerprint
+    assert alone.fingerprint != fleet.fingerprint
+    # A gateway that saw two of the activities: its names are numbered as the fleet's, not 0 and 1.
+    seen = load_csv(write(tmp_path, "label,humidity,temp\nwalk,42,22\nrun,58,29\n", "two.csv"), "label",
+                    scaling=tmp_path / "columns.json")  # fmt: skip
+    assert seen.data.y.tolist() == [2, 1] and seen.fingerprint == fleet.fingerprint
+    unnumbered = load_csv(
+        write(tmp_path, "label,humidity,temp\nwalk,42,22\nrun,58,29\n", "own.csv"), "label", scaling=fleet.scaling
+    )  # a Scaling without class names: its own numbering
+    assert unnumbered.data.y.tolist() == [1, 0] and unnumbered.fingerprint != fleet.fingerprint
+    with pytest.raises(DataError, match=r"line 2, column 'label': 'jog' is not one of the classes \(idle, run, walk\)"):
+        load_csv(
+            write(tmp_path, "label,humidity,temp\njog,42,22\n", "jog.csv"), "label", scaling=tmp_path / "columns.json"
+        )
     renamed = "label,humid,temp\nidle,40,21.5\n"
     with pytest.raises(DataError, match=r"no column 'humidity'; did you mean 'humid'\?"):
         load_csv(write(tmp_path, renamed, "renamed.csv"), "label", scaling=fleet.scaling)
