@@ -76,9 +76,11 @@ class NumpyTrainer(Trainer):
 
     def mismatch(self, params: Params, x: np.ndarray, y: np.ndarray) -> str | None:
         try:
-            features, outputs = model.model_features(params), model.classes(params)
-        except (KeyError, ValueError, IndexError):
-            return "the job's parameters are not a model this trainer knows (an MLP or CNN)"
+            features, outputs = model.model_features(params, x.shape[1]), model.classes(params)
+        except ValueError as exc:
+            return f"the job's model does not take this device's {x.shape[1]} features: {exc}"
+        except (KeyError, IndexError):
+            return "the job's parameters are not a model this trainer knows (an MLP, a CNN or a Conv1D)"
         if x.shape[1] != features:
             return f"the job's model takes {features} features; this device's data has {x.shape[1]}"
         loss = get_loss(self.loss)

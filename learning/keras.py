@@ -9,12 +9,13 @@ that model, layer for layer:
 * ``Conv2D`` first, once, on a square one-channel image (``Input((s, s, 1))`` or ``Reshape((s, s,
   1))`` of s*s features): stride 1, ``valid`` padding, no dilation, with bias, ReLU; then ``Flatten``;
 * ``Conv1D`` first, once, on a sensor window ``Input((steps, channels))`` (the features are the
-  window flattened time-major, channels fastest): the same rules; then ``Flatten``;
+  window flattened time-major, channels fastest): the same rules; optionally one ``MaxPooling1D``
+  right after it (strides = pool size, ``valid``, a pool size dividing its positions); ``Flatten``;
 * ``ReLU``, ``Activation`` (relu, and on the last layer softmax/sigmoid as above), ``Softmax``;
 * ``Dropout``: accepted and not applied (devices train without it; Keras skips it at inference too);
 * ``Flatten`` and ``InputLayer``.
 
-Anything else (pooling (not yet), BatchNormalization, DepthwiseConv2D, recurrent layers, other activations,
+Anything else (other pooling, BatchNormalization, DepthwiseConv2D, recurrent layers, other activations,
 strides or padding) is refused before the job starts, naming the layer. Tensors are named as the
 built-in model's (``conv0.w``, ``dense{i}.w``, ...); ``layer_names`` maps them to the Keras layers.
 
@@ -55,6 +56,11 @@ def _activation(layer: Any) -> str:
     return str(name if isinstance(name, str) else getattr(name, "__name__", name))
 
 
+def _one(value: Any) -> int:
+    """A 1-D layer's size, written as a number or a one-element list."""
+    return int(value[0] if isinstance(value, list | tuple) else value)
+
+
 def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
     """(Keras layer, the built-in tensor names of its weights) for every layer with weights."""
     shape = tuple(model.input_shape[1:])
@@ -65,6 +71,7 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
                          "or a square one-channel image (s, s, 1)")  # fmt: skip
     mapped: list[tuple[Any, list[str]]] = []
     dense, flat = 0, not (image or window)
+    pooled, positions = False, 0  # a Conv1D's max pooling, and the positions it pools
     act, owner = "", ""  # the activation of the last Dense or Conv2D so far, and that layer
     for layer in model.layers:
         kind = type(layer).__name__
@@ -79,6 +86,14 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
             image, flat = True, False
         elif kind == "Flatten":
             flat = True
+        elif kind == "MaxPooling1D":
+            size, step = _one(config["pool_size"]), _one(config.get("strides") or config["pool_size"])
+            if not mapped or type(mapped[-1][0]).__name__ != "Conv1D" or flat or pooled:
+                raise KerasError(f"{name}: one MaxPooling1D converts, right after the Conv1D")
+            if step != size or config["padding"] != "valid" or positions % size:
+                raise KerasError(f"{name}: needs strides equal to its pool size, padding 'valid', and a pool size "
+                                 f"that divides the Conv1D's {positions} positions")  # fmt: skip
+            pooled = True
         elif kind in ("ReLU", "Activation", "Softmax"):
             new = {"ReLU": "relu", "Softmax": "softmax"}.get(kind) or _activation(layer)
             if kind == "ReLU" and (config.get("max_value") is not None or config.get("negative_slope")):
@@ -106,6 +121,7 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
                 if not plain or config["padding"] != "valid" or config.get("groups", 1) != 1:
                     raise KerasError(f"{name}: needs strides 1, padding 'valid', no dilation")
                 mapped.append((layer, ["tconv0.w", "tconv0.b"]))
+                positions = shape[0] - int(config["kernel_size"][0]) + 1
             else:
                 if not flat:
                     raise KerasError(f"{name}: a Dense after a convolution needs a Flatten before it")

@@ -54,9 +54,11 @@ def architecture(params: Params) -> str:
     return "cnn" if "conv0.w" in params else "conv1d" if "tconv0.w" in params else "mlp"
 
 
-def conv1d_geometry(params: Params, features: int) -> tuple[int, int, int, int]:
-    """(window length, kernel, input channels, filters) of a Conv1D model on ``features`` inputs (a
-    (length, channels) window flattened time-major, channels fastest); ValueError if inconsistent."""
+def conv1d_geometry(params: Params, features: int) -> tuple[int, int, int, int, int]:
+    """(window length, kernel, input channels, filters, pool) of a Conv1D model on ``features`` inputs
+    (a (length, channels) window flattened time-major, channels fastest); ``pool``: the size of the
+    max pooling after the convolution (1: none), which the shapes imply: the convolution's
+    positions over the positions ``dense0.w`` takes. ValueError if they do not fit together."""
     w = params["tconv0.w"]
     if w.ndim != 3:
         raise ValueError(f"tconv0.w {w.shape}: a Conv1D kernel is (kernel, channels, filters)")
@@ -64,9 +66,10 @@ def conv1d_geometry(params: Params, features: int) -> tuple[int, int, int, int]:
     if channels < 1 or features % channels or not 1 <= kernel <= features // channels:
         raise ValueError(f"tconv0.w {w.shape} does not convolve windows of {features} values")
     length = features // channels
-    if params["tconv0.b"].shape != (filters,) or params["dense0.w"].shape[0] != (length - kernel + 1) * filters:
-        raise ValueError("tconv0.b or dense0.w does not match tconv0.w")
-    return length, kernel, channels, filters
+    positions, taken = length - kernel + 1, int(params["dense0.w"].shape[0])
+    if params["tconv0.b"].shape != (filters,) or taken % filters or positions % max(1, taken // filters):
+        raise ValueError(f"tconv0.b or dense0.w does not match tconv0.w on windows of {features} values")
+    return length, kernel, channels, filters, positions // (taken // filters)
 
 
 @functools.cache
@@ -84,7 +87,7 @@ def convolution(params: Params, features: int) -> tuple[np.ndarray, str]:
     if architecture(params) == "cnn":
         side, kernel, _ = conv_geometry(params, features)
         return patch_index(side, kernel), "conv0"
-    length, kernel, channels, _ = conv1d_geometry(params, features)
+    length, kernel, channels, _, _ = conv1d_geometry(params, features)
     return window_index(length, kernel, channels), "tconv0"
 
 
@@ -109,13 +112,22 @@ def patch_index(side: int, kernel: int) -> np.ndarray:
     return ((rows[:, None] + di[None, :]) * side + cols[:, None] + dj[None, :]).astype(np.int32)
 
 
+def pool_size(params: Params, features: int) -> int:
+    """The max pooling after the model's convolution (1: none; only a Conv1D's is pooled)."""
+    return conv1d_geometry(params, features)[4] if architecture(params) == "conv1d" else 1
+
+
 def _conv_forward(params: Params, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(patches (n, positions, patch), activations (n, positions, channels), flattened features)."""
+    """(patches (n, positions, patch), activations (n, positions, channels), flattened features: the
+    activations max-pooled over ``pool_size`` positions, if any)."""
     index, name = convolution(params, x.shape[1])
     patches = x[:, index]
     w = params[f"{name}.w"]
     activations = np.maximum(patches @ w.reshape(-1, w.shape[-1]) + params[f"{name}.b"], 0.0)
-    return patches, activations, activations.reshape(len(x), -1)
+    pool = pool_size(params, x.shape[1])
+    n, positions, channels = activations.shape
+    pooled = activations.reshape(n, positions // pool, pool, channels).max(axis=2) if pool > 1 else activations
+    return patches, activations, pooled.reshape(n, -1)
 
 
 def mlp_sizes(params: Params) -> list[int]:
@@ -135,14 +147,16 @@ def mlp_sizes(params: Params) -> list[int]:
     return sizes
 
 
-def model_features(params: Params) -> int:
-    """Input features of a parameter set (the CNN's image is square; a Conv1D's window is as long as
-    its positions and kernel make it)."""
+def model_features(params: Params, features: int | None = None) -> int:
+    """Input features of a parameter set (the CNN's image is square). A Conv1D's window length
+    follows from its shapes only without pooling: with ``features`` (the data's), they are checked
+    against the shapes (pooling implied) and returned; ValueError if they do not fit."""
     if architecture(params) == "mlp":
         return int(params["dense0.w"].shape[0])
     if architecture(params) == "conv1d":
-        kernel, channels, filters = (int(d) for d in params["tconv0.w"].shape)
-        features = int((params["dense0.w"].shape[0] // filters + kernel - 1) * channels)
+        if features is None:
+            kernel, channels, filters = (int(d) for d in params["tconv0.w"].shape)
+            features = int((params["dense0.w"].shape[0] // filters + kernel - 1) * channels)
         conv1d_geometry(params, features)  # ValueError if the shapes do not fit together
         return features
     kernel, channels = math.isqrt(params["conv0.w"].shape[0]), params["conv0.w"].shape[1]
@@ -194,9 +208,16 @@ def loss_and_grads(params: Params, x: np.ndarray, y: np.ndarray, loss: str = "cr
         grads[f"dense{i}.b"] = np.add.reduce(delta, axis=0).astype(np.float32, copy=False)
         if i > 0:
             delta = (delta @ params[f"dense{i}.w"].T) * (activations[i] > 0)
-    if cnn:  # back through the flattening, the ReLU and the patch product
+    if cnn:  # back through the flattening, the pooling (to each window's maximum), the ReLU and the patch product
         name = "conv0" if "conv0.w" in params else "tconv0"
-        delta = (delta @ params["dense0.w"].T).reshape(conv_out.shape) * (conv_out > 0)
+        pool = pool_size(params, x.shape[1])
+        delta = delta @ params["dense0.w"].T
+        if pool > 1:
+            n, positions, channels = conv_out.shape
+            windows = conv_out.reshape(n, positions // pool, pool, channels)
+            peak = windows == windows.max(axis=2, keepdims=True)
+            delta = (peak * delta.reshape(n, positions // pool, 1, channels)).reshape(n, positions, channels)
+        delta = delta.reshape(conv_out.shape) * (conv_out > 0)
         w = params[f"{name}.w"]
         grads[f"{name}.w"] = np.einsum("npk,npc->kc", patches, delta).reshape(w.shape).astype(np.float32)
         grads[f"{name}.b"] = delta.sum(axis=(0, 1)).astype(np.float32)

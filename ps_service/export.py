@@ -23,7 +23,7 @@ import hashlib
 from typing import Any
 
 from learning.keras import quiet_tensorflow
-from learning.model import Params, architecture, classes, convolution, dense_layers, model_features
+from learning.model import Params, architecture, classes, convolution, dense_layers, model_features, pool_size
 from schemas.artifact import ArtifactMeta, TensorSpec, encode_artifact
 
 
@@ -39,13 +39,14 @@ def _loss(tf: Any, name: str, z: Any, y: Any, outputs: int) -> Any:
     return tf.reduce_mean(error * error) if name == "mse" else tf.reduce_mean(tf.abs(error))
 
 
-def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -> bytes:
-    """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``, training ``loss``."""
+def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy", features: int | None = None) -> bytes:
+    """The ``.tflite`` flatbuffer of the trainer for parameters shaped like ``params``, training ``loss``
+    on rows of ``features`` values (default: what the shapes say; a pooled Conv1D needs it)."""
     quiet_tensorflow()
     import tensorflow as tf
 
     names = list(params)
-    features = model_features(params)
+    features = model_features(params, features)
     outputs = classes(params)
     layers = dense_layers(params)
     cnn = architecture(params) != "mlp"  # a convolution first: over a square image or a time window
@@ -54,6 +55,7 @@ def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -
         index = tf.constant(table)
         positions, patch = table.shape
         channels = params[f"{conv}.w"].shape[-1]
+        pool = pool_size(params, features)
 
     @tf.custom_gradient
     def relu(h: Any) -> Any:
@@ -67,8 +69,10 @@ def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -
         if cnn:
             patches = tf.reshape(tf.gather(x, index, axis=1), [-1, patch])
             kernel = tf.reshape(p[f"{conv}.w"], [patch, channels])
-            out = tf.reshape(tf.matmul(patches, kernel), [-1, positions, channels]) + p[f"{conv}.b"]
-            h = tf.reshape(relu(out), [-1, positions * channels])
+            out = relu(tf.reshape(tf.matmul(patches, kernel), [-1, positions, channels]) + p[f"{conv}.b"])
+            if pool > 1:  # max pooling: the largest of each run of ``pool`` positions
+                out = tf.reduce_max(tf.reshape(out, [-1, positions // pool, pool, channels]), axis=2)
+            h = tf.reshape(out, [-1, (positions // pool) * channels])
         for i in range(layers):
             h = tf.matmul(h, p[f"dense{i}.w"]) + p[f"dense{i}.b"]
             if i < layers - 1:
@@ -103,16 +107,19 @@ def build_tflite(params: Params, batch_size: int, loss: str = "cross_entropy") -
     return flatbuffer
 
 
-def build_artifact(params: Params, batch_size: int, version: int = 1, loss: str = "cross_entropy") -> bytes:
+def build_artifact(
+    params: Params, batch_size: int, version: int = 1, loss: str = "cross_entropy", features: int | None = None
+) -> bytes:
     """The artifact payload for ``edgeps/{job}/model``: metadata and the verified flatbuffer."""
     import tensorflow as tf
 
-    tflite = build_tflite(params, batch_size, loss)
+    features = model_features(params, features)
+    tflite = build_tflite(params, batch_size, loss, features)
     meta = ArtifactMeta(
         arch=architecture(params),
         version=version,
         params=[TensorSpec(name=n, shape=tuple(int(d) for d in v.shape)) for n, v in params.items()],
-        features=model_features(params),
+        features=features,
         classes=classes(params),
         loss=loss,
         batch_size=batch_size,

@@ -59,7 +59,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
             raise ValueError("--export-tflite: a task's own trainer has no TFLite export (its devices run "
                              "edgeps client --task with the numpy backend; docs/TASKS.md)")  # fmt: skip
 
-        artifact = build_artifact(params, args.batch_size, loss=config.loss)
+        artifact = build_artifact(params, args.batch_size, loss=config.loss, features=holdout.x.shape[1])
     evaluator = Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss,
                           metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value(),
                           target=task.target)  # fmt: skip

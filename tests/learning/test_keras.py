@@ -52,6 +52,19 @@ def test_a_keras_conv1d_on_sensor_windows_converts() -> None:
     np.testing.assert_allclose(model.predict(x.reshape(7, 25, 3), verbose=0), softmax, atol=1e-5)
 
 
+def test_a_pooled_keras_conv1d_converts_and_computes_what_keras_computes() -> None:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((25, 3)), L.Conv1D(8, 5, activation="relu"), L.MaxPooling1D(3),
+                              L.Flatten(), L.Dense(6, activation="softmax")])  # fmt: skip
+    params = from_keras(model, "cross_entropy")
+    assert params["dense0.w"].shape == (7 * 8, 6)  # 21 positions pooled by 3
+    x = np.random.default_rng(1).normal(size=(5, 75)).astype(np.float32)
+    z = forward(params, x)
+    softmax = np.exp(z - z.max(axis=1, keepdims=True))
+    softmax /= softmax.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(model.predict(x.reshape(5, 25, 3), verbose=0), softmax, atol=1e-5)
+
+
 def test_trained_parameters_go_back_into_keras_and_tflite(tmp_path) -> None:
     model = cnn()
     params = {k: v + 0.01 for k, v in from_keras(model, "cross_entropy").items()}
@@ -88,8 +101,11 @@ def test_a_binary_model_with_its_sigmoid_head_is_saved_too(tmp_path) -> None:
         ([L.Conv2D(4, 3, strides=2, activation="relu"), L.Flatten(), L.Dense(10)], (8, 8, 1), r"strides 1"),
         ([L.Conv2D(4, 3, activation="relu"), L.Dense(10)], (8, 8, 1), r"needs a Flatten before it"),
         ([L.Dense(16, use_bias=False, activation="relu"), L.Dense(10)], (64,), r"needs use_bias=True"),
-        ([L.Conv1D(4, 3, activation="relu"), L.MaxPooling1D(), L.Flatten(), L.Dense(6)], (25, 3),
-         r"\(MaxPooling1D\) does not convert"),
+        ([L.Conv1D(4, 3, activation="relu"), L.MaxPooling1D(2), L.Flatten(), L.Dense(6)], (25, 3),
+         r"\(MaxPooling1D\): needs strides equal to its pool size, padding 'valid', and a pool size that divides "
+         r"the Conv1D's 23 positions"),
+        ([L.Dense(8, activation="relu"), L.Reshape((8, 1)), L.MaxPooling1D(2), L.Flatten(), L.Dense(6)], (64,),
+         r"Reshape"),
         ([L.Conv1D(4, 3, padding="same", activation="relu"), L.Flatten(), L.Dense(6)], (25, 3), r"padding 'valid'"),
     ],
 )  # fmt: skip

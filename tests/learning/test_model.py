@@ -7,16 +7,17 @@ from learning.model import evaluate, init_mlp, loss_and_grads, mlp_sizes
 from tests.helpers import blobs
 
 
-def conv1d(length: int = 6, kernel: int = 3, channels: int = 2, filters: int = 4, seed: int = 1) -> dict:
-    """A Conv1D model on (length, channels) windows: its kernel, then a dense head."""
+def conv1d(length: int = 6, kernel: int = 3, channels: int = 2, filters: int = 4, seed: int = 1, pool: int = 1) -> dict:
+    """A Conv1D model on (length, channels) windows: its kernel, max pooling over ``pool`` positions,
+    then a dense head."""
     rng = np.random.default_rng(seed)
     return {"tconv0.w": rng.normal(0, 0.5, (kernel, channels, filters)), "tconv0.b": rng.normal(0, 0.1, filters),
-            **init_mlp([(length - kernel + 1) * filters, 5, 3], seed=seed)}  # fmt: skip
+            **init_mlp([(length - kernel + 1) // pool * filters, 5, 3], seed=seed)}  # fmt: skip
 
 
-@pytest.mark.parametrize("model", ["mlp", "conv1d"])
+@pytest.mark.parametrize("model", ["mlp", "conv1d", "conv1d pooled"])
 def test_gradients_match_finite_differences(model: str) -> None:
-    initial = init_mlp([12, 7, 3], seed=1) if model == "mlp" else conv1d()
+    initial = init_mlp([12, 7, 3], seed=1) if model == "mlp" else conv1d(pool=2 if "pooled" in model else 1)
     params = {k: np.asarray(v, np.float64) for k, v in initial.items()}
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(6, 12)), rng.integers(0, 3, size=6)
@@ -65,3 +66,19 @@ def test_a_conv1d_runs_each_window_of_time_steps_through_its_kernel() -> None:
     h = np.maximum(h @ params["dense0.w"] + params["dense0.b"], 0) @ params["dense1.w"] + params["dense1.b"]
     np.testing.assert_allclose(forward(params, x), h, atol=1e-12)
     assert model_features(params) == 12
+
+
+def test_a_pooled_conv1d_keeps_the_largest_of_each_run_of_positions() -> None:
+    from learning.model import forward, model_features, pool_size
+
+    params = {k: np.asarray(v, np.float64) for k, v in conv1d(pool=2).items()}
+    x = np.random.default_rng(3).normal(size=(3, 12))
+    window = x.reshape(3, 6, 2)
+    w, b = params["tconv0.w"], params["tconv0.b"]
+    conv = np.maximum(np.stack([np.einsum("ntc,tcf->nf", window[:, p : p + 3], w) + b for p in range(4)], axis=1), 0)
+    pooled = np.maximum(conv[:, 0::2], conv[:, 1::2]).reshape(3, -1)  # positions (0, 1) and (2, 3)
+    h = np.maximum(pooled @ params["dense0.w"] + params["dense0.b"], 0) @ params["dense1.w"] + params["dense1.b"]
+    np.testing.assert_allclose(forward(params, x), h, atol=1e-12)
+    assert pool_size(params, 12) == 2 and model_features(params, 12) == 12
+    with pytest.raises(ValueError, match=r"does not match tconv0\.w on windows of 14 values"):
+        model_features(params, 14)  # 5 positions: no pool size gives the 2 dense0.w takes

@@ -23,13 +23,18 @@ MODELS = {
         "tconv0.b": np.zeros(6, np.float32),
         **init_mlp([14 * 6, 32, 10], seed=3),
     },
+    "conv1d pooled": {  # the same window, the 14 positions max-pooled by 2
+        "tconv0.w": np.random.default_rng(4).normal(0, 0.3, (3, 4, 6)).astype(np.float32),
+        "tconv0.b": np.zeros(6, np.float32),
+        **init_mlp([7 * 6, 32, 10], seed=3),
+    },
 }
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def built(request):
     params = MODELS[request.param]
-    meta, tflite = decode_artifact(build_artifact(params, batch_size=16))
+    meta, tflite = decode_artifact(build_artifact(params, batch_size=16, features=64))
     return params, meta, tflite
 
 
