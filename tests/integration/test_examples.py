@@ -217,8 +217,17 @@ def test_the_sensor_windows_conv1d_trains_and_predicts_on_every_route(tmp_path) 
     report = demo(tmp_path, "sensor_windows.py", "--rounds", "40")
     assert report["metric"] == "accuracy" and report["best"] > report["baseline"] + 0.25 and report["rejected"] == 0
     out = tmp_path / "sensor_windows"
+    sys.path.insert(0, str(ROOT / "examples"))
+    from sensor_windows import CSV, windows
+
+    from learning.data import stratified_indices
+
+    held = stratified_indices(windows().data.y, 0.2, 0)[1]  # the demo's held-out rows, as the user's own CSV
+    header, *rows = CSV.read_text().splitlines()
+    readings = tmp_path / "held-out-windows.csv"
+    readings.write_text("\n".join([header, *(rows[i] for i in held)]) + "\n")
     for route in ("numpy", "keras", "tflite"):
-        said = predict(tmp_path, "--model", str(out), "--data", str(out / "data" / "holdout.npz"), "--route", route)
+        said = predict(tmp_path, "--model", str(out), "--csv", str(readings), "--route", route)
         assert abs(said["accuracy"] - report["final"]) < 0.001, (route, said, report["final"])
 
 
