@@ -107,9 +107,10 @@ def add_model_options(
             parser.add_argument(flag(name, info), dest=name, default=default, choices=choices, help=help_text)
             continue
         kind = _parser(info.annotation, optional, default)
-        if info.is_required() and name not in defaults:
+        if info.is_required() and name not in defaults:  # required of the model, which says so when it is
+            # missing: argparse's required=True would refuse it before a --config file or EDGEPS_* gave it
             help_text = help_text.replace(" (default: PydanticUndefined)", " (required)")
-            parser.add_argument(flag(name, info), dest=name, required=True, type=kind, metavar=metavar, help=help_text)
+            parser.add_argument(flag(name, info), dest=name, default=None, type=kind, metavar=metavar, help=help_text)
             continue
         parser.add_argument(flag(name, info), dest=name, default=default, type=kind, metavar=metavar, help=help_text)
 
@@ -123,6 +124,8 @@ def model_values(model: type[BaseModel], args: argparse.Namespace, skip: Iterabl
         if nested is not None and name not in skip:
             values.update(model_values(nested, args, skip))
         elif name not in skip and hasattr(args, name):
+            if getattr(args, name) is None and info.is_required():
+                continue  # not given: the model says it is required
             values[name] = getattr(args, name)
     return values
 

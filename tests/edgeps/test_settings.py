@@ -51,3 +51,18 @@ def test_config_show_prints_the_effective_values_and_hides_passwords(tmp_path, c
     out = capsys.readouterr().out
     assert f'device = "gw-7"  # {config}' in out and "seed = 3  # flag" in out and 'backend = "auto"' in out
     assert "hunter2" not in out and 'password = "********"' in out
+
+
+def test_an_aggregators_required_site_may_come_from_its_file_or_the_environment(tmp_path, monkeypatch) -> None:
+    """--site is required of the model, not of argparse: a TOML file or EDGEPS_SITE may give it."""
+    from edgeps.options import model_values
+    from ps_service.aggregator import SiteConfig
+
+    aggregator = _roles(build_parser())["aggregator"]
+    config = tmp_path / "aggregator.toml"
+    config.write_text('site = "north"\njob = "j7"\n')
+    assert SiteConfig(**model_values(SiteConfig, apply(aggregator, [], str(config)))).site == "north"
+    monkeypatch.setenv("EDGEPS_SITE", "south")
+    assert SiteConfig(**model_values(SiteConfig, apply(aggregator, [], None))).site == "south"
+    monkeypatch.delenv("EDGEPS_SITE")
+    assert main(["aggregator", "--broker", "127.0.0.1:1"]) == 2  # none given: one line, "--site: Field required"
