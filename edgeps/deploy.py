@@ -10,7 +10,6 @@ the model: the numpy reference, Keras, or a TFLite interpreter (any batch size).
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from learning.csvdata import Scaling, nearest_column, read_number
+from learning.csvdata import Scaling, read_number, read_table
 from learning.data import DataError, TargetScale
-from learning.metrics import get_metrics
+from learning.metrics import get_metrics, predicted_classes
 from learning.model import Params, forward
 
 CARD_FORMAT = "edgeps-model/1"
@@ -41,11 +40,7 @@ class ModelCard:
     target: TargetScale | None = None  # a regression: the model's outputs are (y - mean) / std
 
     def to_json(self) -> dict[str, Any]:
-        columns = (
-            {}
-            if self.scaling is None
-            else {"features": self.scaling.features, "low": self.scaling.low, "span": self.scaling.span}
-        )
+        columns = {} if self.scaling is None else self.scaling.to_json()
         return {
             "format": CARD_FORMAT,
             "loss": self.loss,
@@ -63,13 +58,7 @@ class ModelCard:
         if not isinstance(data, dict) or data.get("format") != CARD_FORMAT:
             raise DataError(f"{where}: not an edgeps model card ({CARD_FORMAT})")
         try:
-            scaling = None
-            if data.get("features") is not None:
-                scaling = Scaling(
-                    [str(f) for f in data["features"]],
-                    [float(v) for v in data["low"]],
-                    [float(v) for v in data["span"]],
-                )
+            scaling = None if data.get("features") is None else Scaling.from_json(data)
             target = data.get("target")
             return ModelCard(
                 str(data["loss"]),
@@ -136,9 +125,7 @@ class Model:
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Each row's class index (classification) or value (regression)."""
         z = self.outputs(x)
-        if not self.card.classification:
-            return z.reshape(len(z), -1)[:, 0]
-        return (z[:, 0] > 0).astype(np.int64) if z.shape[1] == 1 else z.argmax(axis=1)
+        return predicted_classes(z) if self.card.classification else z.reshape(len(z), -1)[:, 0]
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """The task's metrics on raw readings ``x`` and labels ``y`` (class indices or values)."""
@@ -150,40 +137,21 @@ class Model:
         found by name, in any order; DataError in one line naming the file, line and column."""
         if self.card.scaling is None:
             raise DataError(f"{path}: this model was not trained on CSV columns (its card names none)")
-        path = Path(path)
-        try:
-            with path.open(newline="") as file:
-                rows = list(csv.reader(file))
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            raise DataError(f"{path}: {exc}") from None
-        if not rows:
-            raise DataError(f"{path}: empty file (expected a header line)")
-        header = [h.strip() for h in rows[0]]
-        for column in self.card.scaling.features:
-            if column not in header:
-                raise DataError(f"{path}: no column {column!r}{nearest_column(column, header)}")
-        at = {h: i for i, h in enumerate(header)}
-        labelled = self.card.label is not None and self.card.label in at
-        data = [(n, r) for n, r in enumerate(rows[1:], start=2) if any(c.strip() for c in r)]
-        x = np.empty((len(data), len(self.card.scaling.features)), np.float64)
-        labels: list[Any] = []
+        table = read_table(path, self.card.scaling.features)
+        x = table.numbers(self.card.scaling.features)
+        label = self.card.label
+        if label is None or label not in table.header:
+            return x, None
+        texts = table.texts(label, "label")
+        if not self.card.classification:
+            return x, np.array([read_number(text, f"{table.path} line {n}, column {label!r}") for n, text in texts],
+                               np.float32)  # fmt: skip
         index = {name: i for i, name in enumerate(self.card.classes)}
-        for r, (number, row) in enumerate(data):
-            if len(row) != len(header):
-                raise DataError(f"{path} line {number}: {len(row)} fields, the header has {len(header)}")
-            for c, column in enumerate(self.card.scaling.features):
-                x[r, c] = read_number(row[at[column]], f"{path} line {number}, column {column!r}")
-            if labelled:
-                assert self.card.label is not None
-                text, where = row[at[self.card.label]].strip(), f"{path} line {number}, column {self.card.label!r}"
-                if not self.card.classification:
-                    labels.append(read_number(text, where))
-                elif text not in index:
-                    raise DataError(f"{where}: {text!r} is not one of the model's classes")
-                else:
-                    labels.append(index[text])
-        y = np.array(labels, np.int64 if self.card.classification else np.float32) if labelled else None
-        return x, y
+        for number, text in texts:
+            if text not in index:
+                raise DataError(f"{table.path} line {number}, column {label!r}: {text!r} is not one of the model's "
+                                "classes")  # fmt: skip
+        return x, np.array([index[text] for _, text in texts], np.int64)
 
 
 def load_model(path: str | Path, route: str = "numpy") -> Model:

@@ -155,10 +155,28 @@ class Task:
                 f"{type(exc).__name__}: {exc}"
             ) from None
 
-    def _call(self, function: Callable[..., DataLike], name: str, *args: Any) -> tuple[Dataset, list[str] | None]:
-        """Call one of the task's data functions and check what it gave."""
-        value = self._run(function, name, *args)
+    def _checked(self, value: DataLike, name: str) -> tuple[Dataset, list[str] | None]:
+        """What one of the task's data functions gave, checked."""
         return as_dataset(value, self.classification, self._where(name + "()"))
+
+    @functools.cached_property
+    def _data_value(self) -> DataLike:
+        """What ``data()`` gives, read once per process (the roles ask for it several times)."""
+        assert self.data is not None
+        return self._run(self.data, "data")
+
+    @functools.cached_property
+    def _server_value(self) -> DataLike:
+        """What ``server_data()`` gives, read once per process."""
+        assert self.server_data is not None
+        return self._run(self.server_data, "server_data")
+
+    def _table(self) -> CsvData | None:
+        """The job's CSV data (``data()``'s, else ``server_data()``'s), or None where it is no CsvData."""
+        value = (
+            self._data_value if self.data is not None else self._server_value if self.server_data is not None else None
+        )
+        return value if isinstance(value, CsvData) else None
 
     @functools.cached_property
     def target(self) -> TargetScale | None:
@@ -167,7 +185,7 @@ class Task:
         no ``data()`` (every role reads the same task file, so every role finds the same scale)."""
         if not self.standardize or self.classification is not False or self.data is None:
             return None
-        return TargetScale.of(self._call(self.data, "data")[0].y)
+        return TargetScale.of(self._checked(self._data_value, "data")[0].y)
 
     def _scaled(self, data: Dataset) -> Dataset:
         return data if self.target is None else self.target.apply(data)
@@ -177,14 +195,14 @@ class Task:
         each row's device if it names them."""
         if self.data is None:
             raise TaskError(self._where("no data() to split into device shards"))
-        data, devices = self._call(self.data, "data")
+        data, devices = self._checked(self._data_value, "data")
         return self._scaled(data), devices
 
     def holdout(self, seed: int, fraction: float = 0.2) -> Dataset:
         """The server's held-out set: ``server_data()``, else ``fraction`` of ``data()`` (stratified by
         class, or target quintile; the rows ``edgeps data`` holds out with the same seed)."""
         if self.server_data is not None:
-            return self._scaled(self._call(self.server_data, "server_data")[0])
+            return self._scaled(self._checked(self._server_value, "server_data")[0])
         return stratified_split(self.dataset()[0], fraction, seed)[1]
 
     def device_dataset(self, device: str) -> Dataset:
@@ -197,15 +215,14 @@ class Task:
         if self.device_data is None:
             raise TaskError(self._where("no device_data(device) to read this device's data from: give --data"))
         value = self._run(self.device_data, "device_data", device)
-        data, _ = as_dataset(value, self.classification, self._where("device_data()"))
+        data, _ = self._checked(value, "device_data")
         return self._scaled(data), value.fingerprint if isinstance(value, CsvData) else None
 
     def columns(self) -> str | None:
         """The fingerprint of the job's CSV columns and scaling (``data()``'s, else ``server_data()``'s),
         or None where the data is no CsvData: what a device's own rows are checked against."""
-        function, name = (self.data, "data") if self.data is not None else (self.server_data, "server_data")
-        value = self._run(function, name) if function is not None else None
-        return value.fingerprint if isinstance(value, CsvData) else None
+        table = self._table()
+        return None if table is None else table.fingerprint
 
     def outputs(self, data: Dataset) -> int:
         """The model's output width for the task's loss and this data."""
@@ -270,12 +287,11 @@ class Task:
         """What a saved model of this task needs beside its tensors to predict from raw readings: the
         loss and metrics, and for CSV data (``data()`` or ``server_data()`` gave a ``CsvData``) the
         label, the feature columns with their scaling and the class names."""
-        function, name = (self.data, "data") if self.data is not None else (self.server_data, "server_data")
-        value = self._run(function, name) if function is not None else None
-        classification = self.classification is not False
-        card = ModelCard(self.loss, list(self.metric_names), version, classification, target=self.target)
-        if isinstance(value, CsvData):
-            card = dataclasses.replace(card, label=value.label or None, classes=value.classes, scaling=value.scaling)
+        table = self._table()
+        card = ModelCard(self.loss, list(self.metric_names), version, self.classification is not False,
+                         target=self.target)  # fmt: skip
+        if table is not None:
+            card = dataclasses.replace(card, label=table.label or None, classes=table.classes, scaling=table.scaling)
         return card
 
     def save_model(self, params: Params, path: Path, card: ModelCard) -> list[Path]:

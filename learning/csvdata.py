@@ -15,12 +15,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from learning.data import DataError, Dataset
 
-__all__ = ["CsvData", "DataError", "Scaling", "load_csv", "nearest_column", "read_number"]
+__all__ = ["CsvData", "DataError", "Scaling", "Table", "load_csv", "read_number", "read_table"]
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,22 @@ class Scaling:
         scaled: np.ndarray = ((x - np.asarray(self.low)) / np.asarray(self.span)).astype(np.float32)
         return scaled
 
+    def to_json(self) -> dict[str, list[Any]]:
+        return {"features": self.features, "low": self.low, "span": self.span}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Scaling:
+        """The scaling a JSON object holds (``features``, ``low``, ``span``); KeyError, TypeError or
+        ValueError where it does not."""
+        return Scaling([str(f) for f in data["features"]], [float(v) for v in data["low"]],
+                       [float(v) for v in data["span"]])  # fmt: skip
+
     @staticmethod
     def load(path: str | Path) -> Scaling:
         """The scaling in a JSON file that holds ``features``, ``low`` and ``span``: the columns.json of
         ``edgeps data --csv``, or a saved model's card (edgeps.deploy)."""
         try:
-            data = json.loads(Path(path).read_text())
-            return Scaling([str(f) for f in data["features"]], [float(v) for v in data["low"]],
-                           [float(v) for v in data["span"]])  # fmt: skip
+            return Scaling.from_json(json.loads(Path(path).read_text()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DataError(f"{path}: no scaling (features, low, span) readable: {exc}") from None
 
@@ -71,8 +80,7 @@ class CsvData:
     def meta(self) -> dict[str, object]:
         """What a gateway needs to read new rows as the shards were made: the label column, the
         feature columns, their scaling and the class names."""
-        return {"label": self.label, "classes": self.classes, "features": self.scaling.features,
-                "low": self.scaling.low, "span": self.scaling.span}  # fmt: skip
+        return {"label": self.label, "classes": self.classes, **self.scaling.to_json()}
 
     def save_meta(self, path: Path) -> None:
         """``meta()`` as JSON (``edgeps data --csv`` writes it as columns.json)."""
@@ -112,6 +120,64 @@ def load_csv(
         scaling = Scaling.load(scaling)
     if scaling is not None:
         features = list(scaling.features)
+    table = read_table(path, [label, *(features or []), *([device_column] if device_column else [])])
+    if features is None:
+        features = [h for h in table.header if h not in (label, device_column)]
+    if not features:
+        raise DataError(f"{table.path}: no feature columns besides {label!r}")
+    if not table.rows:
+        raise DataError(f"{table.path}: no data rows")
+    x = table.numbers(features)
+    labels = table.texts(label, "label")
+    devices = [text for _, text in table.texts(device_column, "device")] if device_column else []
+    if regression:
+        targets = [read_number(text, f"{table.path} line {number}, column {label!r}") for number, text in labels]
+        y = np.array(targets, np.float32)
+        names: list[str] = []
+    else:
+        y, names = _classes(table.path, label, labels, classes)
+    if scaling is None:
+        low, high = x.min(axis=0), x.max(axis=0)
+        span = np.where(high > low, high - low, 1.0)
+        scaling = Scaling(features, low.tolist(), span.tolist())
+    return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None, label)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A CSV file's header and its rows that are not blank, each with its line number."""
+
+    path: Path
+    header: list[str]
+    rows: list[tuple[int, list[str]]]
+
+    def numbers(self, columns: list[str]) -> np.ndarray:
+        """The ``columns`` of every row as finite numbers (n, len(columns)); DataError naming the line
+        and column of the first that is not, or of a row with another number of fields."""
+        at = {h: i for i, h in enumerate(self.header)}
+        x = np.empty((len(self.rows), len(columns)), np.float64)
+        for r, (number, row) in enumerate(self.rows):
+            if len(row) != len(self.header):
+                raise DataError(f"{self.path} line {number}: {len(row)} fields, the header has {len(self.header)}")
+            for c, column in enumerate(columns):
+                x[r, c] = read_number(row[at[column]], f"{self.path} line {number}, column {column!r}")
+        return x
+
+    def texts(self, column: str, what: str) -> list[tuple[int, str]]:
+        """(line number, text) of ``column`` in every row; DataError naming the line of an empty one."""
+        at = self.header.index(column)
+        out = []
+        for number, row in self.rows:
+            text = row[at].strip()
+            if not text:
+                raise DataError(f"{self.path} line {number}, column {column!r}: missing {what}")
+            out.append((number, text))
+        return out
+
+
+def read_table(path: str | Path, columns: list[str]) -> Table:
+    """``path``'s header and rows; DataError in one line if it cannot be read, is empty, or lacks one of
+    ``columns`` (naming the nearest match)."""
     path = Path(path)
     try:
         with path.open(newline="") as file:
@@ -123,44 +189,10 @@ def load_csv(
             rows = [(number, row) for number, row in enumerate(reader, start=2) if any(c.strip() for c in row)]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path}: {exc}") from None
-    named = [label, *(features or []), *([device_column] if device_column else [])]
-    for column in named:
+    for column in columns:
         if column not in header:
             raise DataError(f"{path}: no column {column!r}{nearest_column(column, header)}")
-    if features is None:
-        features = [h for h in header if h not in (label, device_column)]
-    if not features:
-        raise DataError(f"{path}: no feature columns besides {label!r}")
-    if not rows:
-        raise DataError(f"{path}: no data rows")
-    at = {h: i for i, h in enumerate(header)}
-    x = np.empty((len(rows), len(features)), np.float64)
-    labels, devices = [], []
-    for r, (number, row) in enumerate(rows):
-        if len(row) != len(header):
-            raise DataError(f"{path} line {number}: {len(row)} fields, the header has {len(header)}")
-        for c, column in enumerate(features):
-            x[r, c] = read_number(row[at[column]], f"{path} line {number}, column {column!r}")
-        text = row[at[label]].strip()
-        if not text:
-            raise DataError(f"{path} line {number}, column {label!r}: missing label")
-        labels.append((number, text))
-        if device_column:
-            device = row[at[device_column]].strip()
-            if not device:
-                raise DataError(f"{path} line {number}, column {device_column!r}: missing device")
-            devices.append(device)
-    if regression:
-        targets = [read_number(text, f"{path} line {number}, column {label!r}") for number, text in labels]
-        y = np.array(targets, np.float32)
-        names: list[str] = []
-    else:
-        y, names = _classes(path, label, labels, classes)
-    if scaling is None:
-        low, high = x.min(axis=0), x.max(axis=0)
-        span = np.where(high > low, high - low, 1.0)
-        scaling = Scaling(features, low.tolist(), span.tolist())
-    return CsvData(Dataset(scaling.apply(x), y), names, scaling, devices if device_column else None, label)
+    return Table(path, header, rows)
 
 
 def nearest_column(column: str, header: list[str]) -> str:
