@@ -303,9 +303,15 @@ class MqttTransport(Transport):
         response = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
         inbound = Inbound(
-            message.topic, bytes(message.payload), message.mid, message.qos, response, correlation,
-            bool(message.retain), bool(message.dup),
-        )  # fmt: skip
+            message.topic,
+            bytes(message.payload),
+            message.mid,
+            message.qos,
+            response,
+            correlation,
+            bool(message.retain),
+            bool(message.dup),
+        )
         self._inbox.put(inbound)
 
     def publish(self, message: Publish) -> None:

@@ -48,8 +48,13 @@ class Backend:
             self.events.error("refused the model artifact: %s", exc)
             return False
         self.trainer, self.artifact, self.artifact_error = trainer, payload, None
-        self.events.info("training with the %s artifact v%d (%s, sha256 %s...)", meta.arch, meta.version,
-                         meta.built_with, meta.sha256[:12])  # fmt: skip
+        self.events.info(
+            "training with the %s artifact v%d (%s, sha256 %s...)",
+            meta.arch,
+            meta.version,
+            meta.built_with,
+            meta.sha256[:12],
+        )
         return True
 
     def use_loss(self, loss: str) -> str | None:

@@ -303,8 +303,12 @@ class DeviceCore:
                 return
             if frame.seq != self.server_version or self._replica is None or self._replica_run != self.run:
                 self.gap = True
-                self.events.warning("delta %d->%d does not follow our version %d: resync", frame.seq,
-                                    frame.base_version, self.server_version)  # fmt: skip
+                self.events.warning(
+                    "delta %d->%d does not follow our version %d: resync",
+                    frame.seq,
+                    frame.base_version,
+                    self.server_version,
+                )
                 return
             if set(frame.tensors) != set(self._replica):
                 raise FrameError("a delta whose tensors are not the model's")
@@ -354,8 +358,10 @@ class DeviceCore:
         batch = self.rng.integers(0, len(self.data), size=min(control.batch_size, len(self.data)))
         self.last_loss, grads = self.backend.loss_and_grads(self._local, self.data.x[batch], self.data.y[batch])
         if not np.isfinite(self.last_loss):  # diverged: every commit from here on would be refused as non_finite
-            self._end(f"local training diverged (loss {self.last_loss} at step {self.steps + 1}): "
-                      f"the job's learning rate {control.lr} is too high for this model and data")  # fmt: skip
+            self._end(
+                f"local training diverged (loss {self.last_loss} at step {self.steps + 1}): "
+                f"the job's learning rate {control.lr} is too high for this model and data"
+            )
             return
         lr = np.float32(control.lr)
         for name, g in grads.items():

@@ -47,8 +47,10 @@ def awaited(core: DeviceCore) -> str:
     if barrier is not None and barrier.state == "paused":
         return f"job {job} to resume (an operator paused it: edgeps ctl resume)"
     if core.blocked and core.control is not None:
-        return (f"the slowest device: ssp's staleness bound ({core.control.staleness_bound} commits) holds this one "
-                f"{core.seq - core.slowest_clock} commits ahead")  # fmt: skip
+        return (
+            f"the slowest device: ssp's staleness bound ({core.control.staleness_bound} commits) holds this one "
+            f"{core.seq - core.slowest_clock} commits ahead"
+        )
     if barrier is not None and barrier.waiting_for:
         names = ", ".join(barrier.waiting_for[:5]) + (", ..." if len(barrier.waiting_for) > 5 else "")
         return f"version {barrier.version + 1}: the round waits for {len(barrier.waiting_for)} devices ({names})"

@@ -17,6 +17,21 @@ from learning.spec import ModelSpec
 __version__ = "0.2.0"
 
 __all__ = [
-    "CsvData", "DataError", "Dataset", "Model", "ModelSpec", "Params", "Task", "TaskError", "Trainer", "TrainerError",
-    "__version__", "load_csv", "load_digits", "load_idx", "load_model", "load_npz", "load_task",
-]  # fmt: skip
+    "CsvData",
+    "DataError",
+    "Dataset",
+    "Model",
+    "ModelSpec",
+    "Params",
+    "Task",
+    "TaskError",
+    "Trainer",
+    "TrainerError",
+    "__version__",
+    "load_csv",
+    "load_digits",
+    "load_idx",
+    "load_model",
+    "load_npz",
+    "load_task",
+]

@@ -43,21 +43,32 @@ class DemoSettings(BaseModel):
     backend: Literal["numpy", "tflite", "auto"] = Field(
         "numpy", description="devices' trainer; tflite/auto: the server exports a TFLite trainer (needs the tf extra)"
     )
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="serve Prometheus metrics and the dashboard "
-                                     "on this port")  # fmt: skip
-    task: Path | None = Field(None, description="a task file: the model, loss, metrics and data (docs/TASKS.md); "
-                              "default: the built-in digits job")  # fmt: skip
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics and the dashboard on this port"
+    )
+    task: Path | None = Field(
+        None,
+        description="a task file: the model, loss, metrics and data (docs/TASKS.md); default: the built-in digits job",
+    )
     out: Path = Field(Path("edgeps-demo"), description="folder for data shards, logs, report.json, curves.png")
     broker: str | None = Field(None, description="use this HOST:PORT instead of starting a broker")
-    dashboard_broker: str | None = Field(None, description="with --broker and --metrics-port: the broker's "
-                                         "WebSocket URL the dashboard connects to (default: ws://HOST:9001, "
-                                         "edgeps broker's)")  # fmt: skip
+    dashboard_broker: str | None = Field(
+        None,
+        description="with --broker and --metrics-port: the broker's "
+        "WebSocket URL the dashboard connects to (default: ws://HOST:9001, "
+        "edgeps broker's)",
+    )
     embedded_broker: bool = Field(False, description="use the embedded amqtt broker")
-    embedded_devices: int = Field(0, ge=0, description="run the last K devices as edgeps-device, the C SDK's "
-                                  "(built into OUT/sdk on the fly)")  # fmt: skip
-    firmware_devices: int = Field(0, ge=0, description="run the last K devices as firmware images of the C SDK "
-                                  "under QEMU, a Cortex-M4F and an RV32IMAC in turn, their UART joined to the "
-                                  "broker (built into OUT/firmware)")  # fmt: skip
+    embedded_devices: int = Field(
+        0, ge=0, description="run the last K devices as edgeps-device, the C SDK's (built into OUT/sdk on the fly)"
+    )
+    firmware_devices: int = Field(
+        0,
+        ge=0,
+        description="run the last K devices as firmware images of the C SDK "
+        "under QEMU, a Cortex-M4F and an RV32IMAC in turn, their UART joined to the "
+        "broker (built into OUT/firmware)",
+    )
     timeout_s: float = Field(600.0, gt=0, description="give up on the job after this many seconds")
     #: Per-device compute slowdown factors (missing devices: 1.0).
     slowdowns: tuple[float, ...] = ()
@@ -137,8 +148,18 @@ def build_demo_firmware(settings: DemoSettings, task: Any, shards: ShardPaths, o
     for i, board in boards.items():
         data = Dataset.load(shards.devices[i])
         name = f"dev-{i:02d}"
-        build_image(out / name, board, settings.server.job, name, data.x.astype("float32"), data.y.astype("float32"),
-                    sizes, settings.server.codec, settings.server.pull_codec, seed=settings.seed + i)  # fmt: skip
+        build_image(
+            out / name,
+            board,
+            settings.server.job,
+            name,
+            data.x.astype("float32"),
+            data.y.astype("float32"),
+            sizes,
+            settings.server.codec,
+            settings.server.pull_codec,
+            seed=settings.seed + i,
+        )
         images[i] = out / name
     return images
 
@@ -177,8 +198,9 @@ def run_local_job(
     logs.mkdir(parents=True, exist_ok=True)
     job = settings.server.job
     topics = Topics(job)
-    watcher = MqttTransport(address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status],
-                            persistent=False)  # fmt: skip
+    watcher = MqttTransport(
+        address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status], persistent=False
+    )
     processes: list[subprocess.Popen] = []
     progress = JobProgress(settings.server.rounds, settings.devices, quiet=quiet)
     devices: dict[str, subprocess.Popen] = {}
@@ -190,12 +212,21 @@ def run_local_job(
         device_common = ["--broker", f"{devices_at.host}:{devices_at.port}", "--job", settings.server.job]
         server_report = logs / f"{settings.server.job}-metrics.json"
         server_args = [
-            "ps", *common, *to_flags(settings.server, ("job", "min_devices"), PROCESS_DEFAULTS),
+            "ps",
+            *common,
+            *to_flags(settings.server, ("job", "min_devices"), PROCESS_DEFAULTS),
             *to_flags(settings.model),
-            "--seed", str(settings.seed), "--eval-data", str(shards.holdout), "--report", str(server_report),
-            "--save-model", str(logs.parent / "model.npz"),
-            "--min-devices", str(settings.devices),
-        ]  # fmt: skip
+            "--seed",
+            str(settings.seed),
+            "--eval-data",
+            str(shards.holdout),
+            "--report",
+            str(server_report),
+            "--save-model",
+            str(logs.parent / "model.npz"),
+            "--min-devices",
+            str(settings.devices),
+        ]
         task = ["--task", str(settings.task)] if settings.task is not None else []
         server_args += task
         if settings.backend != "numpy":
@@ -221,21 +252,45 @@ def run_local_job(
                 processes.append(devices[name])
                 continue
             if c_device is not None and i >= settings.devices - settings.embedded_devices - settings.firmware_devices:
-                device = [*device_common, "--device", name, "--data", str(shard.with_suffix(".epsf")), "--seed",
-                          str(settings.seed + i), "--step-time", str(settings.step_time * slowdown)]  # fmt: skip
+                device = [
+                    *device_common,
+                    "--device",
+                    name,
+                    "--data",
+                    str(shard.with_suffix(".epsf")),
+                    "--seed",
+                    str(settings.seed + i),
+                    "--step-time",
+                    str(settings.step_time * slowdown),
+                ]
                 devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log", program=c_device)
                 processes.append(devices[name])
                 continue
             device = [
-                "client", *device_common, "--device", name, "--data", str(shard), "--seed", str(settings.seed + i),
-                "--slowdown", str(slowdown), "--step-time", str(settings.step_time),
-                "--backend", settings.backend, "--cache", str(logs.parent / "artifacts" / name), *task,
-            ]  # fmt: skip
+                "client",
+                *device_common,
+                "--device",
+                name,
+                "--data",
+                str(shard),
+                "--seed",
+                str(settings.seed + i),
+                "--slowdown",
+                str(slowdown),
+                "--step-time",
+                str(settings.step_time),
+                "--backend",
+                settings.backend,
+                "--cache",
+                str(logs.parent / "artifacts" / name),
+                *task,
+            ]
             devices[name] = spawn(device, logs / f"{settings.server.job}-{name}.log")
             processes.append(devices[name])
         if not quiet:
-            print(f"started the parameter server ({settings.server.pace}) and {settings.devices} devices; "
-                  f"logs in {logs}/")  # fmt: skip
+            print(
+                f"started the parameter server ({settings.server.pace}) and {settings.devices} devices; logs in {logs}/"
+            )
 
         deadline = time.monotonic() + settings.timeout_s
 
@@ -309,8 +364,10 @@ def run_demo(
         mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
         k = settings.firmware_devices
         if not 0 < k <= settings.devices - settings.embedded_devices or not mlp or settings.server.loss not in C_LOSSES:
-            raise ValueError(f"--firmware-devices {k}: 1 to --devices ({settings.devices}) less --embedded-devices "
-                             f"firmware devices, with the built-in MLP and loss {' or '.join(C_LOSSES)}")  # fmt: skip
+            raise ValueError(
+                f"--firmware-devices {k}: 1 to --devices ({settings.devices}) less --embedded-devices "
+                f"firmware devices, with the built-in MLP and loss {' or '.join(C_LOSSES)}"
+            )
     if settings.embedded_devices:
         mlp = _an_mlp(task)
         if not 0 < settings.embedded_devices <= settings.devices or not mlp or settings.server.loss not in C_LOSSES:
@@ -342,8 +399,10 @@ def run_demo(
         for shard in shards.devices[first_c : settings.devices - settings.firmware_devices]:
             data = Dataset.load(shard)
             shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
-        say(f"devices: {settings.devices - settings.embedded_devices - settings.firmware_devices} edgeps client, "
-            f"{settings.embedded_devices} edgeps-device (C)")  # fmt: skip
+        say(
+            f"devices: {settings.devices - settings.embedded_devices - settings.firmware_devices} edgeps client, "
+            f"{settings.embedded_devices} edgeps-device (C)"
+        )
     if firmware:
         say(f"devices: {settings.firmware_devices} firmware images under QEMU, their UART on the broker")
 
@@ -354,8 +413,10 @@ def run_demo(
         if settings.metrics_port:
             dashboard_broker = settings.dashboard_broker or f"ws://{address.host}:9001"
             said = "" if settings.dashboard_broker else " (edgeps broker's WebSocket port; another: --dashboard-broker)"
-            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
-                f"&broker={dashboard_broker}{said}")  # fmt: skip
+            say(
+                f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
+                f"&broker={dashboard_broker}{said}"
+            )
     else:
         broker = start_broker(workdir=out / "broker", embedded=True if settings.embedded_broker else None)
         address = BrokerAddress(broker.host, broker.port)
@@ -363,13 +424,23 @@ def run_demo(
         say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
         if settings.metrics_port and broker.ws_port:
             dashboard_broker = f"ws://{broker.host}:{broker.ws_port}"
-            say(f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
-                f"&broker={dashboard_broker}")  # fmt: skip
+            say(
+                f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
+                f"&broker={dashboard_broker}"
+            )
     try:
         devices_at = BrokerAddress.parse(device_broker) if device_broker else None
-        result = run_local_job(settings, address, shards, logs, quiet=quiet, c_device=c_device,
-                               dashboard_broker=dashboard_broker, device_address=devices_at,
-                               firmware=firmware)  # fmt: skip
+        result = run_local_job(
+            settings,
+            address,
+            shards,
+            logs,
+            quiet=quiet,
+            c_device=c_device,
+            dashboard_broker=dashboard_broker,
+            device_address=devices_at,
+            firmware=firmware,
+        )
     finally:
         if broker is not None:
             broker.stop()
@@ -377,8 +448,11 @@ def run_demo(
     settings_dict = settings.model_dump(mode="json")
     report = build_report(result.history, time.monotonic() - started, settings_dict)
     report["idle_fraction"] = round(result.idle_fraction, 4)
-    report["device_backends"] = dict(Counter(s.backend if s.error is None else f"{s.backend} (could not take part)"
-                                             for s in result.statuses.values()))  # fmt: skip
+    report["device_backends"] = dict(
+        Counter(
+            s.backend if s.error is None else f"{s.backend} (could not take part)" for s in result.statuses.values()
+        )
+    )
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)

@@ -144,13 +144,15 @@ class Model:
             return x, None
         texts = table.texts(label, "label")
         if not self.card.classification:
-            return x, np.array([read_number(text, f"{table.path} line {n}, column {label!r}") for n, text in texts],
-                               np.float32)  # fmt: skip
+            return x, np.array(
+                [read_number(text, f"{table.path} line {n}, column {label!r}") for n, text in texts], np.float32
+            )
         index = {name: i for i, name in enumerate(self.card.classes)}
         for number, text in texts:
             if text not in index:
-                raise DataError(f"{table.path} line {number}, column {label!r}: {text!r} is not one of the model's "
-                                "classes")  # fmt: skip
+                raise DataError(
+                    f"{table.path} line {number}, column {label!r}: {text!r} is not one of the model's classes"
+                )
         return x, np.array([index[text] for _, text in texts], np.int64)
 
 

@@ -45,8 +45,9 @@ def build_device(build: Path) -> Path:
 
     missing = [tool for tool in ("make", "cc") if shutil.which(tool) is None]
     if missing or not Path("/usr/include/mosquitto.h").exists():
-        raise RuntimeError("C devices need a C compiler, make and libmosquitto's headers "
-                           "(apt-get install gcc make libmosquitto-dev)")  # fmt: skip
+        raise RuntimeError(
+            "C devices need a C compiler, make and libmosquitto's headers (apt-get install gcc make libmosquitto-dev)"
+        )
     make(build, "edgeps-device")
     return build.resolve() / "edgeps-device"
 
@@ -61,9 +62,17 @@ def image_size(elf: Path) -> dict[str, int]:
     out = subprocess.run([size, str(elf)], capture_output=True, text=True, check=True).stdout
     text, data, bss = (int(v) for v in out.splitlines()[1].split()[:3])
     share = flash_by_origin(Path(f"{elf}.map"))
-    return {"text": text, "data": data, "bss": bss, "flash_bytes": text + data - share["board"],
-            "ram_bytes": data + bss, "sdk_bytes": share["sdk"], "libc_bytes": share["libc"],
-            "startup_bytes": share["startup"], "board_bytes": share["board"]}  # fmt: skip
+    return {
+        "text": text,
+        "data": data,
+        "bss": bss,
+        "flash_bytes": text + data - share["board"],
+        "ram_bytes": data + bss,
+        "sdk_bytes": share["sdk"],
+        "libc_bytes": share["libc"],
+        "startup_bytes": share["startup"],
+        "board_bytes": share["board"],
+    }
 
 
 _INPUT = re.compile(
@@ -78,8 +87,15 @@ def flash_by_origin(map_file: Path) -> Counter[str]:
     share: Counter[str] = Counter()
     for _, size, origin in _INPUT.findall(text):
         name = origin.rsplit("/", 1)[-1]
-        kind = ("sdk" if name in SDK_OBJECTS else "board" if name in BOARD_OBJECTS
-                else "libc" if ".a(" in name else "startup")  # fmt: skip
+        kind = (
+            "sdk"
+            if name in SDK_OBJECTS
+            else "board"
+            if name in BOARD_OBJECTS
+            else "libc"
+            if ".a(" in name
+            else "startup"
+        )
         share[kind] += int(size, 16)
     return share
 
@@ -101,8 +117,12 @@ def heap_forbidden(build: Path, workdir: Path) -> bool:
 
 
 def _sizes(epsf: Path, model: str, codec: str, pull: str, batch: int) -> tuple[int, int]:
-    out = subprocess.run([str(epsf), "arena", model.replace("-", ","), str(batch), codec, pull], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(epsf), "arena", model.replace("-", ","), str(batch), codec, pull],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     arena, receive = out.split()
     return int(arena), int(receive)
 
@@ -153,32 +173,45 @@ def scripted_exchange(workdir: Path, board: str = "mps2-an386") -> dict[str, Any
     rng = np.random.default_rng(1)
     change = {name: (rng.standard_normal(v.shape) * 0.01).astype(np.float32) for name, v in params.items()}
     delta = encode_frame(Frame(kind=FrameKind.DELTA, base_version=1, seq=0, tensors=change, codec="int8"))
-    control = Control(device="mcu-0", run=RUN, incarnation=INCARNATION, max_uncommitted_steps=8 * PUSH_EVERY,
-                      push_every=PUSH_EVERY, lr=LR, batch_size=BATCH, codec="fp32", pull_codec="int8",
-                      wait_for_params=False).to_bytes()  # fmt: skip
+    control = Control(
+        device="mcu-0",
+        run=RUN,
+        incarnation=INCARNATION,
+        max_uncommitted_steps=8 * PUSH_EVERY,
+        push_every=PUSH_EVERY,
+        lr=LR,
+        batch_size=BATCH,
+        codec="fp32",
+        pull_codec="int8",
+        wait_for_params=False,
+    ).to_bytes()
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "script.h").write_text("\n".join([
-        "/* written by edgeps/embedded.py */",
-        f"#define SCRIPT_INCARNATION {INCARNATION}u",
-        f"#define DATA_SAMPLES {len(y)}u",
-        f"#define DATA_FEATURES {x.shape[1]}u",
-        _c_array("CONTROL", control + b"\0"),
-        _c_array("PARAMS", encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=RUN, tensors=params))),
-        _c_array("DELTA", delta),
-        _c_array("DATA", encode_data_frame(x, y)),
-    ]))  # fmt: skip
+    (workdir / "script.h").write_text(
+        "\n".join(
+            [
+                "/* written by edgeps/embedded.py */",
+                f"#define SCRIPT_INCARNATION {INCARNATION}u",
+                f"#define DATA_SAMPLES {len(y)}u",
+                f"#define DATA_FEATURES {x.shape[1]}u",
+                _c_array("CONTROL", control + b"\0"),
+                _c_array("PARAMS", encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=RUN, tensors=params))),
+                _c_array("DELTA", delta),
+                _c_array("DATA", encode_data_frame(x, y)),
+            ]
+        )
+    )
     # the script's data and the larger arena need more RAM than the part: linked for QEMU's 4 MiB
     target, _ = SCRIPT_BOARDS[board]
-    make(workdir / "build", target, SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES, RAM_BYTES=4 << 20,
-         FLASH_BYTES=4 << 20)  # fmt: skip
+    make(workdir / "build", target, SCRIPT_DIR=workdir, ARENA_BYTES=ARENA_BYTES, RAM_BYTES=4 << 20, FLASH_BYTES=4 << 20)
     lines = run_qemu(workdir / "build" / f"{target}.elf", board=board)
     if not lines or lines[-1] != "DONE":
         return {"ok": False, "detail": "\n".join(lines[-5:])[-1000:]}
     keys = ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK")
     figures = {key.lower(): int(line.split()[1]) for line in lines for key in keys if line.startswith(key + " ")}
     drawn = [int(line.split()[1]) for line in lines if line.startswith("IDX ")]  # in the order drawn
-    commits = [decode_frame(bytes.fromhex(line.split()[2])) for line in lines
-               if line.startswith("PUB edgeps/emb/grad/mcu-0 ")]  # fmt: skip
+    commits = [
+        decode_frame(bytes.fromhex(line.split()[2])) for line in lines if line.startswith("PUB edgeps/emb/grad/mcu-0 ")
+    ]
     if len(commits) != 2 or len(drawn) != 2 * PUSH_EVERY * BATCH:
         return {"ok": False, "detail": f"{len(commits)} commits, {len(drawn)} samples drawn"}
     local = {name: v.copy() for name, v in params.items()}
@@ -205,9 +238,14 @@ def scripted_exchange(workdir: Path, board: str = "mps2-an386") -> dict[str, Any
             worst = max(worst, float(np.max(np.abs(commit.tensors[name] - (local[name] - anchor[name])))))
         anchor = {name: v.copy() for name, v in local.items()}
     ok = headers_ok and worst <= 1e-5
-    return {"ok": ok, "max_abs_difference": worst, "detail": "" if ok else f"headers ok: {headers_ok}",
-            "params_frame_instructions": figures["params_instructions"],
-            "step_instructions": figures["step_instructions"], "stack_peak_bytes": figures["stack"]}  # fmt: skip
+    return {
+        "ok": ok,
+        "max_abs_difference": worst,
+        "detail": "" if ok else f"headers ok: {headers_ok}",
+        "params_frame_instructions": figures["params_instructions"],
+        "step_instructions": figures["step_instructions"],
+        "stack_peak_bytes": figures["stack"],
+    }
 
 
 def run_qemu(elf: Path, timeout: float = 300, board: str = "mps2-an386") -> list[str]:
@@ -225,8 +263,15 @@ def run_qemu(elf: Path, timeout: float = 300, board: str = "mps2-an386") -> list
 CORPUS_INCARNATION, CORPUS_RUN = 4242, 7
 
 
-def raw_frame(kind: int, codec: int, arg: float, base: int, seq: int, records: list[tuple[str, tuple[int, ...], bytes]],
-              device: str = "") -> bytes:  # fmt: skip
+def raw_frame(
+    kind: int,
+    codec: int,
+    arg: float,
+    base: int,
+    seq: int,
+    records: list[tuple[str, tuple[int, ...], bytes]],
+    device: str = "",
+) -> bytes:
     """A tensor frame written field by field (docs/PROTOCOL.md §4), with a valid CRC: one that
     declares what no encoder would write (a tensor of 214 M values in 11 bytes of top-k)."""
     body = struct.pack("<4sBBBBfQQII", b"EPSF", 1, kind, codec, 0, arg, base, seq, 0, 0)
@@ -252,10 +297,21 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     from schemas.frame import Frame, FrameKind, encode_frame
 
     def control(**fields: object) -> bytes:
-        body = {"device": "d", "run": CORPUS_RUN, "incarnation": incarnation, "seq_base": 0,
-                "max_uncommitted_steps": 8, "push_every": 2, "lr": 0.1, "batch_size": 4, "codec": "fp32",
-                "pull_codec": "fp32", "wait_for_params": True, "one_commit_per_version": False,
-                "staleness_bound": None} | fields  # fmt: skip
+        body = {
+            "device": "d",
+            "run": CORPUS_RUN,
+            "incarnation": incarnation,
+            "seq_base": 0,
+            "max_uncommitted_steps": 8,
+            "push_every": 2,
+            "lr": 0.1,
+            "batch_size": 4,
+            "codec": "fp32",
+            "pull_codec": "fp32",
+            "wait_for_params": True,
+            "one_commit_per_version": False,
+            "staleness_bound": None,
+        } | fields
         return "{" + ",".join(f'"{k}":{_json(v)}' for k, v in body.items()) + "}"  # type: ignore[return-value]
 
     params = encode_frame(
@@ -266,18 +322,38 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     cases += [("params", wrapping_frame(), "buffer too small")]  # refused by its layout, whatever size_t is
     beyond = raw_frame(2, 0, 0.0, 2**63, CORPUS_RUN, [("dense0.w", (8, 4), bytes(128))])
     cases += [("params", beyond, "bad message field")]  # a version no JSON reader holds exactly
-    for field, value in [("run", "-nan"), ("run", "NaN"), ("lr", "1e39"), ("lr", "Infinity"), ("lr", "-0.1"),
-                         ("lr", "1e-400"), ("lr", '"0.1"'), ("push_every", "4294967297"), ("push_every", "0"),
-                         ("push_every", "2.0"), ("batch_size", "65537"), ("max_uncommitted_steps", "10000001"),
-                         ("staleness_bound", "-1"), ("seq_base", "9007199254740992"),
-                         ("incarnation", f"{incarnation}.5"),
-                         ("run", "1e3"), ("wait_for_params", "1"), ("codec", "7")]:  # fmt: skip
+    for field, value in [
+        ("run", "-nan"),
+        ("run", "NaN"),
+        ("lr", "1e39"),
+        ("lr", "Infinity"),
+        ("lr", "-0.1"),
+        ("lr", "1e-400"),
+        ("lr", '"0.1"'),
+        ("push_every", "4294967297"),
+        ("push_every", "0"),
+        ("push_every", "2.0"),
+        ("batch_size", "65537"),
+        ("max_uncommitted_steps", "10000001"),
+        ("staleness_bound", "-1"),
+        ("seq_base", "9007199254740992"),
+        ("incarnation", f"{incarnation}.5"),
+        ("run", "1e3"),
+        ("wait_for_params", "1"),
+        ("codec", "7"),
+    ]:
         cases.append(("ctrl", control(**{field: _Raw(value)}).encode(), bad))
-    for body in ['{"run":7,"slowest_clock":-1,"state":"running"}', '{"run":7,"slowest_clock":1e308}',
-                 '{"run":-nan,"state":"finished"}', '{"run":7,"state":"finished",}']:  # fmt: skip
+    for body in [
+        '{"run":7,"slowest_clock":-1,"state":"running"}',
+        '{"run":7,"slowest_clock":1e308}',
+        '{"run":-nan,"state":"finished"}',
+        '{"run":7,"state":"finished",}',
+    ]:
         cases.append(("barrier", body.encode(), bad))
-    cases += [("notice", b'{"device":"d","seq":NaN,"reason":"evicted"}', bad),
-              ("notice", b'{"device":"d","seq":1,"reason":"evicted","x":tru}', bad)]  # fmt: skip
+    cases += [
+        ("notice", b'{"device":"d","seq":NaN,"reason":"evicted"}', bad),
+        ("notice", b'{"device":"d","seq":1,"reason":"evicted","x":tru}', bad),
+    ]
     cases.append(("ctrl", control(lr=0.05).encode(), "ok"))
     return cases
 
@@ -296,15 +372,24 @@ def corpus_header(workdir: Path, mutations: int) -> Path:
     """corpus.h for the image's CORPUS mode: the hostile corpus, and how many mutations to feed."""
     cases = hostile_corpus()
     largest = max(len(payload) for _, payload, _ in cases)
-    lines = ["/* written by edgeps/embedded.py */", f"#define CORPUS_INCARNATION {CORPUS_INCARNATION}u",
-             f"#define CORPUS_MUTATIONS {mutations}u", f"#define CORPUS_MAX_BYTES {largest}u"]  # fmt: skip
+    lines = [
+        "/* written by edgeps/embedded.py */",
+        f"#define CORPUS_INCARNATION {CORPUS_INCARNATION}u",
+        f"#define CORPUS_MUTATIONS {mutations}u",
+        f"#define CORPUS_MAX_BYTES {largest}u",
+    ]
     for i, (_, payload, _) in enumerate(cases):
         lines.append(_c_array(f"C{i}", payload))
-    topics = {"ctrl": "edgeps/fz/ctrl/d", "params": "edgeps/fz/params", "barrier": "edgeps/fz/barrier",
-              "notice": "edgeps/fz/notice/d"}  # fmt: skip
+    topics = {
+        "ctrl": "edgeps/fz/ctrl/d",
+        "params": "edgeps/fz/params",
+        "barrier": "edgeps/fz/barrier",
+        "notice": "edgeps/fz/notice/d",
+    }
     entries = ", ".join(f'{{"{topics[t]}", C{i}, sizeof C{i}}}' for i, (t, _, _) in enumerate(cases))
-    lines.append("static const struct { const char *topic; const uint8_t *data; uint32_t len; } MESSAGES[] = {"
-                 f"{entries}}};")  # fmt: skip
+    lines.append(
+        f"static const struct {{ const char *topic; const uint8_t *data; uint32_t len; }} MESSAGES[] = {{{entries}}};"
+    )
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "corpus.h").write_text("\n".join(lines) + "\n")
     return workdir
@@ -319,6 +404,12 @@ def corpus_on_qemu(workdir: Path, mutations: int = 20000) -> dict[str, Any]:
     verdicts = [line.split(" ", 2)[2] for line in lines if line.startswith("V ")]
     fuzzed = [int(line.split()[1]) for line in lines if line.startswith("FUZZED ")]
     stack = [int(line.split()[1]) for line in lines if line.startswith("STACK ")]
-    return {"ok": lines[-1:] == ["DONE"], "verdicts": verdicts, "expected": [c[2] for c in hostile_corpus()],
-            "fuzzed": fuzzed[0] if fuzzed else 0, "logs": [line for line in lines if line.startswith("LOG ")],
-            "stack_peak_bytes": stack[0] if stack else None, "tail": lines[-3:]}  # fmt: skip
+    return {
+        "ok": lines[-1:] == ["DONE"],
+        "verdicts": verdicts,
+        "expected": [c[2] for c in hostile_corpus()],
+        "fuzzed": fuzzed[0] if fuzzed else 0,
+        "logs": [line for line in lines if line.startswith("LOG ")],
+        "stack_peak_bytes": stack[0] if stack else None,
+        "tail": lines[-3:],
+    }

@@ -26,19 +26,28 @@ BOARDS = {
 #: board -> the tools building and running its image need, and their Debian packages (the host's
 #: make and cc build the arena's sizer, epsf)
 TOOLS = {
-    "mps2-an386": {"make": "make", "cc": "gcc", "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
-                   "qemu-system-arm": "qemu-system-arm"},
-    "riscv32-virt": {"make": "make", "cc": "gcc", "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf "
-                     "picolibc-riscv64-unknown-elf", "qemu-system-riscv32": "qemu-system-misc"},
-}  # fmt: skip
+    "mps2-an386": {
+        "make": "make",
+        "cc": "gcc",
+        "arm-none-eabi-gcc": "gcc-arm-none-eabi libnewlib-arm-none-eabi",
+        "qemu-system-arm": "qemu-system-arm",
+    },
+    "riscv32-virt": {
+        "make": "make",
+        "cc": "gcc",
+        "riscv64-unknown-elf-gcc": "gcc-riscv64-unknown-elf picolibc-riscv64-unknown-elf",
+        "qemu-system-riscv32": "qemu-system-misc",
+    },
+}
 
 
 def check_tools(board: str) -> None:
     """ValueError in one line naming what to install if this machine cannot build or run ``board``'s image."""
     missing = {tool: package for tool, package in TOOLS[board].items() if shutil.which(tool) is None}
     if missing:
-        raise ValueError(f"firmware for {board} needs {', '.join(missing)} "
-                         f"(apt-get install {' '.join(missing.values())})")  # fmt: skip
+        raise ValueError(
+            f"firmware for {board} needs {', '.join(missing)} (apt-get install {' '.join(missing.values())})"
+        )
 
 
 STACK_BYTES = 3072  # the networked image's stack: its peak was 1,744 bytes in a job (the MQTT client's frames on top)
@@ -63,10 +72,22 @@ def ram_part_bytes(codec: str) -> int:
 
 
 def build_image(
-    out: Path, board: str, job: str, device: str, x: np.ndarray, y: np.ndarray, sizes: list[int],
-    codec: str = "fp32", pull_codec: str = "fp32", batch: int = 32, seed: int = 0, username: str | None = None,
-    password: str | None = None, broker: str = "127.0.0.1:1883", keep_alive_s: int = 20,
-) -> dict[str, Any]:  # fmt: skip
+    out: Path,
+    board: str,
+    job: str,
+    device: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    sizes: list[int],
+    codec: str = "fp32",
+    pull_codec: str = "fp32",
+    batch: int = 32,
+    seed: int = 0,
+    username: str | None = None,
+    password: str | None = None,
+    broker: str = "127.0.0.1:1883",
+    keep_alive_s: int = 20,
+) -> dict[str, Any]:
     """``device``'s image for ``board`` in ``out``: firmware.elf, firmware.bin and firmware.json (its
     report, returned: flash as code without the device's data, RAM as linked, the arena for the
     model of layer ``sizes``, commits in ``codec`` and batches of ``batch``, the MQTT receive
@@ -78,8 +99,21 @@ def build_image(
     arena = arena_bytes(out / "host" / "epsf", model, codec, batch)
     receive = receive_bytes(out / "host" / "epsf", model, pull_codec)
     ram_part = ram_part_bytes(codec)
-    elf = build_firmware(out / "src", job, device, x, y, arena, seed=seed, username=username, password=password,
-                         rx_bytes=receive, keep_alive_s=keep_alive_s, board=board, ram_bytes=ram_part)  # fmt: skip
+    elf = build_firmware(
+        out / "src",
+        job,
+        device,
+        x,
+        y,
+        arena,
+        seed=seed,
+        username=username,
+        password=password,
+        rx_bytes=receive,
+        keep_alive_s=keep_alive_s,
+        board=board,
+        ram_bytes=ram_part,
+    )
     shutil.copy(elf, out / "firmware.elf")
     shutil.copy(f"{elf}.map", out / "firmware.elf.map")
     objcopy = "arm-none-eabi-objcopy" if board == "mps2-an386" else "riscv64-unknown-elf-objcopy"
@@ -88,38 +122,66 @@ def build_image(
 
     size = image_size(elf)
     code = size["flash_bytes"] - len(encode_data_frame(x, y))  # the data frame is a constant array of main.c
-    report = {"board": board, "job": job, "device": device, "broker": broker, "model": model, "codec": codec,
-              "pull_codec": pull_codec, "flash_bytes": code, "data_flash_bytes": size["flash_bytes"] - code,
-              "sdk_bytes": size["sdk_bytes"], "ram_bytes": size["ram_bytes"], "ram_part_bytes": ram_part,
-              "arena_bytes": arena, "rx_bytes": receive, "stack_bytes": STACK_BYTES, "samples": len(y)}  # fmt: skip
+    report = {
+        "board": board,
+        "job": job,
+        "device": device,
+        "broker": broker,
+        "model": model,
+        "codec": codec,
+        "pull_codec": pull_codec,
+        "flash_bytes": code,
+        "data_flash_bytes": size["flash_bytes"] - code,
+        "sdk_bytes": size["sdk_bytes"],
+        "ram_bytes": size["ram_bytes"],
+        "ram_part_bytes": ram_part,
+        "arena_bytes": arena,
+        "rx_bytes": receive,
+        "stack_bytes": STACK_BYTES,
+        "samples": len(y),
+    }
     (out / "firmware.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def build_firmware(
-    out: Path, job: str, device: str, x: np.ndarray, y: np.ndarray, arena_bytes: int, seed: int = 0,
-    username: str | None = None, password: str | None = None, rx_bytes: int = 1024, keep_alive_s: int = 20,
-    board: str = "mps2-an386", ram_bytes: int = RAM_PART_BYTES,
-) -> Path:  # fmt: skip
+    out: Path,
+    job: str,
+    device: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    arena_bytes: int,
+    seed: int = 0,
+    username: str | None = None,
+    password: str | None = None,
+    rx_bytes: int = 1024,
+    keep_alive_s: int = 20,
+    board: str = "mps2-an386",
+    ram_bytes: int = RAM_PART_BYTES,
+) -> Path:
     """The image of ``device`` of ``job`` for ``board``, its data (x, y) in flash, linked for a part
     of ``ram_bytes``; the ELF's path."""
     from schemas.frame import encode_data_frame
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "device.h").write_text("\n".join([
-        "/* written by edgeps/firmware.py: one device's configuration */",
-        f"#define DEVICE_JOB {_c_string(job)}",
-        f"#define DEVICE_ID {_c_string(device)}",
-        f"#define DEVICE_CLIENT_ID {_c_string(f'edgeps-dev-{job}-{device}')}",
-        f"#define DEVICE_USERNAME {_c_string(username)}",
-        f"#define DEVICE_PASSWORD {_c_string(password)}",
-        f"#define DEVICE_SEED {int(seed)}u",
-        f"#define DATA_SAMPLES {len(y)}u",
-        f"#define DATA_FEATURES {x.shape[1]}u",
-        f"#define RX_BYTES {int(rx_bytes)}u",
-        f"#define DEVICE_KEEP_ALIVE_S {int(keep_alive_s)}",
-        _c_array("DATA", encode_data_frame(x, y)),
-    ]))  # fmt: skip
+    (out / "device.h").write_text(
+        "\n".join(
+            [
+                "/* written by edgeps/firmware.py: one device's configuration */",
+                f"#define DEVICE_JOB {_c_string(job)}",
+                f"#define DEVICE_ID {_c_string(device)}",
+                f"#define DEVICE_CLIENT_ID {_c_string(f'edgeps-dev-{job}-{device}')}",
+                f"#define DEVICE_USERNAME {_c_string(username)}",
+                f"#define DEVICE_PASSWORD {_c_string(password)}",
+                f"#define DEVICE_SEED {int(seed)}u",
+                f"#define DATA_SAMPLES {len(y)}u",
+                f"#define DATA_FEATURES {x.shape[1]}u",
+                f"#define RX_BYTES {int(rx_bytes)}u",
+                f"#define DEVICE_KEEP_ALIVE_S {int(keep_alive_s)}",
+                _c_array("DATA", encode_data_frame(x, y)),
+            ]
+        )
+    )
     target = BOARDS[board][0]
     make(out / "build", target, NET_DIR=out, ARENA_BYTES=arena_bytes, STACK_BYTES=STACK_BYTES, RAM_BYTES=ram_bytes)
     return out / "build" / f"{target}.elf"
@@ -128,9 +190,20 @@ def build_firmware(
 def run_firmware(elf: Path, host: str, port: int, log: Path, board: str = "mps2-an386") -> subprocess.Popen[bytes]:
     """The image under QEMU, its UART a TCP connection to the broker at host:port (connected again
     a second after it breaks, as a modem redials); its console (semihosting) into ``log``."""
-    command = [*BOARDS[board][1], "-display", "none", "-monitor", "none", "-semihosting",
-               "-chardev", f"socket,id=link,host={host},port={port},reconnect=1", "-serial", "chardev:link",
-               "-kernel", str(elf)]  # fmt: skip
+    command = [
+        *BOARDS[board][1],
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-semihosting",
+        "-chardev",
+        f"socket,id=link,host={host},port={port},reconnect=1",
+        "-serial",
+        "chardev:link",
+        "-kernel",
+        str(elf),
+    ]
     with open(log, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 

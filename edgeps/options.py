@@ -99,8 +99,9 @@ def add_model_options(
             help_text += " (default: none)" if default is None else f" (default: {default})"
         metavar = _extra(info).get("metavar") or flag(name, info)[2:].replace("-", "_").upper()
         if typing.get_origin(base) is dict:  # repeated NAME=A,B (the model parses them)
-            parser.add_argument(flag(name, info), dest=name, action="append", default=default, metavar=metavar,
-                                help=help_text)  # fmt: skip
+            parser.add_argument(
+                flag(name, info), dest=name, action="append", default=default, metavar=metavar, help=help_text
+            )
             continue
         if typing.get_origin(base) is Literal:
             choices = typing.get_args(base)

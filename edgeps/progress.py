@@ -23,9 +23,13 @@ class JobProgress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn("round"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(), console=Console(file=self.stream),
-            )  # fmt: skip
+                TextColumn("round"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=Console(file=self.stream),
+            )
             self.task = self.bar.add_task("job", total=rounds, info="starting")
             self.bar.start()
         self.waiting_shown = -1
@@ -35,9 +39,10 @@ class JobProgress:
             return
         waiting = m.version == 0 and m.devices_online < self.devices and not m.finished
         info = (
-            f"waiting for {self.devices} devices ({m.devices_online} online)" if waiting else
-            f"{m.metric} {m.value or 0.0:.4f}  loss {m.loss:.4f}  commits {m.commits}  {m.elapsed_s:.1f} s"
-        )  # fmt: skip
+            f"waiting for {self.devices} devices ({m.devices_online} online)"
+            if waiting
+            else f"{m.metric} {m.value or 0.0:.4f}  loss {m.loss:.4f}  commits {m.commits}  {m.elapsed_s:.1f} s"
+        )
         if self.bar is not None:
             self.bar.update(self.task, completed=m.version, info=info)
             return

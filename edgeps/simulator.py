@@ -183,18 +183,27 @@ class Simulation:
     def __init__(self, scenario: Scenario, pace: str, data: tuple[Dataset, list[Dataset]] | None = None) -> None:
         holdout, shards = data or scenario_data(scenario)
         self.scenario = scenario
-        members = {f"site-{k}": frozenset(f"dev-{i:02d}" for i in range(k, scenario.devices, scenario.sites))
-                   for k in range(scenario.sites)}  # device i is site i % sites's  # fmt: skip
-        changes = {"job": self.JOB, "pace": pace, "min_devices": scenario.devices, "duration_s": scenario.duration_s,
-                   "site_devices": {k: m for k, m in members.items() if m} or None}  # fmt: skip
+        members = {
+            f"site-{k}": frozenset(f"dev-{i:02d}" for i in range(k, scenario.devices, scenario.sites))
+            for k in range(scenario.sites)
+        }  # device i is site i % sites's
+        changes = {
+            "job": self.JOB,
+            "pace": pace,
+            "min_devices": scenario.devices,
+            "duration_s": scenario.duration_s,
+            "site_devices": {k: m for k, m in members.items() if m} or None,
+        }
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
         loss = get_loss(config.loss)
         sizes = [holdout.x.shape[1], *scenario.hidden, loss.outputs(holdout.classes if loss.classification else 1)]
         task = {"loss": config.loss, "metrics": config.metric_names}
         self.server = ServerCore(
-            config, init_mlp(sizes, scenario.seed), Evaluator(holdout, clock=time.perf_counter, **task),
+            config,
+            init_mlp(sizes, scenario.seed),
+            Evaluator(holdout, clock=time.perf_counter, **task),
             run=scenario.seed + 1,
-        )  # fmt: skip
+        )
         self.judge = Evaluator(holdout, **task)  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
@@ -261,8 +270,10 @@ class Simulation:
             if self.aggregators and kind in ("grad", "status"):  # to the site broker, which the aggregator reads
                 self._at(arrives, lambda m=message: self._site_receives(i % len(self.aggregators), m))
             if not self.aggregators or kind != "grad":  # commits cross to the core only as site commits
-                self._at(arrives + (self.scenario.site_latency_s if self.aggregators else 0.0),
-                         lambda m=message: self._server_receives(m))  # fmt: skip
+                self._at(
+                    arrives + (self.scenario.site_latency_s if self.aggregators else 0.0),
+                    lambda m=message: self._server_receives(m),
+                )
 
     @staticmethod
     def _index(device: str) -> int:

@@ -288,8 +288,9 @@ class Task:
         loss and metrics, and for CSV data (``data()`` or ``server_data()`` gave a ``CsvData``) the
         label, the feature columns with their scaling and the class names."""
         table = self._table()
-        card = ModelCard(self.loss, list(self.metric_names), version, self.classification is not False,
-                         target=self.target)  # fmt: skip
+        card = ModelCard(
+            self.loss, list(self.metric_names), version, self.classification is not False, target=self.target
+        )
         if table is not None:
             card = dataclasses.replace(card, label=table.label or None, classes=table.classes, scaling=table.scaling)
         return card

@@ -20,14 +20,16 @@ def model() -> Any:
     import keras
 
     keras.utils.set_random_seed(0)  # the same version 0 on every run
-    return keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(8, 3, activation="relu"),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dropout(0.1),  # accepted; devices train without it (docs/TASKS.md)
-        keras.layers.Dense(10, activation="softmax"),
-    ])  # fmt: skip
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dropout(0.1),  # accepted; devices train without it (docs/TASKS.md)
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
 
 
 def images() -> tuple[np.ndarray, np.ndarray]:

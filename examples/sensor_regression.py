@@ -29,8 +29,7 @@ def write_readings(path: Path, seed: int = 7) -> None:
     temperature = 12 + 4 * gateway / GATEWAYS + 8 * np.sin((hour - 9) / 24 * 2 * np.pi) + rng.normal(0, 2, ROWS)
     humidity = np.clip(60 - 1.5 * (temperature - 18) + rng.normal(0, 8, ROWS), 10, 100)
     people = rng.poisson(np.where((hour >= 8) & (hour <= 18), 12, 2))
-    power = (0.8 + 0.09 * np.abs(temperature - 20) + 0.004 * humidity + 0.07 * people
-             + rng.normal(0, 0.1, ROWS))  # fmt: skip
+    power = 0.8 + 0.09 * np.abs(temperature - 20) + 0.004 * humidity + 0.07 * people + rng.normal(0, 0.1, ROWS)
     lines = ["gateway,hour,temperature_c,humidity_pct,people,power_kw"]
     rows = zip(gateway, hour, temperature, humidity, people, power, strict=True)
     lines += [f"gw-{g:02d},{h},{t:.2f},{u:.1f},{p},{w:.3f}" for g, h, t, u, p, w in rows]

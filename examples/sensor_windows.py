@@ -59,14 +59,16 @@ def windows() -> CsvData:
 def model():
     import keras
 
-    return keras.Sequential([
-        keras.Input((STEPS, len(AXES))),
-        keras.layers.Conv1D(8, 5, activation="relu"),
-        keras.layers.MaxPooling1D(3),  # 21 positions to 7
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(len(ACTIVITIES), activation="softmax"),
-    ])  # fmt: skip
+    return keras.Sequential(
+        [
+            keras.Input((STEPS, len(AXES))),
+            keras.layers.Conv1D(8, 5, activation="relu"),
+            keras.layers.MaxPooling1D(3),  # 21 positions to 7
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(len(ACTIVITIES), activation="softmax"),
+        ]
+    )
 
 
 task = Task(name="sensor-windows", model=model, data=windows)

@@ -44,8 +44,9 @@ class Scaling:
     def from_json(data: dict[str, Any]) -> Scaling:
         """The scaling a JSON object holds (``features``, ``low``, ``span``); KeyError, TypeError or
         ValueError where it does not."""
-        return Scaling([str(f) for f in data["features"]], [float(v) for v in data["low"]],
-                       [float(v) for v in data["span"]])  # fmt: skip
+        return Scaling(
+            [str(f) for f in data["features"]], [float(v) for v in data["low"]], [float(v) for v in data["span"]]
+        )
 
     @staticmethod
     def load(path: str | Path) -> Scaling:
@@ -73,8 +74,9 @@ class CsvData:
         in index order: two devices whose rows mean the same have the same (the job's Control carries
         the fleet's)."""
         scaling = self.scaling
-        text = json.dumps([scaling.features, [float(v) for v in scaling.low], [float(v) for v in scaling.span],
-                           self.classes])  # fmt: skip
+        text = json.dumps(
+            [scaling.features, [float(v) for v in scaling.low], [float(v) for v in scaling.span], self.classes]
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def meta(self) -> dict[str, object]:
@@ -259,12 +261,14 @@ def _classes(
         count = classes if classes is not None else int(y.max()) + 1
         for number, text in labels:
             if int(text) >= count:
-                raise DataError(f"{path} line {number}, column {column!r}: {text} is outside the {count} classes "
-                                f"(0..{count - 1})")  # fmt: skip
+                raise DataError(
+                    f"{path} line {number}, column {column!r}: {text} is outside the {count} classes (0..{count - 1})"
+                )
         return y, [str(i) for i in range(count)]
     names = sorted({text for _, text in labels})
     if classes is not None and len(names) > classes:
-        raise DataError(f"{path}, column {column!r}: {len(names)} class names ({', '.join(names[:8])}...) "
-                        f"for {classes} classes")  # fmt: skip
+        raise DataError(
+            f"{path}, column {column!r}: {len(names)} class names ({', '.join(names[:8])}...) for {classes} classes"
+        )
     index = {name: i for i, name in enumerate(names)}
     return np.array([index[text] for _, text in labels], np.int64), names

@@ -120,8 +120,13 @@ def load_digits() -> Dataset:
 
 
 _IDX_TYPES: dict[int, type[np.generic] | str] = {
-    0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"
-}  # fmt: skip
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
+}
 
 
 def read_idx(path: str | Path) -> np.ndarray:

@@ -67,8 +67,10 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
     image = len(shape) == 3 and shape[0] == shape[1] and shape[2] == 1
     window = len(shape) == 2  # (time steps, channels): a sensor window, for a Conv1D
     if not image and not window and len(shape) != 1:
-        raise KerasError(f"input shape {shape}: edgeps takes (features,), a window (steps, channels) for a Conv1D, "
-                         "or a square one-channel image (s, s, 1)")  # fmt: skip
+        raise KerasError(
+            f"input shape {shape}: edgeps takes (features,), a window (steps, channels) for a Conv1D, "
+            "or a square one-channel image (s, s, 1)"
+        )
     mapped: list[tuple[Any, list[str]]] = []
     dense, flat = 0, not (image or window)
     pooled, positions = False, 0  # a Conv1D's max pooling, and the positions it pools
@@ -91,8 +93,10 @@ def _walk(model: Any, loss: str) -> list[tuple[Any, list[str]]]:
             if not mapped or type(mapped[-1][0]).__name__ != "Conv1D" or flat or pooled:
                 raise KerasError(f"{name}: one MaxPooling1D converts, right after the Conv1D")
             if step != size or config["padding"] != "valid" or positions % size:
-                raise KerasError(f"{name}: needs strides equal to its pool size, padding 'valid', and a pool size "
-                                 f"that divides the Conv1D's {positions} positions")  # fmt: skip
+                raise KerasError(
+                    f"{name}: needs strides equal to its pool size, padding 'valid', and a pool size "
+                    f"that divides the Conv1D's {positions} positions"
+                )
             pooled = True
         elif kind in ("ReLU", "Activation", "Softmax"):
             new = {"ReLU": "relu", "Softmax": "softmax"}.get(kind) or _activation(layer)

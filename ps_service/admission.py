@@ -47,9 +47,12 @@ def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list
         if status.step_s is None or not core.frequency.balancer.reacts_to_speed:
             return []  # (recomputing every device's push_every for a report costs O(fleet))
         return core.reassign() + release_slow(core, now)
-    if rebooted and not first:
-        core.events.info("device %s restarted (incarnation %d): its sequence resumes above %d", device,
-                 status.incarnation, core.registry.record(device).seq_base)  # type: ignore[union-attr]  # fmt: skip
+    record = core.registry.record(device)
+    if rebooted and not first and record is not None:
+        resumes = record.seq_base
+        core.events.info(
+            "device %s restarted (incarnation %d): its sequence resumes above %d", device, status.incarnation, resumes
+        )
     core.events.info("device %s online (%d samples)", device, status.samples)
     if core.broadcaster.deltas:  # a joining device first reads the retained snapshot
         core.traffic.bytes_down += len(core.broadcaster.snapshot)
@@ -96,8 +99,12 @@ def refused(core: ServerCore, device: str, refusal: Refusal, now: float) -> list
     spent sequence number answered with the device's Control (``resequence``)."""
     rejection = refusal.rejection
     if refusal.muted is not None:
-        core.events.warning("device %s floods (%s): not listening to its commits for %g s", device,
-                            rejection.detail.partition(":")[0], refusal.muted)  # fmt: skip
+        core.events.warning(
+            "device %s floods (%s): not listening to its commits for %g s",
+            device,
+            rejection.detail.partition(":")[0],
+            refusal.muted,
+        )
     if refusal.silent:
         out = core.count(rejection)
     else:
@@ -135,8 +142,12 @@ def _site_refused(core: ServerCore, site: str, refusal: SiteRefusal, now: float)
     bounded rate, as devices' refusals are (``Report.reject``)."""
     first, header = refusal.rejection, refusal.header
     if refusal.muted is not None:
-        core.events.warning("site %s floods (%s): not listening to its site commits for %g s", site,
-                            first.detail.partition(":")[0], refusal.muted)  # fmt: skip
+        core.events.warning(
+            "site %s floods (%s): not listening to its site commits for %g s",
+            site,
+            first.detail.partition(":")[0],
+            refusal.muted,
+        )
     if header is None:
         core.traffic.commits += 1
         return core.report.reject(f"site {site}", first, core.door.sites.limits(site), now, notify=False)

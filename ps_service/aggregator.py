@@ -81,14 +81,16 @@ class SiteConfig(BaseModel):
         1.0, gt=0, description="a site commit goes out at the latest this many seconds after its first commit came"
     )
     shared: bool = Field(
-        False, description="an ingest worker beside the server: read the job's commits from shared subscriptions "
+        False,
+        description="an ingest worker beside the server: read the job's commits from shared subscriptions "
         "$share/edgeps-{job}/edgeps/{job}/grad/{device} on the core broker, a site commit per batch",
-    )  # fmt: skip
+    )
     allowed_devices: frozenset[str] | None = Field(
-        None, description="comma-separated devices whose commits it reads from the start, as the server's --devices "
+        None,
+        description="comma-separated devices whose commits it reads from the start, as the server's --devices "
         "(default: each once its status came; a device's first commit can race its status)",
         json_schema_extra={"flag": "devices"},
-    )  # fmt: skip
+    )
     door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
 
     @field_serializer("allowed_devices")
@@ -313,16 +315,21 @@ class SiteAggregator:
         """Why a commit whose device or model never came here in ``WAIT_S`` is refused. (One whose
         version never came is checked as it stands: ``future_version``, its number used, as the
         server does.)"""
-        return Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came",
-                         peek_seq(waiting.payload))  # fmt: skip
+        return Rejection(
+            RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came", peek_seq(waiting.payload)
+        )
 
     def _refused(self, device: str, refusal: Refusal, now: float, token: Any) -> list[Publish]:
         """A refused commit: settled, counted, noticed (but a redelivered copy: counted only)."""
         self._settled.append(token)
         rejection = refusal.rejection
         if refusal.muted is not None:
-            self.events.warning("device %s floods (%s): not listening to its commits for %g s", device,
-                                rejection.detail.partition(":")[0], refusal.muted)  # fmt: skip
+            self.events.warning(
+                "device %s floods (%s): not listening to its commits for %g s",
+                device,
+                rejection.detail.partition(":")[0],
+                refusal.muted,
+            )
         if refusal.silent:
             return self.report.count(rejection)
         limited = rejection.reason is RejectReason.RATE_LIMITED
@@ -430,15 +437,28 @@ class SiteAggregator:
         for device in dict.fromkeys(u.device for u in updates):
             mine = [u for u in updates if u.device == device]
             norm = norms[device][0] * clips[device].scale
-            entries.append(SiteEntry(device=device, seq=max(u.seq for u in mine),
-                                     base_version=min(u.base_version for u in mine),
-                                     samples=min(MAX_U32, sum(u.samples for u in mine)),
-                                     steps=min(MAX_U32, sum(u.steps for u in mine)),
-                                     weight=float(weights[device]), norm=norm))  # fmt: skip
+            entries.append(
+                SiteEntry(
+                    device=device,
+                    seq=max(u.seq for u in mine),
+                    base_version=min(u.base_version for u in mine),
+                    samples=min(MAX_U32, sum(u.samples for u in mine)),
+                    steps=min(MAX_U32, sum(u.steps for u in mine)),
+                    weight=float(weights[device]),
+                    norm=norm,
+                )
+            )
         self.seq += 1
         spread = sum(e.weight * e.norm**2 for e in entries)  # in double precision, as the server checks it
-        header = SiteCommit(site=self.config.site, seq=self.seq, version=self.version, data=part.data,
-                            spread=spread, commits=entries, refused=dict(self.report.traffic.rejected))  # fmt: skip
+        header = SiteCommit(
+            site=self.config.site,
+            seq=self.seq,
+            version=self.version,
+            data=part.data,
+            spread=spread,
+            commits=entries,
+            refused=dict(self.report.traffic.rejected),
+        )
         weighted = {name: np.asarray(values, np.float32) for name, values in part.weighted.items()}
         return encode_site_commit(header, weighted)
 

@@ -144,8 +144,10 @@ def model_reply(core: ServerCore, which: str) -> tuple[str, int, str]:
     text = base64.b64encode(archive.getvalue()).decode("ascii")
     limit = core.door.commit_limit(core.store.shapes) + MODEL_REPLY_ROOM
     if len(text) > limit:
-        raise CommandError(f"the model is {len(text)} bytes in base64, more than a reply carries ({limit}): "
-                           "edgeps ps --save-model writes it")  # fmt: skip
+        raise CommandError(
+            f"the model is {len(text)} bytes in base64, more than a reply carries ({limit}): "
+            "edgeps ps --save-model writes it"
+        )
     return text, version, f"{which} model: version {version}"
 
 
@@ -195,8 +197,12 @@ def on_command(
     try:
         command = Command.from_bytes(payload)
         arguments = command.model_dump(exclude={"cmd", "reason", "reply_to", "correlation"}, exclude_none=True)
-        core.events.info("operator command: %s %s%s", command.cmd, " ".join(f"{k}={v}" for k, v in arguments.items()),
-                         f" (reason: {command.reason})" if command.reason else "")  # fmt: skip
+        core.events.info(
+            "operator command: %s %s%s",
+            command.cmd,
+            " ".join(f"{k}={v}" for k, v in arguments.items()),
+            f" (reason: {command.reason})" if command.reason else "",
+        )
         out, detail = execute(core, command, now)
     except (MessageError, CommandError) as exc:
         core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1

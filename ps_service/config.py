@@ -86,8 +86,9 @@ class ServerConfig(BaseModel):
         description="held-out metrics, comma-separated, the first the one reports and policies follow: accuracy, "
         "macro_f1 (classification), mse, mae, rmse (regression); default accuracy, or mse,mae for a regression",
     )
-    codec: str = Field("fp32", description="codec devices use for their commits: fp32, fp16, int8, sign, ternary, "
-                       "qsgd:S or topk:P")  # fmt: skip
+    codec: str = Field(
+        "fp32", description="codec devices use for their commits: fp32, fp16, int8, sign, ternary, qsgd:S or topk:P"
+    )
     pull_codec: str = Field("fp32", description="fp32: broadcast snapshots; else compressed deltas in this codec")
 
     @model_validator(mode="before")
@@ -109,16 +110,21 @@ class ServerConfig(BaseModel):
         return make_pace(spec).name
 
     duration_s: float | None = Field(
-        None, gt=0, description="finish the job this many seconds after its start quorum (none: after --rounds)",
+        None,
+        gt=0,
+        description="finish the job this many seconds after its start quorum (none: after --rounds)",
         json_schema_extra={"flag": "duration"},
-    )  # fmt: skip
+    )
     min_devices: int = Field(
         1, ge=1, description="devices that must have come online before the first aggregate (a start quorum)"
     )
     round_deadline_s: float | None = Field(
-        30.0, gt=0, description="bsp/acbsp: devices not committed this many seconds after a round began leave the "
-        "barrier (0: none)", json_schema_extra={"flag": "round-deadline"},
-    )  # fmt: skip
+        30.0,
+        gt=0,
+        description="bsp/acbsp: devices not committed this many seconds after a round began leave the "
+        "barrier (0: none)",
+        json_schema_extra={"flag": "round-deadline"},
+    )
     door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
     max_uncommitted_factor: int = Field(
         8, ge=1, description="a device holds at most this many times its push_every in uncommitted local steps"
@@ -139,9 +145,11 @@ class ServerConfig(BaseModel):
         None, ge=1, description="a ceiling on any device's declared data size (default: none)"
     )
     metrics_interval_s: float | None = Field(
-        None, gt=0, description="also publish metrics when none went out for this many seconds (0: per version only)",
+        None,
+        gt=0,
+        description="also publish metrics when none went out for this many seconds (0: per version only)",
         json_schema_extra={"flag": "metrics-interval"},
-    )  # fmt: skip
+    )
     frequency: str = Field("fixed", description="push_every policy: fixed, adacomm or trend")
     push_every_min: int = Field(1, ge=1, description="lower bound of push_every for adacomm and trend")
     push_every_max: int = Field(160, ge=1, description="upper bound of push_every for adacomm and trend")
@@ -177,23 +185,28 @@ class ServerConfig(BaseModel):
         return name
 
     allowed_devices: frozenset[str] | None = Field(
-        None, description="comma-separated device ids allowed in the job (default: any)",
+        None,
+        description="comma-separated device ids allowed in the job (default: any)",
         json_schema_extra={"flag": "devices"},
-    )  # fmt: skip
+    )
     site_devices: dict[str, frozenset[str]] | None = Field(
-        None, description="a site aggregator's site and the devices it speaks for, as `edgeps broker init --site` "
+        None,
+        description="a site aggregator's site and the devices it speaks for, as `edgeps broker init --site` "
         "gave them (repeat for each site; its site commits come on part/{site}): its site commits may name those "
-        "devices and no others", json_schema_extra={"flag": "site", "metavar": "NAME=DEV,DEV"},
-    )  # fmt: skip
+        "devices and no others",
+        json_schema_extra={"flag": "site", "metavar": "NAME=DEV,DEV"},
+    )
     sites: frozenset[str] | None = Field(
-        None, description="comma-separated ingest workers (edgeps aggregator --shared) whose site commits the "
+        None,
+        description="comma-separated ingest workers (edgeps aggregator --shared) whose site commits the "
         "server takes, each for any device; only with --sites-only (sites of devices: --site)",
-    )  # fmt: skip
+    )
 
     sites_only: bool = Field(
-        False, description="take commits only in site commits: ingest workers (edgeps aggregator --shared) read "
+        False,
+        description="take commits only in site commits: ingest workers (edgeps aggregator --shared) read "
         "the devices' commit topics, the server none",
-    )  # fmt: skip
+    )
 
     @field_validator("sites")
     @classmethod
@@ -225,13 +238,18 @@ class ServerConfig(BaseModel):
             check_name(site, "site name")
             for device in members:
                 check_name(device, "device id")
-        shared = [d for d in set().union(*(self.site_devices or {}).values()) if
-                  sum(d in m for m in (self.site_devices or {}).values()) > 1]  # fmt: skip
+        shared = [
+            d
+            for d in set().union(*(self.site_devices or {}).values())
+            if sum(d in m for m in (self.site_devices or {}).values()) > 1
+        ]
         if shared:
             raise ValueError(f"--site: {', '.join(sorted(shared))} named by two sites; a device belongs to one site")
         if self.sites and not self.sites_only:
-            raise ValueError("--sites names ingest workers (with --sites-only); give a site's devices with --site "
-                             "NAME=DEV,DEV (a site speaks only for the devices the deployment gave it)")  # fmt: skip
+            raise ValueError(
+                "--sites names ingest workers (with --sites-only); give a site's devices with --site "
+                "NAME=DEV,DEV (a site speaks only for the devices the deployment gave it)"
+            )
         if self.sites_only and not self.sites:
             raise ValueError("--sites-only takes commits only from ingest workers: name them with --sites")
         return self

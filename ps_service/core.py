@@ -119,8 +119,9 @@ class ServerCore:
 
     def checks(self) -> Checks:
         """What a commit is checked against: the version, the model, the codecs in force."""
-        return Checks(self.store.version, self.store.shapes, frozenset({self.codec, self.previous_codec}),
-                      self.finished)  # fmt: skip
+        return Checks(
+            self.store.version, self.store.shapes, frozenset({self.codec, self.previous_codec}), self.finished
+        )
 
     @property
     def traffic(self) -> Traffic:

@@ -66,9 +66,11 @@ class DoorConfig(BaseModel):
     )
     max_commit_burst: int = Field(50, ge=1, description="commits a device (or a site) may send at once")
     max_held_commits: int = Field(
-        16, ge=1, description="commits of one device held at once (accepted, not yet aggregated); more are refused "
+        16,
+        ge=1,
+        description="commits of one device held at once (accepted, not yet aggregated); more are refused "
         "as rate_limited (their work carries into the device's next commit)",
-    )  # fmt: skip
+    )
     max_held_mib: float = Field(
         256.0, gt=0, description="MiB of commits held at once, all devices together (the same refusal beyond)"
     )
@@ -291,8 +293,9 @@ class Door:
         if fault is not None:
             return Rejection(R(fault), f"sequence number {entry.seq} was already used or passed", entry.seq)
         if entry.base_version > checks.version:
-            return Rejection(R.FUTURE_VERSION, f"base version {entry.base_version} > current {checks.version}",
-                             entry.seq)  # fmt: skip
+            return Rejection(
+                R.FUTURE_VERSION, f"base version {entry.base_version} > current {checks.version}", entry.seq
+            )
         return None
 
 

@@ -69,8 +69,9 @@ def serve(
     if checkpoint is not None and checkpoint.exists():
         assert key is not None
         restore(core, checkpoint, clock(), key)
-        log.info("resumed job %s (run %d) from %s at version %d", core.config.job, core.run, checkpoint,
-                 core.store.version)  # fmt: skip
+        log.info(
+            "resumed job %s (run %d) from %s at version %d", core.config.job, core.run, checkpoint, core.store.version
+        )
         outgoing = core.resume(clock())
     else:
         outgoing = core.start(clock())
@@ -135,8 +136,12 @@ def serve(
         process(IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
         if not core.round.quorum and clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
             noted = clock()
-            log.info("waiting for %d devices to start job %s (%d online)", core.config.min_devices, core.config.job,
-                     len(core.registry.active()))  # fmt: skip
+            log.info(
+                "waiting for %d devices to start job %s (%d online)",
+                core.config.min_devices,
+                core.config.job,
+                len(core.registry.active()),
+            )
     if stopped():
         return
     # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
@@ -181,8 +186,9 @@ def serve_site(
             inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
         out = aggregator.on_tick(clock())
         for message in batch:
-            out += aggregator.on_message(message.topic, message.payload, clock(), message, message.duplicate,
-                                         message.retain)  # fmt: skip
+            out += aggregator.on_message(
+                message.topic, message.payload, clock(), message, message.duplicate, message.retain
+            )
         out += aggregator.flush(clock())
         for event in aggregator.events.take():
             log.log(event.level, event.message)

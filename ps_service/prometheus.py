@@ -33,8 +33,11 @@ class JobCollector:
         m = self.latest
         if m is None:
             return
-        yield InfoMetricFamily("edgeps_job", "the job this server serves", value={"job_name": m.job, "pace": m.pace,
-                               "metric": m.metric, "frequency": m.frequency})  # fmt: skip
+        yield InfoMetricFamily(
+            "edgeps_job",
+            "the job this server serves",
+            value={"job_name": m.job, "pace": m.pace, "metric": m.metric, "frequency": m.frequency},
+        )
         gauges = {
             "edgeps_version": ("global model version", m.version),
             "edgeps_devices_online": ("devices online", m.devices_online),
@@ -99,8 +102,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the listen backlog: a burst of clients waits for accept, not for SYN retries
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 context: ssl.SSLContext | None) -> None:  # fmt: skip
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], context: ssl.SSLContext | None
+    ) -> None:
         self.context = context
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, handler)

@@ -210,6 +210,7 @@ def bounded_part(site: SiteUpdate, limits: Limits, weight_cap: float) -> tuple[P
     scale = np.float32(by_weight * by_norm)
     weighted = site.part.weighted if scale == 1 else {n: scale * v for n, v in site.part.weighted.items()}
     spread = by_weight * by_norm**2 * sum(e.weight * e.norm**2 for e in kept)
-    part = Partial(weighted, by_weight * sum(e.weight for e in kept), tuple(verdicts[e.device].steps for e in kept),
-                   spread)  # fmt: skip
+    part = Partial(
+        weighted, by_weight * sum(e.weight for e in kept), tuple(verdicts[e.device].steps for e in kept), spread
+    )
     return part, verdicts

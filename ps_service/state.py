@@ -95,8 +95,13 @@ def load_state(core: ServerCore, state: dict[str, Any], history: list[Metrics], 
         values = {str(k): float(v) for k, v in best[1].items()}
         params = {str(name): np.asarray(t, np.float32) for name, t in best[3].items()}
         report.best = Best(int(best[0]), Evaluation(values, float(best[2])), params)
-    report.traffic = Traffic(int(t["commits"]), int(t["applied"]), int(t["bytes_up"]), int(t["bytes_down"]),
-                             Counter({str(k): int(v) for k, v in t["rejected"].items()}))  # fmt: skip
+    report.traffic = Traffic(
+        int(t["commits"]),
+        int(t["applied"]),
+        int(t["bytes_up"]),
+        int(t["bytes_down"]),
+        Counter({str(k): int(v) for k, v in t["rejected"].items()}),
+    )
     report.sites = {str(s): {str(r): int(n) for r, n in c.items()} for s, c in t.get("sites", {}).items()}
     report.metrics_at = now - float(state["metrics_age_s"])
     report.history = list(history)

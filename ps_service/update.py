@@ -40,8 +40,14 @@ class Update:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Update:
         delta = {str(name): np.asarray(values, np.float32) for name, values in state["delta"].items()}
-        return cls(str(state["device"]), int(state["seq"]), int(state["base_version"]), int(state["samples"]),
-                   int(state["steps"]), delta)  # fmt: skip
+        return cls(
+            str(state["device"]),
+            int(state["seq"]),
+            int(state["base_version"]),
+            int(state["samples"]),
+            int(state["steps"]),
+            delta,
+        )
 
 
 class Partial(NamedTuple):

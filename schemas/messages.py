@@ -322,9 +322,18 @@ class Command(Message):
     ``last``, the default), answered in the reply."""
 
     cmd: Literal[
-        "status", "pause", "resume", "stop", "set_pace", "set_codec", "set_frequency", "freeze_frequency",
-        "unfreeze_frequency", "evict", "model",
-    ]  # fmt: skip
+        "status",
+        "pause",
+        "resume",
+        "stop",
+        "set_pace",
+        "set_codec",
+        "set_frequency",
+        "freeze_frequency",
+        "unfreeze_frequency",
+        "evict",
+        "model",
+    ]
     which: Literal["best", "last"] | None = Field(None, description="(1.8) model: the best version or the last")
     reason: str = Field("", max_length=256)
     codec: str | None = Field(None, description="set_codec: the commit codec devices switch to")

@@ -62,8 +62,15 @@ def control_bytes(device: str = "d1", **fields) -> bytes:
     """A Control for ``device`` of run ``RUN``, answering incarnation ``INCARNATION``; ``fields`` override."""
     from schemas.messages import Control
 
-    values = {"run": RUN, "incarnation": INCARNATION, "lr": 0.1, "batch_size": 8, "push_every": 3,
-              "wait_for_params": False, **fields}  # fmt: skip
+    values = {
+        "run": RUN,
+        "incarnation": INCARNATION,
+        "lr": 0.1,
+        "batch_size": 8,
+        "push_every": 3,
+        "wait_for_params": False,
+        **fields,
+    }
     values.setdefault("max_uncommitted_steps", 8 * values["push_every"])
     return Control(device=device, **values).to_bytes()
 

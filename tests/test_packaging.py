@@ -85,15 +85,36 @@ def test_prometheus_and_grafana_are_provisioned_for_what_the_server_exports() ->
     mounted = dict(v.split(":")[:2][::-1] for v in compose["grafana"]["volumes"])
     folder = ROOT / mounted[provider["options"]["path"]].removeprefix("./")
     dashboard = json.loads((folder / "edgeps.json").read_text())
-    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
-               for name in re.findall(r"\b((?:edgeps|process)_[a-z_]+)", target["expr"])}  # fmt: skip
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b((?:edgeps|process)_[a-z_]+)", target["expr"])
+    }
     assert all(p["datasource"]["uid"] == source["uid"] for p in dashboard["panels"])
     endpoint = MetricsEndpoint(0)
     try:
-        endpoint.update(Metrics(job="j", version=3, round=3, pace="bsp", metric="mae", value=0.5, values={"mae": 0.5},
-                                accuracy=None, loss=0.4, commits=9, applied=8, rejected={"malformed": 1,
-                                "invalid_command": 1}, bytes_up=10, bytes_down=20, devices_online=2, elapsed_s=1.0,
-                                push_every={"a": 4}))  # fmt: skip
+        endpoint.update(
+            Metrics(
+                job="j",
+                version=3,
+                round=3,
+                pace="bsp",
+                metric="mae",
+                value=0.5,
+                values={"mae": 0.5},
+                accuracy=None,
+                loss=0.4,
+                commits=9,
+                applied=8,
+                rejected={"malformed": 1, "invalid_command": 1},
+                bytes_up=10,
+                bytes_down=20,
+                devices_online=2,
+                elapsed_s=1.0,
+                push_every={"a": 4},
+            )
+        )
         exported = set(re.findall(r"^([a-z_]+)(?:\{| )", generate_latest(endpoint.registry).decode(), flags=re.M))
     finally:
         endpoint.close()

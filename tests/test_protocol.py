@@ -46,8 +46,17 @@ def test_a_rebooted_device_loses_no_commit_and_its_old_commits_stay_refused() ->
     assert "d1" in server.registry.active()  # an earlier boot's will does not take the new one offline
     # A commit of the earlier incarnation, replayed, is refused.
     assert old_commit is not None
-    replay = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=0, tensors=old_commit.tensors, device="d1",
-                                seq=old_commit.seq, samples=1, steps=1))  # fmt: skip
+    replay = encode_frame(
+        Frame(
+            kind=FrameKind.COMMIT,
+            base_version=0,
+            tensors=old_commit.tensors,
+            device="d1",
+            seq=old_commit.seq,
+            samples=1,
+            steps=1,
+        )
+    )
     out = server.on_message(server.topics.grad("d1"), replay, relay.now)
     assert [Notice.from_bytes(p.payload).reason.value for p in out if "/notice/" in p.topic] == ["replayed"]
 
@@ -65,8 +74,17 @@ def relay_commits(relay: Relay, core: DeviceCore) -> list[bytes]:
 
 def test_a_control_left_for_an_earlier_boot_is_ignored() -> None:
     core = device("d1", incarnation=5)
-    stale = Control(device="d1", run=3, incarnation=4, push_every=2, lr=0.1, batch_size=8, wait_for_params=False,
-                    max_uncommitted_steps=16, seq_base=40)  # fmt: skip
+    stale = Control(
+        device="d1",
+        run=3,
+        incarnation=4,
+        push_every=2,
+        lr=0.1,
+        batch_size=8,
+        wait_for_params=False,
+        max_uncommitted_steps=16,
+        seq_base=40,
+    )
     core.on_message(core.topics.ctrl("d1"), stale.to_bytes())
     assert core.control is None and core.seq == 0
 
@@ -208,8 +226,15 @@ def test_a_retained_commit_is_refused() -> None:
     core = device("d1", incarnation=3)
     relay.connect(core)
     relay.flush()
-    frame = Frame(kind=FrameKind.COMMIT, base_version=0, device="d1", seq=1, samples=1, steps=1,
-                  tensors={n: np.full(s, 1e30, np.float32) for n, s in server.store.shapes.items()})  # fmt: skip
+    frame = Frame(
+        kind=FrameKind.COMMIT,
+        base_version=0,
+        device="d1",
+        seq=1,
+        samples=1,
+        steps=1,
+        tensors={n: np.full(s, 1e30, np.float32) for n, s in server.store.shapes.items()},
+    )
     out = server.on_message(server.topics.grad("d1"), encode_frame(frame), 0.0, retained=True)
     assert [Notice.from_bytes(p.payload).reason.value for p in out] == ["retained"]
     assert server.store.version == 0

@@ -78,14 +78,25 @@ class Deployment:
     def address(self, broker: Any, account: str) -> Any:
         from broker.client import BrokerAddress
 
-        return BrokerAddress(broker.host, broker.port, account, self.setup.passwords[account],
-                             tls_ca=str(self.setup.ca_cert))  # fmt: skip
+        return BrokerAddress(
+            broker.host, broker.port, account, self.setup.passwords[account], tls_ca=str(self.setup.ca_cert)
+        )
 
     def login(self, broker: Any, account: str) -> list[str]:
         """The flags that log ``account`` in to ``broker``."""
         creds = self.setup.credentials_dir
-        return ["--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
-                "--password-file", str(creds / f"{account}.password"), "--tls-ca", str(self.setup.ca_cert)]  # fmt: skip
+        return [
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--job",
+            JOB,
+            "--username",
+            account,
+            "--password-file",
+            str(creds / f"{account}.password"),
+            "--tls-ca",
+            str(self.setup.ca_cert),
+        ]
 
     def server_flags(self) -> list[str]:
         """The deployment's sites, as the server takes them."""
@@ -103,11 +114,31 @@ class Deployment:
 
             account = aggregator_account("s1")
             members = ",".join(self.setup.sites["s1"])
-            return {"aggregator s1": [*edgeps, "aggregator", "--site", "s1", "--devices", members,
-                                      *self.login(self.sites["s1"], account)]}  # fmt: skip
+            return {
+                "aggregator s1": [
+                    *edgeps,
+                    "aggregator",
+                    "--site",
+                    "s1",
+                    "--devices",
+                    members,
+                    *self.login(self.sites["s1"], account),
+                ]
+            }
         if self.path == "workers":
-            return {worker: [*edgeps, "aggregator", "--site", worker, "--shared", "--devices", ",".join(DEVICES),
-                             *self.login(self.core, worker)] for worker in self.setup.workers}  # fmt: skip
+            return {
+                worker: [
+                    *edgeps,
+                    "aggregator",
+                    "--site",
+                    worker,
+                    "--shared",
+                    "--devices",
+                    ",".join(DEVICES),
+                    *self.login(self.core, worker),
+                ]
+                for worker in self.setup.workers
+            }
         return {}
 
 
@@ -120,8 +151,12 @@ def deploy(path: str, root: Path) -> Iterator[Deployment]:
     core_port = free_port()
     options: dict[str, Any] = {"devices": list(DEVICES)}
     if path == "sites":
-        options = {"devices": [], "sites": {"s1": list(DEVICES), "s2": ["spare"]}, "aggregators": True,
-                   "core_address": f"127.0.0.1:{core_port}"}  # fmt: skip
+        options = {
+            "devices": [],
+            "sites": {"s1": list(DEVICES), "s2": ["spare"]},
+            "aggregators": True,
+            "core_address": f"127.0.0.1:{core_port}",
+        }
     elif path == "workers":
         options["ingest_workers"] = 2
     setup = init_secure_broker(root / "setup", JOB, operators=["op"], host="127.0.0.1", **options)
@@ -207,8 +242,7 @@ class Hostile:
 
             account = aggregator_account("s2")
             broker = deployment.sites["s2"]
-            self.transport = MqttTransport(deployment.address(broker, account), account, [t.barrier],
-                                           persistent=False)  # fmt: skip
+            self.transport = MqttTransport(deployment.address(broker, account), account, [t.barrier], persistent=False)
         else:
             where = deployment.address(deployment.broker_of(HOSTILE), HOSTILE)
             self.transport = MqttTransport(where, HOSTILE, [t.barrier, t.params, t.ctrl(HOSTILE)], persistent=False)
@@ -240,8 +274,15 @@ class Hostile:
         from schemas.frame import Frame, FrameKind, encode_frame
 
         self.seq += 1
-        frame = Frame(kind=FrameKind.COMMIT, base_version=base, tensors=tensors, device=HOSTILE,
-                      seq=self.seq if seq is None else seq, samples=32, steps=10)  # fmt: skip
+        frame = Frame(
+            kind=FrameKind.COMMIT,
+            base_version=base,
+            tensors=tensors,
+            device=HOSTILE,
+            seq=self.seq if seq is None else seq,
+            samples=32,
+            steps=10,
+        )
         self._publish(self.topics.grad(HOSTILE), encode_frame(frame), retain=retain)
 
     def filled(self, value: float) -> dict[str, np.ndarray]:
@@ -352,13 +393,29 @@ def run_job(
     watcher = MqttTransport(deployment.address(deployment.core, "op"), "op", [Topics(JOB).metrics], persistent=False)
     watcher.wait_connected(10)
     server = subprocess.Popen(
-        [*edgeps, "ps", *deployment.login(deployment.core, "ps"), "--devices", ",".join(DEVICES),
-         *deployment.server_flags(), "--rounds", str(rounds), "--min-devices", str(len(DEVICES)),
-         "--round-deadline", str(deadline), "--eval-data", str(shards.holdout)],
-        stdout=subprocess.DEVNULL, stderr=(workdir / "ps.log").open("wb"), cwd=ROOT,
-    )  # fmt: skip
-    helpers = [Supervised(command, workdir / f"{name.replace(' ', '-')}.log")
-               for name, command in deployment.helpers().items()]  # fmt: skip
+        [
+            *edgeps,
+            "ps",
+            *deployment.login(deployment.core, "ps"),
+            "--devices",
+            ",".join(DEVICES),
+            *deployment.server_flags(),
+            "--rounds",
+            str(rounds),
+            "--min-devices",
+            str(len(DEVICES)),
+            "--round-deadline",
+            str(deadline),
+            "--eval-data",
+            str(shards.holdout),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(workdir / "ps.log").open("wb"),
+        cwd=ROOT,
+    )
+    helpers = [
+        Supervised(command, workdir / f"{name.replace(' ', '-')}.log") for name, command in deployment.helpers().items()
+    ]
     honest = [d for d in DEVICES if not (attack and attack != "site_flood" and d == HOSTILE)]
     clients = [_client(deployment, d, shards, workdir) for d in honest]
     hostile = runner = None
@@ -434,8 +491,21 @@ def _forget_sessions(deployment: Deployment) -> None:
 def _client(deployment: Deployment, device: str, shards: Any, workdir: Path) -> subprocess.Popen[bytes]:
     """An honest device: ``edgeps client`` on its account, on its broker."""
     login = deployment.login(deployment.broker_of(device), device)
-    command = [sys.executable, "-m", "edgeps.cli", "client", *login, "--device", device, "--step-time", str(STEP_S),
-               "--data", str(shards.devices[DEVICES.index(device)]), "--seed", device[-1]]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "client",
+        *login,
+        "--device",
+        device,
+        "--step-time",
+        str(STEP_S),
+        "--data",
+        str(shards.devices[DEVICES.index(device)]),
+        "--seed",
+        device[-1],
+    ]
     log = (workdir / f"{device}.log").open("wb")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
 
@@ -459,8 +529,9 @@ def bench_attack(
 
     unknown = [p for p in paths if p not in PATHS] + [a for a in attacks if a not in ATTACKS]
     if unknown:
-        raise ValueError(f"unknown paths or attacks: {', '.join(unknown)}; paths: {', '.join(PATHS)}; attacks: "
-                         f"{', '.join(ATTACKS)}")  # fmt: skip
+        raise ValueError(
+            f"unknown paths or attacks: {', '.join(unknown)}; paths: {', '.join(PATHS)}; attacks: {', '.join(ATTACKS)}"
+        )
     entries = []
     with tempfile.TemporaryDirectory(prefix="edgeps-attack-") as tmp:
         root = Path(tmp)
@@ -476,19 +547,30 @@ def bench_attack(
                     say(f"{path}: {attack} ...", end=" ", flush=True)
                     run = run_job(deployment, attack, rounds, deadline, shards, root / path / attack)
                     say(f"accuracy {run['final_accuracy']:.4f}, {run['crashes']} crashes")
-                    entries.append({
-                        "name": attack, "path": path, "clean_metric": clean["final_accuracy"],
-                        "attacked_metric": run["final_accuracy"], "attacked_mean": run["mean_accuracy"],
-                        "crashes": run["crashes"], "rss_mib_before": run["rss_mib_before"],
-                        "rss_mib_after": run["rss_mib_after"], "versions_per_s": run["versions_per_s"],
-                        "clean_versions_per_s": clean["versions_per_s"], "versions": run["versions"],
-                        "rejected": run["rejected"], "hostile_sent": run["hostile_sent"],
-                        "sigterm_s": run["sigterm_s"],
-                    })  # fmt: skip
-    held = [e for e in entries if e["crashes"] == 0 and min(e["attacked_metric"], e["attacked_mean"])
-            >= 0.9 * e["clean_metric"]]  # fmt: skip
-    return {"rounds": rounds, "round_deadline_s": deadline, "attacks": entries, "held": len(held),
-            "of": len(entries)}  # fmt: skip
+                    entries.append(
+                        {
+                            "name": attack,
+                            "path": path,
+                            "clean_metric": clean["final_accuracy"],
+                            "attacked_metric": run["final_accuracy"],
+                            "attacked_mean": run["mean_accuracy"],
+                            "crashes": run["crashes"],
+                            "rss_mib_before": run["rss_mib_before"],
+                            "rss_mib_after": run["rss_mib_after"],
+                            "versions_per_s": run["versions_per_s"],
+                            "clean_versions_per_s": clean["versions_per_s"],
+                            "versions": run["versions"],
+                            "rejected": run["rejected"],
+                            "hostile_sent": run["hostile_sent"],
+                            "sigterm_s": run["sigterm_s"],
+                        }
+                    )
+    held = [
+        e
+        for e in entries
+        if e["crashes"] == 0 and min(e["attacked_metric"], e["attacked_mean"]) >= 0.9 * e["clean_metric"]
+    ]
+    return {"rounds": rounds, "round_deadline_s": deadline, "attacks": entries, "held": len(held), "of": len(entries)}
 
 
 def format_attack(report: dict[str, Any]) -> Table:
@@ -496,16 +578,27 @@ def format_attack(report: dict[str, Any]) -> Table:
         f"each path's clean job, and one per attack ({report['rounds']} bsp rounds, deadline "
         f"{report['round_deadline_s']:g} s): held-out accuracy at the end and over its second half"
     )
-    table = Table(["path", "attack", "clean", "final", "mean", "v/s ratio", "crashes", "RSS MiB", "refused"],
-                  before=[title])  # fmt: skip
+    table = Table(
+        ["path", "attack", "clean", "final", "mean", "v/s ratio", "crashes", "RSS MiB", "refused"], before=[title]
+    )
     for e in report["attacks"]:
         ratio = e["versions_per_s"] / e["clean_versions_per_s"] if e["clean_versions_per_s"] else 0.0
         refused = ", ".join(f"{k} {v}" for k, v in sorted(e["rejected"].items())) or "none"
-        table.add(e["path"], e["name"], f"{e['clean_metric']:.4f}", f"{e['attacked_metric']:.4f}",
-                  f"{e['attacked_mean']:.4f}", f"{ratio:.2f}", e["crashes"],
-                  f"{e['rss_mib_before']:.0f} -> {e['rss_mib_after']:.0f}", refused[:60])  # fmt: skip
-    table.after.append(f"{report['held']} of {report['of']} attacks held: no crash, accuracy at the end and during "
-                       "the attack at least 0.9 of the clean job's")  # fmt: skip
+        table.add(
+            e["path"],
+            e["name"],
+            f"{e['clean_metric']:.4f}",
+            f"{e['attacked_metric']:.4f}",
+            f"{e['attacked_mean']:.4f}",
+            f"{ratio:.2f}",
+            e["crashes"],
+            f"{e['rss_mib_before']:.0f} -> {e['rss_mib_after']:.0f}",
+            refused[:60],
+        )
+    table.after.append(
+        f"{report['held']} of {report['of']} attacks held: no crash, accuracy at the end and during "
+        "the attack at least 0.9 of the clean job's"
+    )
     return table
 
 
@@ -538,9 +631,13 @@ def plot_attack(report: dict[str, Any], path: str | Path) -> None:
 
 
 def run_bench_attack(
-    paths: tuple[str, ...], attacks: tuple[str, ...], rounds: int, deadline: float, json_path: str | None,
+    paths: tuple[str, ...],
+    attacks: tuple[str, ...],
+    rounds: int,
+    deadline: float,
+    json_path: str | None,
     plot: str | None = "bench-attack.png",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     report = bench_attack(paths, attacks, rounds, deadline)
     if plot:
         plot_attack(report, plot)

@@ -213,8 +213,23 @@ def mosquitto_pub_rate(host: str, port: int, payload: bytes, count: int, workdir
     (workdir / "payload").write_bytes(payload)
     deliveries = _subscribed(host, port, "capacity/pub")
     try:
-        pub = subprocess.Popen([tool, "-h", host, "-p", str(port), "-q", "1", "-t", "capacity/pub", "-f",
-                                str(workdir / "payload"), "--repeat", str(count)])  # fmt: skip
+        pub = subprocess.Popen(
+            [
+                tool,
+                "-h",
+                host,
+                "-p",
+                str(port),
+                "-q",
+                "1",
+                "-t",
+                "capacity/pub",
+                "-f",
+                str(workdir / "payload"),
+                "--repeat",
+                str(count),
+            ]
+        )
         rate = deliveries.rate(count)
         pub.wait(timeout=60)
         return rate
@@ -231,8 +246,9 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_workers(host: str, port: int, job: str, workdir: Path, count: int,
-                  devices: list[str]) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+def start_workers(
+    host: str, port: int, job: str, workdir: Path, count: int, devices: list[str]
+) -> list[subprocess.Popen[bytes]]:
     """``count`` ingest workers (``edgeps aggregator --shared``) of ``job``, each connected and subscribed.
     Each reads its own share of the devices (``devices[k::count]``): the load offers each device's
     commits far faster than a device would, and two workers reading the same device can fall more
@@ -241,8 +257,21 @@ def start_workers(host: str, port: int, job: str, workdir: Path, count: int,
     workers, logs = [], []
     for k in range(count):
         logs.append(workdir / f"ingest-{k}.log")
-        command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", job, "--site", f"ingest-{k}",
-                   "--shared", "--devices", ",".join(devices[k::count]), "--broker", f"{host}:{port}"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "edgeps.cli",
+            "aggregator",
+            "--job",
+            job,
+            "--site",
+            f"ingest-{k}",
+            "--shared",
+            "--devices",
+            ",".join(devices[k::count]),
+            "--broker",
+            f"{host}:{port}",
+        ]
         with open(logs[-1], "wb") as log:  # the child keeps its own descriptor
             workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
     deadline = time.monotonic() + 60
@@ -253,9 +282,19 @@ def start_workers(host: str, port: int, job: str, workdir: Path, count: int,
     return workers
 
 
-def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float, generators: int,
-               checkpoint: bool, say: Any, profile: Path | None = None, workers: int = 0,
-               broker_pid: int | None = None) -> dict[str, Any]:  # fmt: skip
+def apply_rate(
+    host: str,
+    port: int,
+    workdir: Path,
+    devices: int,
+    seconds: float,
+    generators: int,
+    checkpoint: bool,
+    say: Any,
+    profile: Path | None = None,
+    workers: int = 0,
+    broker_pid: int | None = None,
+) -> dict[str, Any]:
     """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``BACKLOG`` ahead of it: its
     sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there.
     ``workers``: that many ingest workers take the commits (a shared subscription) and the server only
@@ -359,9 +398,16 @@ def apply_rate(host: str, port: int, workdir: Path, devices: int, seconds: float
             worker.wait(timeout=30)
 
 
-def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000, generators: int = 2,
-                   checkpoint: bool = False, say: Any = print, profile: Path | None = None,
-                   workers: tuple[int, ...] = ()) -> dict[str, Any]:  # fmt: skip
+def bench_capacity(
+    devices: int = 100,
+    seconds: float = 8.0,
+    count: int = 20000,
+    generators: int = 2,
+    checkpoint: bool = False,
+    say: Any = print,
+    profile: Path | None = None,
+    workers: tuple[int, ...] = (),
+) -> dict[str, Any]:
     """The broker's raw rate and the server's apply rate for the same payload, in one run; with ``profile``,
     the server's cProfile statistics (of the run without a checkpoint) there; with ``workers``, the apply
     rate of a server behind that many ingest workers, for each count, in the same run."""
@@ -376,8 +422,18 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
         say(f"  {pub:,.0f} messages/s")
         say("server: edgeps ps --pace asp under the same payloads as commits ...")
         pid = broker.process.pid
-        plain = apply_rate(broker.host, broker.port, Path(tmp) / "ps", devices, seconds, generators, False, say,
-                           profile, broker_pid=pid)  # fmt: skip
+        plain = apply_rate(
+            broker.host,
+            broker.port,
+            Path(tmp) / "ps",
+            devices,
+            seconds,
+            generators,
+            False,
+            say,
+            profile,
+            broker_pid=pid,
+        )
         say(f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s)")
         report: dict[str, Any] = {
             "payload_bytes": len(payload),
@@ -390,8 +446,18 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
         }
         for count in workers:
             say(f"server behind {count} ingest workers (edgeps aggregator --shared) under the same load ...")
-            shared = apply_rate(broker.host, broker.port, Path(tmp) / f"ps-{count}w", devices, seconds, generators,
-                                False, say, workers=count, broker_pid=pid)  # fmt: skip
+            shared = apply_rate(
+                broker.host,
+                broker.port,
+                Path(tmp) / f"ps-{count}w",
+                devices,
+                seconds,
+                generators,
+                False,
+                say,
+                workers=count,
+                broker_pid=pid,
+            )
             say(f"  {shared['apply_rate']:,.0f} commits applied/s: {shared['apply_rate'] / plain['apply_rate']:.2f}x")
             report.setdefault("workers", {})[count] = shared
         if checkpoint:
@@ -407,20 +473,30 @@ def bench_capacity(devices: int = 100, seconds: float = 8.0, count: int = 20000,
 
 def format_capacity(report: dict[str, Any]) -> Table:
     raw, pub = report["broker_rate"], report["broker_rate_mosquitto_pub"]
-    table = Table(["", "messages/s", "/ broker", "/ mosquitto_pub"],
-                  before=[f"{report['payload_bytes']:,}-byte commit payloads, QoS 1"])  # fmt: skip
+    table = Table(
+        ["", "messages/s", "/ broker", "/ mosquitto_pub"],
+        before=[f"{report['payload_bytes']:,}-byte commit payloads, QoS 1"],
+    )
     table.add("broker: load generator -> mosquitto_sub", f"{raw:,.0f}", "1.00", f"{raw / pub:.2f}")
     table.add("broker: mosquitto_pub --repeat -> mosquitto_sub", f"{pub:,.0f}", f"{pub / raw:.2f}", "1.00")
     rows = [("server applies", report["server"], report["apply_rate"])]
     if "apply_rate_checkpoint" in report:
         rows.append(("server applies, --checkpoint", report["server_checkpoint"], report["apply_rate_checkpoint"]))
     for name, server, rate in rows:
-        table.add(f"{name} (offered {server['offered_rate']:,.0f}/s)", f"{rate:,.0f}", f"{rate / raw:.3f}",
-                  f"{rate / pub:.2f}")  # fmt: skip
+        table.add(
+            f"{name} (offered {server['offered_rate']:,.0f}/s)",
+            f"{rate:,.0f}",
+            f"{rate / raw:.3f}",
+            f"{rate / pub:.2f}",
+        )
     for count, shared in report.get("workers", {}).items():
         rate = shared["apply_rate"]
-        table.add(f"server behind {count} ingest workers (offered {shared['offered_rate']:,.0f}/s)", f"{rate:,.0f}",
-                  f"{rate / raw:.3f}", f"{rate / pub:.2f}")  # fmt: skip
+        table.add(
+            f"server behind {count} ingest workers (offered {shared['offered_rate']:,.0f}/s)",
+            f"{rate:,.0f}",
+            f"{rate / raw:.3f}",
+            f"{rate / pub:.2f}",
+        )
     low, high = report["server"]["server_rss_mib"]
     table.after.append(f"server RSS under the load: {low}..{high} MiB")
     for count, shared in [(0, report["server"]), *report.get("workers", {}).items()]:

@@ -49,7 +49,9 @@ def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int
                 }
             )
             r = rows[-1]
-            say(f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
+            say(
+                f"  {r['codec']:<10} ratio {r['ratio']:>7.1f}  error {r['rel_error']:.4f}  "
                 f"encode {r['encode_vs_copy']:.3f}x copy  decode {r['decode_vs_copy']:.3f}x copy  "
-                f"(copy {4 * n / copy_s / 1e9:.1f} GB/s)")  # fmt: skip
+                f"(copy {4 * n / copy_s / 1e9:.1f} GB/s)"
+            )
     return {"compiled": compiled(), "codecs": rows}

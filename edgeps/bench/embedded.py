@@ -86,9 +86,27 @@ def real_job(
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
     from edgeps.demo import spawn
 
-    server = spawn(["ps", *common, "--pace", pace, "--rounds", str(rounds), "--min-devices", str(len(shards.devices)),
-                    "--eval-data", str(shards.holdout), "--report", str(report), "--codec", codecs[0],
-                    "--pull-codec", codecs[1]], workdir / "ps.log")  # fmt: skip
+    server = spawn(
+        [
+            "ps",
+            *common,
+            "--pace",
+            pace,
+            "--rounds",
+            str(rounds),
+            "--min-devices",
+            str(len(shards.devices)),
+            "--eval-data",
+            str(shards.holdout),
+            "--report",
+            str(report),
+            "--codec",
+            codecs[0],
+            "--pull-codec",
+            codecs[1],
+        ],
+        workdir / "ps.log",
+    )
     devices = []
     for i, shard in enumerate(shards.devices):
         log = workdir / f"dev-{i}.log"
@@ -101,8 +119,9 @@ def real_job(
             args = [*common, "--device", f"dev-{i}", "--data", str(shard.with_suffix(".epsf")), "--seed", str(i)]
             devices.append(spawn(args, log, program=device_bin))
         else:
-            devices.append(spawn(["client", *common, "--device", f"dev-{i}", "--data", str(shard), "--seed", str(i)],
-                                 log))  # fmt: skip
+            devices.append(
+                spawn(["client", *common, "--device", f"dev-{i}", "--data", str(shard), "--seed", str(i)], log)
+            )
     rss = [0] * len(devices)  # sampled while they run (wait4's maxrss would count the forking parent)
     try:
         deadline = time.monotonic() + 600
@@ -174,19 +193,29 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print, firmware_roun
         for codecs in CODECS:
             for kind in ("c", "python"):
                 name = f"{kind} {'/'.join(codecs)}"
-                say(f"a {rounds}-round bsp job of {devices} {'edgeps-device' if kind == 'c' else 'edgeps client'} "
-                    f"processes over Mosquitto, {'/'.join(codecs)} ...")  # fmt: skip
+                say(
+                    f"a {rounds}-round bsp job of {devices} {'edgeps-device' if kind == 'c' else 'edgeps client'} "
+                    f"processes over Mosquitto, {'/'.join(codecs)} ..."
+                )
                 broker = start_broker(workdir=root / f"broker-{name.replace(' ', '-').replace('/', '-')}")
                 try:
-                    jobs[name] = real_job(kind, root / "host" / "edgeps-device", broker, shards,
-                                          root / name.replace(" ", "-").replace("/", "-"), rounds, codecs)  # fmt: skip
+                    jobs[name] = real_job(
+                        kind,
+                        root / "host" / "edgeps-device",
+                        broker,
+                        shards,
+                        root / name.replace(" ", "-").replace("/", "-"),
+                        rounds,
+                        codecs,
+                    )
                 finally:
                     broker.stop()
         say(f"a {rounds}-round acbsp job of {devices} edgeps client processes over Mosquitto, sign/ternary ...")
         broker = start_broker(workdir=root / "broker-python-acbsp")
         try:
-            jobs["python acbsp sign/ternary"] = real_job("python", None, broker, shards, root / "python-acbsp",
-                                                         rounds, ("sign", "ternary"), pace="acbsp")  # fmt: skip
+            jobs["python acbsp sign/ternary"] = real_job(
+                "python", None, broker, shards, root / "python-acbsp", rounds, ("sign", "ternary"), pace="acbsp"
+            )
         finally:
             broker.stop()
         holdout = Dataset.load(shards.holdout)
@@ -194,22 +223,42 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print, firmware_roun
         fw_jobs, fw_images = {}, {}
         for pace, codec, pull in FIRMWARE_JOBS:
             name = f"firmware {pace} {codec}/{pull}"
-            say(f"a {firmware_rounds}-round {pace} job of {devices - FIRMWARE_DEVICES} edgeps client processes and "
+            say(
+                f"a {firmware_rounds}-round {pace} job of {devices - FIRMWARE_DEVICES} edgeps client processes and "
                 f"{FIRMWARE_DEVICES} firmware images under QEMU ({', '.join(FIRMWARE_BOARDS)}; UART on the broker), "
-                f"{codec}/{pull} ...")  # fmt: skip
+                f"{codec}/{pull} ..."
+            )
             images = {}
             for i, board in zip(range(devices - FIRMWARE_DEVICES, devices), FIRMWARE_BOARDS, strict=True):
                 data = Dataset.load(shards.devices[i])
                 folder = root / "firmware" / f"{pace}-{codec}-dev-{i}"
-                built = build_image(folder, board, f"embedded-firmware-{pace}-{codec}-{pull}", f"dev-{i}",
-                                    data.x.astype("float32"), data.y.astype("float32"), sizes, codec, pull,
-                                    seed=i)  # fmt: skip
+                built = build_image(
+                    folder,
+                    board,
+                    f"embedded-firmware-{pace}-{codec}-{pull}",
+                    f"dev-{i}",
+                    data.x.astype("float32"),
+                    data.y.astype("float32"),
+                    sizes,
+                    codec,
+                    pull,
+                    seed=i,
+                )
                 fw_images.setdefault(board, {})[f"{codec}/{pull}"] = built
                 images[i] = folder
             broker = start_broker(workdir=root / f"broker-{pace}-firmware")
             try:
-                fw_jobs[name] = real_job("firmware", None, broker, shards, root / f"{pace}-firmware-job",
-                                         firmware_rounds, (codec, pull), images, pace=pace)  # fmt: skip
+                fw_jobs[name] = real_job(
+                    "firmware",
+                    None,
+                    broker,
+                    shards,
+                    root / f"{pace}-firmware-job",
+                    firmware_rounds,
+                    (codec, pull),
+                    images,
+                    pace=pace,
+                )
             finally:
                 broker.stop()
     c, python = jobs["c fp32/fp32"], jobs["python fp32/fp32"]
@@ -292,12 +341,16 @@ def format_embedded(report: dict[str, Any]) -> Table:
     qemu = report["qemu"]
     figures = ""
     if qemu["ok"]:
-        figures = (f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
-                   f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
-                   f"{report['batch']} {qemu['step_instructions']:,}")  # fmt: skip
+        figures = (
+            f" (commits within {qemu['max_abs_difference']:.1e} of learning.model); instructions (-icount): "
+            f"receiving the fp32 parameter frame {qemu['params_frame_instructions']:,}, one local step at batch "
+            f"{report['batch']} {qemu['step_instructions']:,}"
+        )
     table.after.append(f"QEMU scripted exchange: {'ok' if qemu['ok'] else 'FAILED ' + qemu['detail']}{figures}")
-    table.after.append(f"QEMU hostile corpus (the 105-byte frame, NaN/Inf/out-of-range fields) and 20,000 mutations: "
-                       f"{'each refused with its reason, no fault' if report['hostile_ok'] else 'FAILED'}")  # fmt: skip
+    table.after.append(
+        f"QEMU hostile corpus (the 105-byte frame, NaN/Inf/out-of-range fields) and 20,000 mutations: "
+        f"{'each refused with its reason, no fault' if report['hostile_ok'] else 'FAILED'}"
+    )
     for board, fw in report.get("firmware", {}).items():
         table.after.append(
             f"firmware on {board} (QEMU; 2 images per board + Python devices, {fw['versions']} versions): best bsp "
@@ -313,9 +366,11 @@ def format_embedded(report: dict[str, Any]) -> Table:
             continue
         refused = ", ".join(f"{k} {v}" for k, v in sorted(job["rejected"].items())) or "none"
         who = "edgeps-device" if job["devices"] == "c" else "edgeps client"
-        table.after.append(f"{who:<14} {job['pace']:<5} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
-                           f"{job['final_accuracy']:.4f}  applied {job['applied']}  refused: {refused}  peak RSS per "
-                           f"device {max(job['peak_rss_kib']):,} KiB")  # fmt: skip
+        table.after.append(
+            f"{who:<14} {job['pace']:<5} {job['codecs']:<13} best {job['best_accuracy']:.4f} final "
+            f"{job['final_accuracy']:.4f}  applied {job['applied']}  refused: {refused}  peak RSS per "
+            f"device {max(job['peak_rss_kib']):,} KiB"
+        )
     return table
 
 

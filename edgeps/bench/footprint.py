@@ -77,10 +77,24 @@ def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -
         server.start()
         rss_file = workdir / f"rss-{backend}"
         client = [
-            str(env / "bin" / "python"), "-c", _RSS_WRAPPER, str(rss_file), "client",
-            "--broker", f"{broker.host}:{broker.port}", "--job", job, "--device", "gw-0",
-            "--data", str(shards.devices[0]), "--backend", backend, "--cache", str(workdir / "cache"),
-        ]  # fmt: skip
+            str(env / "bin" / "python"),
+            "-c",
+            _RSS_WRAPPER,
+            str(rss_file),
+            "client",
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--job",
+            job,
+            "--device",
+            "gw-0",
+            "--data",
+            str(shards.devices[0]),
+            "--backend",
+            backend,
+            "--cache",
+            str(workdir / "cache"),
+        ]
         env_vars = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
         done = subprocess.run(client, capture_output=True, text=True, timeout=300, env=env_vars, cwd=workdir)
         server.join(timeout=30)
@@ -127,10 +141,18 @@ def bench_footprint(rounds: int = 20, say=print) -> dict[str, Any]:
 def format_footprint(report: dict[str, Any]) -> Table:
     install, clients = report["install"], report["clients"]
     table = Table(["what", "size on disk", "client peak RSS", "best acc"])
-    table.add("edgeps[device] (numpy backend)", f"{install['device_mib']:.1f} MiB",
-              f"{clients[0]['peak_rss_mib']:.1f} MiB", f"{clients[0]['best_accuracy']:.4f}")  # fmt: skip
-    table.add("+ ai-edge-litert (tflite backend)", f"{install['device_with_tflite_mib']:.1f} MiB",
-              f"{clients[1]['peak_rss_mib']:.1f} MiB", f"{clients[1]['best_accuracy']:.4f}")  # fmt: skip
+    table.add(
+        "edgeps[device] (numpy backend)",
+        f"{install['device_mib']:.1f} MiB",
+        f"{clients[0]['peak_rss_mib']:.1f} MiB",
+        f"{clients[0]['best_accuracy']:.4f}",
+    )
+    table.add(
+        "+ ai-edge-litert (tflite backend)",
+        f"{install['device_with_tflite_mib']:.1f} MiB",
+        f"{clients[1]['peak_rss_mib']:.1f} MiB",
+        f"{clients[1]['best_accuracy']:.4f}",
+    )
     heavy = install["heavy_packages"] or "none"
     table.after += ["", f"TensorFlow, scikit-learn, matplotlib or torch installed: {heavy}"]
     return table

@@ -53,22 +53,43 @@ def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] 
         )
         curves[label] = result.curve
         push_every[label] = [(t, p) for (t, _), (_, _, p) in zip(result.curve, result.traffic, strict=True)]
-        say(f" {rows[-1]['commits_to_target']} commits to target, best {rows[-1]['best_accuracy']:.4f} "
-            f"({time.monotonic() - started:.1f} s)")  # fmt: skip
+        say(
+            f" {rows[-1]['commits_to_target']} commits to target, best {rows[-1]['best_accuracy']:.4f} "
+            f"({time.monotonic() - started:.1f} s)"
+        )
     return {"scenario": scenario.model_dump(), "runs": rows, "curves": curves, "push_every": push_every}
 
 
 def format_freq_table(runs: list[dict[str, Any]]) -> Table:
     first = runs[0]["commits_to_target"] if runs else None
-    table = Table(["policy", "commits to target", "vs 1st", "MB to target", "to target, s", "best acc", "plateau",
-                   "commits", "eval s"])  # fmt: skip
+    table = Table(
+        [
+            "policy",
+            "commits to target",
+            "vs 1st",
+            "MB to target",
+            "to target, s",
+            "best acc",
+            "plateau",
+            "commits",
+            "eval s",
+        ]
+    )
     for r in runs:
         commits = r["commits_to_target"]
         saving = f"{commits / first - 1:+.0%}" if first and commits else "-"
         mb = "never" if r["bytes_to_target"] is None else f"{r['bytes_to_target'] / 1e6:.2f}"
-        table.add(r["policy"], "never" if commits is None else commits, saving, mb, fmt_time(r["time_to_target"]),
-                  f"{r['best_accuracy']:.4f}", f"{r['plateau_accuracy']:.4f}", r["commits"],
-                  f"{r['eval_s']:.2f}")  # fmt: skip
+        table.add(
+            r["policy"],
+            "never" if commits is None else commits,
+            saving,
+            mb,
+            fmt_time(r["time_to_target"]),
+            f"{r['best_accuracy']:.4f}",
+            f"{r['plateau_accuracy']:.4f}",
+            r["commits"],
+            f"{r['eval_s']:.2f}",
+        )
     return table
 
 

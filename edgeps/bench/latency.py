@@ -66,8 +66,14 @@ class Observer(threading.Thread):
             if v + 1 not in self.params or not self.commits.get(v):
                 continue
             last = max(self.commits[v].values())
-            rows.append({"version": v, "round_s": self.params[v + 1] - self.params[v],
-                         "device_s": last - self.params[v], "server_s": self.params[v + 1] - last})  # fmt: skip
+            rows.append(
+                {
+                    "version": v,
+                    "round_s": self.params[v + 1] - self.params[v],
+                    "device_s": last - self.params[v],
+                    "server_s": self.params[v + 1] - last,
+                }
+            )
         return rows
 
     def close(self) -> None:
@@ -85,8 +91,14 @@ def bench_latency(rounds: int = 100, devices: int = 8, pace: str = "bsp", say: A
         job = "latency"
         observer = Observer(broker.host, broker.port, job)
         observer.start()
-        settings = DemoSettings(out=Path(tmp) / "demo", broker=f"{broker.host}:{broker.port}", devices=devices,
-                                rounds=rounds, pace=pace, job=job)  # fmt: skip
+        settings = DemoSettings(
+            out=Path(tmp) / "demo",
+            broker=f"{broker.host}:{broker.port}",
+            devices=devices,
+            rounds=rounds,
+            pace=pace,
+            job=job,
+        )
         say(f"{pace}, {devices} devices, {rounds} rounds of the demo's job, with an observer on grad/+ and params ...")
         try:
             report = run_demo(settings, quiet=True)
@@ -126,6 +138,8 @@ def format_latency(report: dict[str, Any]) -> Table:
     table.add("round (parameters to parameters)", f"{report['round_ms']:.1f}", f"{report['round_p90_ms']:.1f}")
     table.add("devices (parameters to the last commit)", f"{report['device_ms']:.1f}", f"{report['device_p90_ms']:.1f}")
     table.add("server (last commit to parameters)", f"{report['server_ms']:.1f}", f"{report['server_p90_ms']:.1f}")
-    table.after.append(f"the job's {report['rounds']} rounds: {report['train_s']:.2f} s of training "
-                       f"({report['wall_s']:.1f} s wall with start-up), best {report['best']:.4f}")  # fmt: skip
+    table.after.append(
+        f"the job's {report['rounds']} rounds: {report['train_s']:.2f} s of training "
+        f"({report['wall_s']:.1f} s wall with start-up), best {report['best']:.4f}"
+    )
     return table

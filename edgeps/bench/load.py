@@ -39,13 +39,31 @@ class BenchServer:
         self.topics, self.log = Topics(job), workdir / "ps.log"
         self.last: Any = None  # the newest metrics record received
         workdir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, *(python or []), "-m", "edgeps.cli", "ps", "--broker", f"{host}:{port}",
-                   "--job", job, "--pace", "asp", "--rounds", str(10**9), "--min-devices", "1",
-                   "--metrics-interval", "0.5", *flags]  # fmt: skip
+        command = [
+            sys.executable,
+            *(python or []),
+            "-m",
+            "edgeps.cli",
+            "ps",
+            "--broker",
+            f"{host}:{port}",
+            "--job",
+            job,
+            "--pace",
+            "asp",
+            "--rounds",
+            str(10**9),
+            "--min-devices",
+            "1",
+            "--metrics-interval",
+            "0.5",
+            *flags,
+        ]
         with open(self.log, "wb") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT)
-        self.watcher = MqttTransport(BrokerAddress(host, port), f"{job}-watcher", [self.topics.metrics],
-                                     persistent=False)  # fmt: skip
+        self.watcher = MqttTransport(
+            BrokerAddress(host, port), f"{job}-watcher", [self.topics.metrics], persistent=False
+        )
         self.watcher.wait_connected(10)
 
     def records(self, timeout: float) -> list[Any]:
@@ -241,16 +259,26 @@ def format_load(report: dict[str, Any]) -> Table:
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(report["rejected"].items())) or "none"
     low, high = report["server_rss_after_warmup_mib"] or (0, 0)
     table = Table(["", ""], header=False)
-    table.add("devices", f"{report['devices']} ({report['rate_per_device']:g} commit/s each"
-              + (", one flooding)" if report["flood"] else ")"))  # fmt: skip
-    for name, value in (("commits sent", report["sent"]), ("received", report["received"]),
-                        ("applied", report["applied"]), ("rejected", rejected)):  # fmt: skip
+    table.add(
+        "devices",
+        f"{report['devices']} ({report['rate_per_device']:g} commit/s each"
+        + (", one flooding)" if report["flood"] else ")"),
+    )
+    for name, value in (
+        ("commits sent", report["sent"]),
+        ("received", report["received"]),
+        ("applied", report["applied"]),
+        ("rejected", rejected),
+    ):
         table.add(name, value)
     table.add("sent = applied + rejected", "yes" if report["balanced"] else "NO")
     table.add("apply rate", f"{report['apply_rate_per_s']} commits/s (all in {report['drain_s']} s after the load)")
-    table.add("server RSS", f"peak {report['server_peak_rss_mib']} MiB; first quarter of the load up to "
-              f"{report['server_rss_first_quarter_mib']} MiB, then {low}..{high} MiB "
-              f"({100 * (report['rss_growth_after_first_quarter'] or 0):+.0f}%)")  # fmt: skip
+    table.add(
+        "server RSS",
+        f"peak {report['server_peak_rss_mib']} MiB; first quarter of the load up to "
+        f"{report['server_rss_first_quarter_mib']} MiB, then {low}..{high} MiB "
+        f"({100 * (report['rss_growth_after_first_quarter'] or 0):+.0f}%)",
+    )
     return table
 
 

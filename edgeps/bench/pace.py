@@ -23,15 +23,37 @@ def format_pace_table(runs: list[dict[str, Any]], unit: str) -> Table:
     first = runs[0]["time_to_target"] if runs else None
     equal = next((r["equal_commits"] for r in runs if "equal_commits" in r), None)
     same = [] if equal is None else [f"best @{equal} commits"]
-    table = Table(["run", f"to target, {unit}", "vs 1st", "best acc", *same, "final acc", "plateau", "idle",
-                   "commits", "MB up", "MB down"])  # fmt: skip
+    table = Table(
+        [
+            "run",
+            f"to target, {unit}",
+            "vs 1st",
+            "best acc",
+            *same,
+            "final acc",
+            "plateau",
+            "idle",
+            "commits",
+            "MB up",
+            "MB down",
+        ]
+    )
     for r in runs:
         ratio = f"{first / r['time_to_target']:.2f}x" if first and r["time_to_target"] else "-"
         at_equal = [] if equal is None else [f"{r['best_at_equal_commits']:.4f}"]
-        table.add(r.get("run", r["pace"]), fmt_time(r["time_to_target"]), ratio, f"{r['best_accuracy']:.4f}",
-                  *at_equal, f"{r['final_accuracy']:.4f}", f"{r.get('plateau_accuracy', r['final_accuracy']):.4f}",
-                  f"{r['idle_fraction']:.3f}", r["commits"], f"{r['bytes_up'] / 1e6:.2f}",
-                  f"{r['bytes_down'] / 1e6:.2f}")  # fmt: skip
+        table.add(
+            r.get("run", r["pace"]),
+            fmt_time(r["time_to_target"]),
+            ratio,
+            f"{r['best_accuracy']:.4f}",
+            *at_equal,
+            f"{r['final_accuracy']:.4f}",
+            f"{r.get('plateau_accuracy', r['final_accuracy']):.4f}",
+            f"{r['idle_fraction']:.3f}",
+            r["commits"],
+            f"{r['bytes_up'] / 1e6:.2f}",
+            f"{r['bytes_down'] / 1e6:.2f}",
+        )
     return table
 
 
@@ -70,8 +92,10 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
         runs.append(summary)
         results.append(result)
         curves[label] = result.curve
-        say(f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
-            f"({time.monotonic() - started:.1f} s)")  # fmt: skip
+        say(
+            f" target {fmt_time(summary['time_to_target'])} s, best {summary['best_accuracy']:.4f} "
+            f"({time.monotonic() - started:.1f} s)"
+        )
     fewest = min(result.commits for result in results)  # every run compared at the commits all of them made
     for summary, result in zip(runs, results, strict=True):
         summary |= {"equal_commits": fewest, "best_at_equal_commits": round(result.best_within(fewest), 4)}
@@ -111,19 +135,34 @@ def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print
         means.append(mean)
         grid = curves[pace]
         curves[pace] = [(t, float(np.mean([c[i][1] for c in grid]))) for i, (t, _) in enumerate(grid[0])]
-    return {"mode": "simulated", "scenario": scenario.model_dump(), "seeds": seeds, "means": means, "runs": runs,
-            "curves": curves}  # fmt: skip
+    return {
+        "mode": "simulated",
+        "scenario": scenario.model_dump(),
+        "seeds": seeds,
+        "means": means,
+        "runs": runs,
+        "curves": curves,
+    }
 
 
 def format_seeds_table(means: list[dict[str, Any]]) -> Table:
     """Means over seeds, one row per pace; time to target over the seeds that reached it."""
-    table = Table(["pace", "reached", "to target, s", "best acc", "final acc", "plateau", "low after", "idle",
-                   "best per seed"])  # fmt: skip
+    table = Table(
+        ["pace", "reached", "to target, s", "best acc", "final acc", "plateau", "low after", "idle", "best per seed"]
+    )
     for m in means:
         low = "-" if m["lowest_after_target"] is None else f"{m['lowest_after_target']:.4f}"
-        table.add(m["pace"], f"{m['reached']}/{m['seeds']}", fmt_time(m["time_to_target"]), f"{m['best_accuracy']:.4f}",
-                  f"{m['final_accuracy']:.4f}", f"{m['plateau_accuracy']:.4f}", low, f"{m['idle_fraction']:.3f}",
-                  " ".join(f"{b:.4f}" for b in m["best_per_seed"]))  # fmt: skip
+        table.add(
+            m["pace"],
+            f"{m['reached']}/{m['seeds']}",
+            fmt_time(m["time_to_target"]),
+            f"{m['best_accuracy']:.4f}",
+            f"{m['final_accuracy']:.4f}",
+            f"{m['plateau_accuracy']:.4f}",
+            low,
+            f"{m['idle_fraction']:.3f}",
+            " ".join(f"{b:.4f}" for b in m["best_per_seed"]),
+        )
     return table
 
 
@@ -152,8 +191,10 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print, 
 
             relay = CountingRelay((broker.host, broker.port), (scenario.up_bps, scenario.down_bps, scenario.latency_s))
             devices_at = BrokerAddress("127.0.0.1", relay.port)
-            say(f"devices' links: {scenario.up_bps / 1e6:g} Mbit/s up, {scenario.down_bps / 1e6:g} down, "
-                f"{1e3 * scenario.latency_s:g} ms (a shaping relay)")  # fmt: skip
+            say(
+                f"devices' links: {scenario.up_bps / 1e6:g} Mbit/s up, {scenario.down_bps / 1e6:g} down, "
+                f"{1e3 * scenario.latency_s:g} ms (a shaping relay)"
+            )
         for n, pace in enumerate(paces, 1):
             say(f"[{n}/{len(paces)}] {pace}: {scenario.duration_s:.0f} s over MQTT ...", end="", flush=True)
             job_name = f"bench-{pace.replace(':', '-')}"
@@ -213,8 +254,10 @@ def run_bench_pace(
     unit = "wall s" if real else "virtual s"
     print()
     if seeds > 1:
-        print(f"means over seeds {scenario.seed}..{scenario.seed + seeds - 1} (low after: the lowest sample after "
-              "the first at the target):")  # fmt: skip
+        print(
+            f"means over seeds {scenario.seed}..{scenario.seed + seeds - 1} (low after: the lowest sample after "
+            "the first at the target):"
+        )
         format_seeds_table(report["means"]).print()
     else:
         format_pace_table(report["runs"], unit).print()

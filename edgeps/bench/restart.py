@@ -42,9 +42,11 @@ class _Watcher:
 
         self.topics = Topics(job)
         self.transport = MqttTransport(
-            address, f"edgeps-restart-watch-{os.getpid()}", [self.topics.metrics, self.topics.all_grad],
+            address,
+            f"edgeps-restart-watch-{os.getpid()}",
+            [self.topics.metrics, self.topics.all_grad],
             persistent=False,
-        )  # fmt: skip
+        )
         self.transport.wait_connected(10)
         self.version = -1
         self.published = 0
@@ -105,9 +107,24 @@ def _job(
     address = BrokerAddress(broker.host, broker.port)
     report, checkpoint = workdir / "metrics.json", workdir / "ps.ckpt"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", JOB]
-    ps = ["ps", *common, "--rounds", str(rounds), "--min-devices", str(DEVICES), "--round-deadline", str(deadline),
-          "--eval-data", str(shards.holdout), "--checkpoint", str(checkpoint), "--report", str(report),
-          "--metrics-interval", "0"]  # fmt: skip
+    ps = [
+        "ps",
+        *common,
+        "--rounds",
+        str(rounds),
+        "--min-devices",
+        str(DEVICES),
+        "--round-deadline",
+        str(deadline),
+        "--eval-data",
+        str(shards.holdout),
+        "--checkpoint",
+        str(checkpoint),
+        "--report",
+        str(report),
+        "--metrics-interval",
+        "0",
+    ]
     started = {"ps": 0, **{f"dev-{i}": 0 for i in range(DEVICES)}}
 
     def spawn(name: str, args: list[str]) -> subprocess.Popen:
@@ -115,8 +132,21 @@ def _job(
         return spawn_edgeps(args, workdir / f"{name}-{started[name]}.log")
 
     def client(i: int) -> subprocess.Popen:
-        return spawn(f"dev-{i}", ["client", *common, "--device", f"dev-{i}", "--data", str(shards.devices[i]),
-                                  "--seed", str(i), "--step-time", "0.004"])  # fmt: skip
+        return spawn(
+            f"dev-{i}",
+            [
+                "client",
+                *common,
+                "--device",
+                f"dev-{i}",
+                "--data",
+                str(shards.devices[i]),
+                "--seed",
+                str(i),
+                "--step-time",
+                "0.004",
+            ],
+        )
 
     def server() -> subprocess.Popen:
         return spawn("ps", ps)
@@ -140,8 +170,9 @@ def _job(
                 clients[1].wait(timeout=30)
                 clients[1] = client(1)
             resume = watcher.until(lambda at=at: watcher.version > at, 120, f"version after restart {trial + 1}")
-            restarts.append({"trial": trial + 1, "version": at, "stopped_at_s": round(stopped_at, 3),
-                             "resume_s": round(resume, 3)})  # fmt: skip
+            restarts.append(
+                {"trial": trial + 1, "version": at, "stopped_at_s": round(stopped_at, 3), "resume_s": round(resume, 3)}
+            )
             say(f"  {target} restart {trial + 1}/{trials} at version {at}: next version after {resume:.2f} s")
             watcher.until(lambda at=at: watcher.version >= at + step, 120, "versions between restarts")
         watcher.until(lambda: ps_process.poll() is not None, 300, "the job's end")  # reading as it goes
@@ -212,15 +243,38 @@ def bench_restart(
 
 
 def format_restart(report: dict[str, Any]) -> Table:
-    table = Table(["restarted", "signal", "resume median s", "max s", "< deadline", "versions", "applied", "published",
-                   "lost", "refused"])  # fmt: skip
+    table = Table(
+        [
+            "restarted",
+            "signal",
+            "resume median s",
+            "max s",
+            "< deadline",
+            "versions",
+            "applied",
+            "published",
+            "lost",
+            "refused",
+        ]
+    )
     for r in report["runs"]:
         refused = ", ".join(f"{k} {v}" for k, v in sorted(r["rejected"].items())) or "none"
-        table.add(r["target"], r["signal"], f"{r['resume_median_s']:.2f}", f"{r['resume_max_s']:.2f}",
-                  f"{r['within_deadline']}/{len(r['restarts'])}", r["versions"], r["applied"], r["commits_published"],
-                  r["lost_to_restarts"], refused)  # fmt: skip
-    table.after.append("lost: server: versions x devices - applied (bsp: one commit each a round); device: commits "
-                       "refused as replayed or out_of_order")  # fmt: skip
+        table.add(
+            r["target"],
+            r["signal"],
+            f"{r['resume_median_s']:.2f}",
+            f"{r['resume_max_s']:.2f}",
+            f"{r['within_deadline']}/{len(r['restarts'])}",
+            r["versions"],
+            r["applied"],
+            r["commits_published"],
+            r["lost_to_restarts"],
+            refused,
+        )
+    table.after.append(
+        "lost: server: versions x devices - applied (bsp: one commit each a round); device: commits "
+        "refused as replayed or out_of_order"
+    )
     return table
 
 
@@ -240,8 +294,10 @@ def plot_restart(report: dict[str, Any], path: str | Path) -> None:
             ax.axvline(
                 restart["stopped_at_s"], color="tab:red", alpha=0.4, lw=1, label=f"{run['signal']}" if i == 0 else None
             )
-        title = (f"{run['target']} restarts ({run['signal']}): median {run['resume_median_s']:.2f} s "
-                 f"to the next version, {run['lost_to_restarts']} lost")  # fmt: skip
+        title = (
+            f"{run['target']} restarts ({run['signal']}): median {run['resume_median_s']:.2f} s "
+            f"to the next version, {run['lost_to_restarts']} lost"
+        )
         ax.set(xlabel="seconds", ylabel="global version", title=title)
         ax.title.set_fontsize(9)
         ax.grid(alpha=0.3)

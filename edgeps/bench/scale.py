@@ -99,8 +99,13 @@ def exponent(xs: list[float], ys: list[float]) -> float | None:
     return round(float(np.polyfit(np.log(xs), np.log(ys), 1)[0]), 2)
 
 
-def bench_scale(fleets: tuple[int, ...] = FLEETS, models: tuple[tuple[int, ...], ...] = MODELS, rounds: int = 3,
-                out: Path | None = None, say: Any = print) -> dict[str, Any]:  # fmt: skip
+def bench_scale(
+    fleets: tuple[int, ...] = FLEETS,
+    models: tuple[tuple[int, ...], ...] = MODELS,
+    rounds: int = 3,
+    out: Path | None = None,
+    say: Any = print,
+) -> dict[str, Any]:
     """Both sweeps, their exponents, and (with ``out``) the log-log plots scale-fleet.png and scale-model.png."""
     import logging
 
@@ -157,13 +162,29 @@ def plot_scale(rows: list[dict[str, Any]], x_key: str, x_label: str, path: Path)
 
 
 def format_scale(report: dict[str, Any]) -> Table:
-    table = Table(["devices", "params", "round s", "bytes/round", "server CPU/commit", "per device's statuses",
-                   "checkpoint", "ckpt s"])  # fmt: skip
+    table = Table(
+        [
+            "devices",
+            "params",
+            "round s",
+            "bytes/round",
+            "server CPU/commit",
+            "per device's statuses",
+            "checkpoint",
+            "ckpt s",
+        ]
+    )
     for row in [*report["fleet"], *report["model"]]:
-        table.add(row["devices"], f"{row['params']:,}", f"{row['round_s']:.3f}", f"{row['bytes_per_round']:,.0f}",
-                  f"{1e6 * row['server_cpu_per_commit_s']:.0f} us",
-                  f"{1e6 * row['server_cpu_per_device_status_s']:.0f} us", f"{row['checkpoint_bytes']:,} B",
-                  f"{row['checkpoint_s']:.3f}")  # fmt: skip
+        table.add(
+            row["devices"],
+            f"{row['params']:,}",
+            f"{row['round_s']:.3f}",
+            f"{row['bytes_per_round']:,.0f}",
+            f"{1e6 * row['server_cpu_per_commit_s']:.0f} us",
+            f"{1e6 * row['server_cpu_per_device_status_s']:.0f} us",
+            f"{row['checkpoint_bytes']:,} B",
+            f"{row['checkpoint_s']:.3f}",
+        )
     for sweep in ("fleet", "model"):
         slopes = ", ".join(f"{METRICS[k][0]} {v}" for k, v in report[f"{sweep}_exponents"].items())
         table.after.append(f"exponents against the {sweep}: {slopes}")

@@ -47,8 +47,9 @@ def measure(hidden: tuple[int, ...], shards: int, devices: int, rounds: int, see
     params = init_mlp([64, *hidden, 10], seed)
     one_row = Dataset(np.zeros((1, 64), np.float32), np.zeros(1, np.int64))
     rng = np.random.default_rng(seed)
-    updates = [{n: (rng.standard_normal(v.shape) * 1e-3).astype(np.float32) for n, v in params.items()}
-               for _ in range(devices)]  # fmt: skip
+    updates = [
+        {n: (rng.standard_normal(v.shape) * 1e-3).astype(np.float32) for n, v in params.items()} for _ in range(devices)
+    ]
     names = [f"dev-{i:03d}" for i in range(devices)]
     cores = []
     for k, part in enumerate(_slices(params, shards)):
@@ -66,8 +67,9 @@ def measure(hidden: tuple[int, ...], shards: int, devices: int, rounds: int, see
     for version in range(rounds):
         for i, name in enumerate(names):
             for k, core in enumerate(cores):
-                frame = Frame(FrameKind.COMMIT, version, device_parts[i][k], device=name, seq=version + 1,
-                              samples=10, steps=1)  # fmt: skip
+                frame = Frame(
+                    FrameKind.COMMIT, version, device_parts[i][k], device=name, seq=version + 1, samples=10, steps=1
+                )
                 payload = encode_frame(frame)
                 received[k] += len(payload)
                 started = time.process_time()
@@ -86,8 +88,13 @@ def measure(hidden: tuple[int, ...], shards: int, devices: int, rounds: int, see
     }
 
 
-def bench_shards(models: tuple[tuple[int, ...], ...] = MODELS, shards: tuple[int, ...] = SHARDS, devices: int = 16,
-                 rounds: int = 5, say: Any = print) -> dict[str, Any]:  # fmt: skip
+def bench_shards(
+    models: tuple[tuple[int, ...], ...] = MODELS,
+    shards: tuple[int, ...] = SHARDS,
+    devices: int = 16,
+    rounds: int = 5,
+    say: Any = print,
+) -> dict[str, Any]:
     """Every model at every shard count, with each one's time against one server's."""
     rows = []
     for hidden in models:
@@ -104,9 +111,26 @@ def bench_shards(models: tuple[tuple[int, ...], ...] = MODELS, shards: tuple[int
 
 def format_shards(report: dict[str, Any]) -> Table:
     title = f"{report['devices']} devices, bsp, {report['rounds']} rounds; a round's server time = the busiest shard's"
-    table = Table(["parameters", "shards", "server CPU a round", "speedup", "bytes into a shard",
-                   "bytes into all", "all / one server"], before=[title])  # fmt: skip
+    table = Table(
+        [
+            "parameters",
+            "shards",
+            "server CPU a round",
+            "speedup",
+            "bytes into a shard",
+            "bytes into all",
+            "all / one server",
+        ],
+        before=[title],
+    )
     for r in report["rows"]:
-        table.add(f"{r['params']:,}", str(r["shards"]), f"{r['round_cpu_s'] * 1e3:.1f} ms", f"{r['speedup']:.2f}x",
-                  f"{r['bytes_per_shard']:,.0f}", f"{r['bytes_total']:,.0f}", f"{r['bytes_overhead']:.4f}")  # fmt: skip
+        table.add(
+            f"{r['params']:,}",
+            str(r["shards"]),
+            f"{r['round_cpu_s'] * 1e3:.1f} ms",
+            f"{r['speedup']:.2f}x",
+            f"{r['bytes_per_shard']:,.0f}",
+            f"{r['bytes_total']:,.0f}",
+            f"{r['bytes_overhead']:.4f}",
+        )
     return table

@@ -23,8 +23,9 @@ def measure(devices: int, sites: int, rounds: int, seed: int = 0) -> dict[str, A
     """One bsp job of ``rounds`` versions over ``sites`` sites (0: every device on the core)."""
     from edgeps.simulator import Scenario, Simulation, scenario_data
 
-    scenario = Scenario(devices=devices, sites=sites, alpha=100.0, rounds=rounds, duration_s=1e6, seed=seed,
-                        round_deadline_s=600.0)  # fmt: skip
+    scenario = Scenario(
+        devices=devices, sites=sites, alpha=100.0, rounds=rounds, duration_s=1e6, seed=seed, round_deadline_s=600.0
+    )
     sim = Simulation(scenario, "bsp", scenario_data(scenario, _data(devices, seed)))
     cpu = {"server": 0.0, "sites": 0.0}
     counts = {"messages": 0}
@@ -71,8 +72,14 @@ def bench_sites(devices: int = 1000, sites: int = 10, rounds: int = 3, say: Any 
         say(f"{rows[-1]['wall_s']} s")
     flat, summed = rows
     keys = ("round_s", "bytes_up_per_round", "messages_per_round", "server_cpu_per_round_s")
-    return {"devices": devices, "sites": sites, "rounds": rounds, "flat": flat, "with_sites": summed,
-            "ratios": {k: round(summed[k] / flat[k], 4) if flat[k] else None for k in keys}}  # fmt: skip
+    return {
+        "devices": devices,
+        "sites": sites,
+        "rounds": rounds,
+        "flat": flat,
+        "with_sites": summed,
+        "ratios": {k: round(summed[k] / flat[k], 4) if flat[k] else None for k in keys},
+    }
 
 
 def format_sites(report: dict[str, Any]) -> Table:
@@ -80,12 +87,24 @@ def format_sites(report: dict[str, Any]) -> Table:
     title = f"{report['devices']:,} devices, bsp, {report['rounds']} rounds, in the simulator"
     table = Table(["per round", "flat", f"{report['sites']} sites", "sites / flat"], before=[title])
     table.add("virtual time", f"{flat['round_s']:.2f} s", f"{summed['round_s']:.2f} s", f"{ratios['round_s']:.2f}")
-    table.add("bytes up into the core", f"{flat['bytes_up_per_round']:,.0f}", f"{summed['bytes_up_per_round']:,.0f}",
-              f"{ratios['bytes_up_per_round']:.4f}")  # fmt: skip
-    table.add("messages into the server", f"{flat['messages_per_round']:,.0f}",
-              f"{summed['messages_per_round']:,.0f}", f"{ratios['messages_per_round']:.4f}")  # fmt: skip
-    table.add("server CPU", f"{flat['server_cpu_per_round_s']:.3f} s", f"{summed['server_cpu_per_round_s']:.3f} s",
-              f"{ratios['server_cpu_per_round_s']:.3f}")  # fmt: skip
+    table.add(
+        "bytes up into the core",
+        f"{flat['bytes_up_per_round']:,.0f}",
+        f"{summed['bytes_up_per_round']:,.0f}",
+        f"{ratios['bytes_up_per_round']:.4f}",
+    )
+    table.add(
+        "messages into the server",
+        f"{flat['messages_per_round']:,.0f}",
+        f"{summed['messages_per_round']:,.0f}",
+        f"{ratios['messages_per_round']:.4f}",
+    )
+    table.add(
+        "server CPU",
+        f"{flat['server_cpu_per_round_s']:.3f} s",
+        f"{summed['server_cpu_per_round_s']:.3f} s",
+        f"{ratios['server_cpu_per_round_s']:.3f}",
+    )
     table.add("aggregators' CPU (all sites)", "", f"{summed['sites_cpu_per_round_s']:.3f} s", "")
     table.add("accuracy of the last version", f"{flat['accuracy']:.4f}", f"{summed['accuracy']:.4f}", "")
     return table

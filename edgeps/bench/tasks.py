@@ -35,8 +35,14 @@ def centralised(task: Task, seed: int = 0, max_epochs: int = 400, patience: int 
     config = ServerConfig(**task.server_options())
     data, _ = task.dataset()
     train, holdout = stratified_split(data, HOLDOUT, seed)
-    evaluator = Evaluator(holdout, loss=config.loss, metrics=config.metric_names, predict=task.predict,
-                          loss_value=task.loss_value(), target=task.target)  # fmt: skip
+    evaluator = Evaluator(
+        holdout,
+        loss=config.loss,
+        metrics=config.metric_names,
+        predict=task.predict,
+        loss_value=task.loss_value(),
+        target=task.target,
+    )
     metric, trainer, batch = evaluator.metric, task.trainer(), config.batch_size
     best: dict[str, Any] | None = None
     for lr in (config.lr, config.lr / 4):
@@ -68,19 +74,24 @@ def bench_tasks(tasks: list[Path | None], codecs: list[str], out: Path, say: Say
         started = time.monotonic()
         reference = centralised(task)
         metric = task.metric_names[0]
-        say(f"best {metric} {reference['best']:.4f} (lr {reference['lr']:g}, {reference['epochs']} epochs, "
-            f"{time.monotonic() - started:.0f} s)")  # fmt: skip
+        say(
+            f"best {metric} {reference['best']:.4f} (lr {reference['lr']:g}, {reference['epochs']} epochs, "
+            f"{time.monotonic() - started:.0f} s)"
+        )
         runs = {}
         for codec in codecs:
             say(f"{name}: edgeps demo --codec {codec} ...", end=" ", flush=True)
             settings = DemoSettings(server=ServerConfig(codec=codec), task=path, out=out / name.split()[0] / codec)
             report = run_demo(settings, quiet=True)
             runs[codec] = {key: report[key] for key in ("best", "best_version", "final", "rounds", "wall_s")}
-            say(f"best {report['best']:.4f}, final {report['final']:.4f}, {report['rounds']} versions, "
-                f"{report['wall_s']:.0f} s")  # fmt: skip
+            say(
+                f"best {report['best']:.4f}, final {report['final']:.4f}, {report['rounds']} versions, "
+                f"{report['wall_s']:.0f} s"
+            )
         higher = report["higher_is_better"]
-        entries.append({"task": name, "metric": metric, "higher_is_better": higher, "centralised": reference,
-                        "runs": runs})  # fmt: skip
+        entries.append(
+            {"task": name, "metric": metric, "higher_is_better": higher, "centralised": reference, "runs": runs}
+        )
     return {"codecs": codecs, "tasks": entries}
 
 

@@ -25,17 +25,37 @@ from typing import Any
 
 from edgeps.tables import Table
 
-PACKET_TYPES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 5: "PUBREC", 6: "PUBREL", 7: "PUBCOMP",
-                8: "SUBSCRIBE", 9: "SUBACK", 10: "UNSUBSCRIBE", 11: "UNSUBACK", 12: "PINGREQ", 13: "PINGRESP",
-                14: "DISCONNECT", 15: "AUTH"}  # fmt: skip
+PACKET_TYPES = {
+    1: "CONNECT",
+    2: "CONNACK",
+    3: "PUBLISH",
+    4: "PUBACK",
+    5: "PUBREC",
+    6: "PUBREL",
+    7: "PUBCOMP",
+    8: "SUBSCRIBE",
+    9: "SUBACK",
+    10: "UNSUBSCRIBE",
+    11: "UNSUBACK",
+    12: "PINGREQ",
+    13: "PINGRESP",
+    14: "DISCONNECT",
+    15: "AUTH",
+}
 FRAME_KINDS = ("grad", "delta", "params")
 
 
 class PacketCounter:
     """Reads one direction of an MQTT connection as it goes by and counts its packets' bytes."""
 
-    def __init__(self, direction: str, totals: Counter[tuple[str, str]], frames: Counter[str], lock: threading.Lock,
-                 protocol: list[int]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        direction: str,
+        totals: Counter[tuple[str, str]],
+        frames: Counter[str],
+        lock: threading.Lock,
+        protocol: list[int],
+    ) -> None:
         self.direction, self.totals, self.frames, self.lock = direction, totals, frames, lock
         self.protocol = protocol  # [MQTT protocol level], shared by both directions; set by CONNECT
         self.buffer = bytearray()
@@ -196,10 +216,17 @@ def bench_wire(codec: str = "sign", pull_codec: str = "ternary", rounds: int = 1
 
     with tempfile.TemporaryDirectory(prefix="edgeps-wire-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         relay = CountingRelay((broker.host, broker.port))
-        settings = DemoSettings(out=Path(tmp) / "demo", broker=f"{broker.host}:{broker.port}", rounds=rounds,
-                                codec=codec, pull_codec=pull_codec)  # fmt: skip
-        say(f"the demo's job ({settings.devices} devices, {codec} commits, {pull_codec} pulls, {rounds} rounds), "
-            "its devices behind a counting relay ...")  # fmt: skip
+        settings = DemoSettings(
+            out=Path(tmp) / "demo",
+            broker=f"{broker.host}:{broker.port}",
+            rounds=rounds,
+            codec=codec,
+            pull_codec=pull_codec,
+        )
+        say(
+            f"the demo's job ({settings.devices} devices, {codec} commits, {pull_codec} pulls, {rounds} rounds), "
+            "its devices behind a counting relay ..."
+        )
         try:
             report = run_demo(settings, quiet=True, device_broker=f"127.0.0.1:{relay.port}")
         finally:
@@ -225,16 +252,23 @@ def bench_wire(codec: str = "sign", pull_codec: str = "ternary", rounds: int = 1
 
 
 def format_wire(report: dict[str, Any]) -> Table:
-    table = Table(["direction", "topic or packet", "bytes", "share"], before=[
-        f"{report['devices']} devices, {report['codec']} up, {report['pull_codec']} down, {report['rounds']} rounds "
-        f"(best {report['best']:.4f})"])  # fmt: skip
+    table = Table(
+        ["direction", "topic or packet", "bytes", "share"],
+        before=[
+            f"{report['devices']} devices, {report['codec']} up, {report['pull_codec']} down, "
+            f"{report['rounds']} rounds (best {report['best']:.4f})"
+        ],
+    )
     for row in report["by_kind"]:
         table.add(row["direction"], row["kind"], f"{row['bytes']:,}", f"{row['bytes'] / report['link_bytes']:.1%}")
     for direction in ("up", "down"):
         side = report[direction]
         ratio = side["link"] / side["frames"] if side["frames"] else float("nan")
-        table.after.append(f"{direction}: {side['link']:,} bytes on the links for {side['frames']:,} frame bytes "
-                           f"({ratio:.2f}x)")  # fmt: skip
-    table.after.append(f"both ways: {report['link_bytes']:,} bytes for {report['frame_bytes']:,} frame bytes "
-                       f"({report['overhead']:.2f}x)")  # fmt: skip
+        table.after.append(
+            f"{direction}: {side['link']:,} bytes on the links for {side['frames']:,} frame bytes ({ratio:.2f}x)"
+        )
+    table.after.append(
+        f"both ways: {report['link_bytes']:,} bytes for {report['frame_bytes']:,} frame bytes "
+        f"({report['overhead']:.2f}x)"
+    )
     return table

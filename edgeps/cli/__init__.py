@@ -18,12 +18,18 @@ from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, firmw
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeps", description="MQTT parameter-server training for edge devices")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logs, and tracebacks with errors")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                        default=os.environ.get("EDGEPS_LOG_LEVEL", "info"),
-                        help="least severe log records shown (also EDGEPS_LOG_LEVEL; -v: debug)")  # fmt: skip
-    parser.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("EDGEPS_LOG_FORMAT", "text"),
-                        help="json: one JSON object a line, for Loki or ELK (also EDGEPS_LOG_FORMAT; the demo's "
-                        "processes inherit it)")  # fmt: skip
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=os.environ.get("EDGEPS_LOG_LEVEL", "info"),
+        help="least severe log records shown (also EDGEPS_LOG_LEVEL; -v: debug)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("EDGEPS_LOG_FORMAT", "text"),
+        help="json: one JSON object a line, for Loki or ELK (also EDGEPS_LOG_FORMAT; the demo's processes inherit it)",
+    )
     parser.add_argument("--version", action="version", version=f"edgeps {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for role in (demo, ps, aggregator, client, broker, ctl):
@@ -144,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s (after %.1f s)", _one_line(exc), time.monotonic() - started, exc_info=args.verbose)
         return 2
     except Exception as exc:  # not a user's error: still one line, the traceback with -v
-        log.error("unexpected %s: %s (a bug; -v shows where)", type(exc).__name__, _one_line(exc),
-                  exc_info=args.verbose)  # fmt: skip
+        log.error(
+            "unexpected %s: %s (a bug; -v shows where)", type(exc).__name__, _one_line(exc), exc_info=args.verbose
+        )
         return 1
 
 

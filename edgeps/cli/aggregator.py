@@ -22,8 +22,14 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     # a stable client id and a persistent session: what this process held goes to the next one
     transport = connect(broker, f"edgeps-agg-{config.job}-{config.site}", aggregator.subscriptions())
-    log.info("site %s of job %s: aggregating on %s:%d, site commits to %s", config.site, config.job, broker.host,
-             broker.port, aggregator.topics.part(config.site))  # fmt: skip
+    log.info(
+        "site %s of job %s: aggregating on %s:%d, site commits to %s",
+        config.site,
+        config.job,
+        broker.host,
+        broker.port,
+        aggregator.topics.part(config.site),
+    )
     try:
         serve_site(aggregator, transport, stop)
     finally:

@@ -49,8 +49,17 @@ def cmd_bench_pace(args: argparse.Namespace) -> int:
         raise ValueError("--seeds runs the default comparison in the simulator; drop --real and --codec")
     if args.links and not args.real:
         raise ValueError("--links shapes the devices' links of a real run; add --real")
-    run_bench_pace(scenario, paces, args.real, args.json, Path(args.plot), out, codecs=args.codec, seeds=args.seeds,
-                   links=args.links)  # fmt: skip
+    run_bench_pace(
+        scenario,
+        paces,
+        args.real,
+        args.json,
+        Path(args.plot),
+        out,
+        codecs=args.codec,
+        seeds=args.seeds,
+        links=args.links,
+    )
     return 0
 
 
@@ -97,14 +106,23 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
         seconds = 8.0 if args.seconds is None else args.seconds
         profile = Path(args.profile).resolve() if args.profile else None
-        _shown(args, lambda: bench_capacity(min(args.devices, 100), seconds, checkpoint=args.checkpoint,
-                                            profile=profile, workers=tuple(args.workers or ())),
-               format_capacity)  # fmt: skip
+        _shown(
+            args,
+            lambda: bench_capacity(
+                min(args.devices, 100),
+                seconds,
+                checkpoint=args.checkpoint,
+                profile=profile,
+                workers=tuple(args.workers or ()),
+            ),
+            format_capacity,
+        )
         if profile:
             print(f"the server's profile: {profile} (python -m pstats {profile})")
         return 0
-    report = run_bench_load(args.devices, 60.0 if args.seconds is None else args.seconds, args.rate, args.flood,
-                            args.json)  # fmt: skip
+    report = run_bench_load(
+        args.devices, 60.0 if args.seconds is None else args.seconds, args.rate, args.flood, args.json
+    )
     return 0 if report["balanced"] else 1
 
 
@@ -293,19 +311,30 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
     load.add_argument("--profile", help="with --capacity: run the server under cProfile, its statistics to this file")
-    load.add_argument("--workers", type=int, action="append", metavar="K",
-                      help="with --capacity: the apply rate of a server behind K ingest workers too, in the same "
-                      "run (repeatable; docs/SCALING.md)")  # fmt: skip
+    load.add_argument(
+        "--workers",
+        type=int,
+        action="append",
+        metavar="K",
+        help="with --capacity: the apply rate of a server behind K ingest workers too, in the same "
+        "run (repeatable; docs/SCALING.md)",
+    )
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 
     from edgeps.bench.attack import ATTACKS, PATHS
 
-    attack = bench.add_parser("attack", help="the hostile-client audit against real deployments (broker init: TLS, "
-                              "ACLs): flat, bridged sites with an aggregator, ingest workers")  # fmt: skip
+    attack = bench.add_parser(
+        "attack",
+        help="the hostile-client audit against real deployments (broker init: TLS, "
+        "ACLs): flat, bridged sites with an aggregator, ingest workers",
+    )
     attack.add_argument("--paths", default=",".join(PATHS), help="comma-separated: flat, sites, workers")
-    attack.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated: " + "; ".join(
-        f"{name}: {what}" for name, what in ATTACKS.items()))  # fmt: skip
+    attack.add_argument(
+        "--attacks",
+        default=",".join(ATTACKS),
+        help="comma-separated: " + "; ".join(f"{name}: {what}" for name, what in ATTACKS.items()),
+    )
     attack.add_argument("--rounds", type=int, default=150, help="bsp versions in each job")
     attack.add_argument("--round-deadline", type=float, default=1.0, help="the jobs' round deadline, seconds")
     attack.add_argument("--json", help="write the report as JSON here (its list: attacks)")
@@ -323,9 +352,14 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     embedded = bench.add_parser("embedded", help="the C device SDK: flash/RAM, QEMU, jobs of C devices and firmware")
     embedded.add_argument("--rounds", type=int, default=100, help="versions in each real job")
-    embedded.add_argument("--firmware-rounds", type=int, default=40, help="versions in each job with firmware "
-                          "images (four QEMUs: some 5 s a version on 2 cores), compared with the all-Python job's "
-                          "first as many")  # fmt: skip
+    embedded.add_argument(
+        "--firmware-rounds",
+        type=int,
+        default=40,
+        help="versions in each job with firmware "
+        "images (four QEMUs: some 5 s a version on 2 cores), compared with the all-Python job's "
+        "first as many",
+    )
     embedded.add_argument("--devices", type=int, default=8, help="device processes in each real job")
     embedded.add_argument("--json", help="write the report as JSON here")
     embedded.set_defaults(func=cmd_bench_embedded)
@@ -352,8 +386,11 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     scale.set_defaults(func=cmd_bench_scale)
 
     codec = bench.add_parser("codec", help="compression ratio, error and speed of every codec against numpy's copy")
-    codec.add_argument("--codecs", default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",
-                       help="comma-separated codec specs to measure")  # fmt: skip
+    codec.add_argument(
+        "--codecs",
+        default="fp32,fp16,int8,sign,ternary,qsgd:16,topk:0.01",
+        help="comma-separated codec specs to measure",
+    )
     codec.add_argument("--sizes", default="1M,4M", help="tensor sizes in float32 values (M = 2**20)")
     codec.add_argument("--repeats", type=int, default=9, help="timings per measurement; the fastest counts")
     codec.add_argument("--json", help="write the report as JSON here")

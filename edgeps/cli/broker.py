@@ -24,8 +24,9 @@ def cmd_broker(args: argparse.Namespace) -> int:
         workdir=Path(args.data_dir),
         ws_port=args.ws_port,
     )
-    print(f"{broker.kind} listening on {', '.join(broker.listeners)}; data and log in {broker.workdir}; "
-          "Ctrl-C stops it")  # fmt: skip
+    print(
+        f"{broker.kind} listening on {', '.join(broker.listeners)}; data and log in {broker.workdir}; Ctrl-C stops it"
+    )
     stop = stop_on_signals()
     try:
         while not stop.wait(0.5) and broker.process.poll() is None:
@@ -41,8 +42,9 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
 
     sites = parse_sites(args.site or [])
     if not args.directory or not (args.devices or sites):
-        raise ValueError("edgeps broker init DIR --devices dev-00,dev-01,... [--site S=dev-02,dev-03] [--job J] "
-                         "[--operators op]")  # fmt: skip
+        raise ValueError(
+            "edgeps broker init DIR --devices dev-00,dev-01,... [--site S=dev-02,dev-03] [--job J] [--operators op]"
+        )
     setup = init_secure_broker(
         Path(args.directory),
         job=args.job,
@@ -59,37 +61,54 @@ def cmd_broker_init(args: argparse.Namespace) -> int:
         ingest_workers=args.ingest_workers,
     )
     d, creds = setup.directory, setup.credentials_dir
-    print(f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
-          f"offline) and {d}/credentials (each account's password, ca.crt) for job {args.job}")  # fmt: skip
+    print(
+        f"wrote {d}/broker (the broker's: config, passwd, acl, certificate, data), {d}/ca (the CA key: keep it "
+        f"offline) and {d}/credentials (each account's password, ca.crt) for job {args.job}"
+    )
     owned = setup.broker_dir.owner() == "mosquitto"
     owner = "owned by the mosquitto account" if owned else "chown -R it to the broker's account if it runs as one"
     print(f"start the broker:  mosquitto -c {setup.config}   ({d}/broker: {owner})")
     password = creds / f"{setup.server}.password"
     deployment = write_server_options(setup, password)
-    print(f"server:   edgeps ps --config {deployment} --broker HOST:PORT ...   (the deployment's accounts, devices "
-          f"and sites: {', '.join(server_flags(setup, password))})")  # fmt: skip
+    print(
+        f"server:   edgeps ps --config {deployment} --broker HOST:PORT ...   (the deployment's accounts, devices "
+        f"and sites: {', '.join(server_flags(setup, password))})"
+    )
     for site, members in setup.sites.items():
-        print(f"site {site} ({', '.join(members)}): mosquitto -c {setup.site_config(site)}   (its devices connect "
-              f"there; it bridges to the core as {bridge_account(site)})")  # fmt: skip
+        print(
+            f"site {site} ({', '.join(members)}): mosquitto -c {setup.site_config(site)}   (its devices connect "
+            f"there; it bridges to the core as {bridge_account(site)})"
+        )
         if setup.aggregators:
             account = aggregator_account(site)
-            print(f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --devices {','.join(members)} "
-                  f"--broker SITE-HOST:PORT --username {account} --password-file {creds}/{account}.password "
-                  f"--tls-ca {setup.ca_cert}")  # fmt: skip
+            print(
+                f"  its aggregator: edgeps aggregator --job {args.job} --site {site} --devices {','.join(members)} "
+                f"--broker SITE-HOST:PORT --username {account} --password-file {creds}/{account}.password "
+                f"--tls-ca {setup.ca_cert}"
+            )
     for worker in setup.workers:
-        print(f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared "
-              f"--devices {','.join(setup.devices)} --broker HOST:PORT --username {worker} "
-              f"--password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}")  # fmt: skip
-    print(f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
-          f"--tls-ca {setup.ca_cert} --device DEVICE ...")  # fmt: skip
+        print(
+            f"ingest worker: edgeps aggregator --job {args.job} --site {worker} --shared "
+            f"--devices {','.join(setup.devices)} --broker HOST:PORT --username {worker} "
+            f"--password-file {creds}/{worker}.password --tls-ca {setup.ca_cert}"
+        )
+    print(
+        f"a device: edgeps client --broker HOST:PORT --username DEVICE --password-file {creds}/DEVICE.password "
+        f"--tls-ca {setup.ca_cert} --device DEVICE ..."
+    )
     return 0
 
 
 def server_flags(setup: SecureSetup, password: Path) -> list[str]:
     """What the server of ``setup`` must be told of the deployment: its account, the job's devices,
     each aggregated site's devices (a site speaks for those and no others), the ingest workers."""
-    flags = [f"--job {setup.job}", f"--username {setup.server}", f"--password-file {password}",
-             f"--tls-ca {setup.ca_cert}", f"--devices {','.join(setup.devices)}"]  # fmt: skip
+    flags = [
+        f"--job {setup.job}",
+        f"--username {setup.server}",
+        f"--password-file {password}",
+        f"--tls-ca {setup.ca_cert}",
+        f"--devices {','.join(setup.devices)}",
+    ]
     if setup.aggregators:
         flags += [f"--site {site}={','.join(members)}" for site, members in setup.sites.items()]
     if setup.workers:
@@ -138,8 +157,13 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker.add_argument(
         "--data-dir", default="edgeps-broker", help="persistence (sessions, queued and retained messages) and log"
     )
-    broker.add_argument("action", nargs="?", default="run", choices=["run", "init"], help="init DIR: write a "
-                        "deployable setup (accounts, ACLs, TLS) instead of starting the local broker")  # fmt: skip
+    broker.add_argument(
+        "action",
+        nargs="?",
+        default="run",
+        choices=["run", "init"],
+        help="init DIR: write a deployable setup (accounts, ACLs, TLS) instead of starting the local broker",
+    )
     broker.add_argument("directory", nargs="?", help="init: where to write it")
     broker.add_argument("--job", default="demo", help="init: the job the accounts are for")
     broker.add_argument("--devices", help="init: comma-separated device ids (one account each)")
@@ -147,13 +171,29 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker.add_argument("--server", default="ps", help="init: the parameter server's account")
     broker.add_argument("--hostnames", default="localhost,127.0.0.1", help="init: names in the broker's certificate")
     broker.add_argument("--client-certs", action="store_true", help="init: issue and require client certificates")
-    broker.add_argument("--site", action="append", metavar="NAME=DEV,DEV", help="init: a site broker for these "
-                        "devices, bridged to this one (repeatable; docs/SCALING.md)")  # fmt: skip
-    broker.add_argument("--core-address", metavar="HOST:PORT", help="init: where site brokers reach this one "
-                        "(default: the first of --hostnames, and the port)")  # fmt: skip
-    broker.add_argument("--aggregators", action="store_true", help="init: each site runs `edgeps aggregator` "
-                        "(an account on its broker); its site commits cross to the core instead of its devices' "
-                        "commits")  # fmt: skip
-    broker.add_argument("--ingest-workers", type=int, default=0, metavar="K", help="init: K accounts ingest-0.. "
-                        "for `edgeps aggregator --shared` on this broker (docs/SCALING.md)")  # fmt: skip
+    broker.add_argument(
+        "--site",
+        action="append",
+        metavar="NAME=DEV,DEV",
+        help="init: a site broker for these devices, bridged to this one (repeatable; docs/SCALING.md)",
+    )
+    broker.add_argument(
+        "--core-address",
+        metavar="HOST:PORT",
+        help="init: where site brokers reach this one (default: the first of --hostnames, and the port)",
+    )
+    broker.add_argument(
+        "--aggregators",
+        action="store_true",
+        help="init: each site runs `edgeps aggregator` "
+        "(an account on its broker); its site commits cross to the core instead of its devices' "
+        "commits",
+    )
+    broker.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="init: K accounts ingest-0.. for `edgeps aggregator --shared` on this broker (docs/SCALING.md)",
+    )
     broker.set_defaults(func=cmd_broker)

@@ -22,8 +22,10 @@ def cmd_client(args: argparse.Namespace) -> int:
     config = DeviceConfig(**model_values(DeviceConfig, args))
     task = load_task(config.task) if config.task else None
     if not config.device or not (config.data or (task and task.device_data)):
-        raise ValueError("a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA), "
-                         "or a task file with device_data")  # fmt: skip
+        raise ValueError(
+            "a client needs --device and --data (flags, --config file or EDGEPS_DEVICE/EDGEPS_DATA), "
+            "or a task file with device_data"
+        )
     trainer, artifact_trainer = make_trainer(config.backend, task.loss if task and task.loss_spec else "cross_entropy")
     if task is not None and config.backend != "tflite":
         trainer = task.trainer()
@@ -33,8 +35,9 @@ def cmd_client(args: argparse.Namespace) -> int:
     else:
         assert task is not None
         data, columns = task.device_rows(config.device)
-    core = DeviceCore(config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer,
-                      columns=columns)  # fmt: skip
+    core = DeviceCore(
+        config.job, config.device, data, trainer, seed=config.seed, artifact_trainer=artifact_trainer, columns=columns
+    )
     transport = connect_device(core, address(args))
     log = logging.getLogger("edgeps")
     log.info("device %s joined job %s with %d samples", config.device, config.job, len(core.data))

@@ -19,9 +19,12 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     if args.action == "watch":
         for m in watch(address(args), args.job, stop_on_signals()):
             push = sorted(set(m.push_every.values()))
-            print(f"v{m.version:>6}  {m.metric} {m.value or 0.0:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
-                  f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
-                  f"push_every {push}  {m.elapsed_s:8.1f} s", flush=True)  # fmt: skip
+            print(
+                f"v{m.version:>6}  {m.metric} {m.value or 0.0:.4f}  loss {m.loss:.4f}  commits {m.commits:>7}  "
+                f"applied {m.applied:>7}  rejected {sum(m.rejected.values()):>5}  online {m.devices_online:>4}  "
+                f"push_every {push}  {m.elapsed_s:8.1f} s",
+                flush=True,
+            )
         return 0
     fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
     if args.action in ("set-codec", "set-pace", "evict"):
@@ -64,9 +67,21 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     broker_args(ctl)
     ctl.add_argument(
         "action",
-        choices=["status", "pause", "resume", "stop", "set-pace", "set-codec", "set-frequency", "freeze-frequency",
-                 "unfreeze-frequency", "evict", "model", "watch"],
-    )  # fmt: skip
+        choices=[
+            "status",
+            "pause",
+            "resume",
+            "stop",
+            "set-pace",
+            "set-codec",
+            "set-frequency",
+            "freeze-frequency",
+            "unfreeze-frequency",
+            "evict",
+            "model",
+            "watch",
+        ],
+    )
     ctl.add_argument(
         "value", nargs="?", help="set-codec: the codec (sign); set-pace: the pace (acbsp); evict: the device"
     )
@@ -75,8 +90,12 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ctl.add_argument("--policy", help="set-frequency: fixed, adacomm or trend")
     ctl.add_argument("--low", type=int, help="set-frequency: lowest push_every")
     ctl.add_argument("--high", type=int, help="set-frequency: highest push_every")
-    ctl.add_argument("--which", choices=["last", "best"], default="last",
-                     help="model: the last version, or the best by the job's metric")  # fmt: skip
+    ctl.add_argument(
+        "--which",
+        choices=["last", "best"],
+        default="last",
+        help="model: the last version, or the best by the job's metric",
+    )
     ctl.add_argument("--out", help="model: where to write the .npz (default: model-WHICH.npz)")
     ctl.add_argument("--reason", default="", help="recorded in the server's log")
     ctl.set_defaults(func=cmd_ctl)

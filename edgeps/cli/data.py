@@ -61,8 +61,9 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     data = sub.add_parser("data", help="write a held-out set and non-IID device shards")
     data.add_argument("--out", required=True, help="folder for holdout.npz and the device shards")
     data.add_argument("--devices", type=int, default=8, help="device shards to write (default: %(default)s)")
-    data.add_argument("--alpha", type=float, default=0.5,
-                      help="Dirichlet non-IID concentration of the shards (default: %(default)s)")  # fmt: skip
+    data.add_argument(
+        "--alpha", type=float, default=0.5, help="Dirichlet non-IID concentration of the shards (default: %(default)s)"
+    )
     data.add_argument("--seed", type=int, default=0, help="seed of the split (default: %(default)s)")
     data.add_argument("--task", help="a task file: split its data() (docs/TASKS.md)")
     data.add_argument("--idx-images", help="MNIST-format images file (default dataset: digits)")
@@ -71,9 +72,15 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     data.add_argument("--csv", help="a CSV file with a header line: one row per sample")
     data.add_argument("--label", help="--csv: the column of each row's class (integers from 0, or names)")
     data.add_argument("--features", help="--csv: comma-separated feature columns (default: all others)")
-    data.add_argument("--device-column", help="--csv: the column naming each row's device: one shard per device "
-                      "instead of a Dirichlet split")  # fmt: skip
+    data.add_argument(
+        "--device-column",
+        help="--csv: the column naming each row's device: one shard per device instead of a Dirichlet split",
+    )
     data.add_argument("--classes", type=int, help="--csv: the number of classes (labels must be below it)")
-    data.add_argument("--format", choices=["npz", "frame"], default="npz",
-                      help="frame: also a .epsf data frame per device, for the C device (edgeps-device)")  # fmt: skip
+    data.add_argument(
+        "--format",
+        choices=["npz", "frame"],
+        default="npz",
+        help="frame: also a .epsf data frame per device, for the C device (edgeps-device)",
+    )
     data.set_defaults(func=cmd_data)

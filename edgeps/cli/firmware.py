@@ -19,15 +19,28 @@ def cmd_build(args: argparse.Namespace) -> int:
     password = Path(args.password_file).read_text().strip() if args.password_file else None
     sizes = [int(n) for n in args.model.split(",")]
     built = build_image(
-        out, args.board, args.job, args.device, data.x.astype("float32"), data.y.astype("float32"), sizes,
-        args.codec, args.pull_codec, args.batch, seed=args.seed, username=args.username, password=password,
+        out,
+        args.board,
+        args.job,
+        args.device,
+        data.x.astype("float32"),
+        data.y.astype("float32"),
+        sizes,
+        args.codec,
+        args.pull_codec,
+        args.batch,
+        seed=args.seed,
+        username=args.username,
+        password=password,
         broker=args.broker,
-    )  # fmt: skip
+    )
     code, flash_data, part = built["flash_bytes"], built["data_flash_bytes"], built["ram_part_bytes"] // 1024
-    print(f"{out / 'firmware.elf'} (and firmware.bin) for {args.board}: device {args.device} of job {args.job}, "
-          f"{len(data)} samples; flash {code:,} bytes of code (+ {flash_data:,} of data), RAM {built['ram_bytes']:,} "
-          f"as linked for a {part} KiB part (arena {built['arena_bytes']:,}, MQTT receive buffer "
-          f"{built['rx_bytes']:,}, stack {built['stack_bytes']:,})")  # fmt: skip
+    print(
+        f"{out / 'firmware.elf'} (and firmware.bin) for {args.board}: device {args.device} of job {args.job}, "
+        f"{len(data)} samples; flash {code:,} bytes of code (+ {flash_data:,} of data), RAM {built['ram_bytes']:,} "
+        f"as linked for a {part} KiB part (arena {built['arena_bytes']:,}, MQTT receive buffer "
+        f"{built['rx_bytes']:,}, stack {built['stack_bytes']:,})"
+    )
     return 0
 
 
@@ -50,13 +63,21 @@ def add(sub: argparse._SubParsersAction) -> None:
     firmware = sub.add_parser("firmware", help="a firmware image of the C SDK that joins a job, run under QEMU")
     actions = firmware.add_subparsers(dest="action", required=True)
     build = actions.add_parser("build", help="the image of one device: ELF, raw .bin and its size (firmware.json)")
-    build.add_argument("--board", choices=BOARDS, default=BOARDS[0], help="mps2-an386: a Cortex-M4F; riscv32-virt: "
-                       "an RV32IMAC without an FPU (default: %(default)s)")  # fmt: skip
+    build.add_argument(
+        "--board",
+        choices=BOARDS,
+        default=BOARDS[0],
+        help="mps2-an386: a Cortex-M4F; riscv32-virt: an RV32IMAC without an FPU (default: %(default)s)",
+    )
     build.add_argument("--device", required=True, help="its device id")
     build.add_argument("--job", default="demo", help="the job it joins (default: %(default)s)")
     build.add_argument("--data", required=True, help="its shard (.npz of x, y: edgeps data writes them)")
-    build.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT the image's UART reaches (its MQTT is "
-                       "plain: TLS is the modem's, edgeps firmware run --tls-ca; default: %(default)s)")  # fmt: skip
+    build.add_argument(
+        "--broker",
+        default="127.0.0.1:1883",
+        help="HOST:PORT the image's UART reaches (its MQTT is "
+        "plain: TLS is the modem's, edgeps firmware run --tls-ca; default: %(default)s)",
+    )
     build.add_argument("--username", help="its broker account (broker init: the device id)")
     build.add_argument("--password-file", help="its password (broker init: CREDENTIALS/DEVICE.password)")
     build.add_argument("--seed", type=int, default=0, help="its batches' and incarnation's seed (default: %(default)s)")
@@ -79,7 +100,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     run = actions.add_parser("run", help="run a built image under QEMU, its UART joined to the broker")
     run.add_argument("dir", help="the folder edgeps firmware build wrote")
     run.add_argument("--broker", help="HOST:PORT (default: the one it was built for)")
-    run.add_argument("--tls-ca", help="reach the broker over TLS, as a modem with TLS in transparent mode does (the "
-                     "image speaks plain MQTT on its UART): the CA that signed the broker's certificate (broker "
-                     "init: CREDENTIALS/ca.crt)")  # fmt: skip
+    run.add_argument(
+        "--tls-ca",
+        help="reach the broker over TLS, as a modem with TLS in transparent mode does (the "
+        "image speaks plain MQTT on its UART): the CA that signed the broker's certificate (broker "
+        "init: CREDENTIALS/ca.crt)",
+    )
     run.set_defaults(func=cmd_run)

@@ -56,13 +56,23 @@ def cmd_ps(args: argparse.Namespace) -> int:
         from ps_service.export import build_artifact
 
         if isinstance(task.model, Trainer):
-            raise ValueError("--export-tflite: a task's own trainer has no TFLite export (its devices run "
-                             "edgeps client --task with the numpy backend; docs/TASKS.md)")  # fmt: skip
+            raise ValueError(
+                "--export-tflite: a task's own trainer has no TFLite export (its devices run "
+                "edgeps client --task with the numpy backend; docs/TASKS.md)"
+            )
 
         artifact = build_artifact(params, args.batch_size, loss=config.loss, features=holdout.x.shape[1])
-    evaluator = Evaluator(holdout, args.eval_sample, args.seed, clock=time.perf_counter, loss=config.loss,
-                          metrics=config.metric_names, predict=task.predict, loss_value=task.loss_value(),
-                          target=task.target)  # fmt: skip
+    evaluator = Evaluator(
+        holdout,
+        args.eval_sample,
+        args.seed,
+        clock=time.perf_counter,
+        loss=config.loss,
+        metrics=config.metric_names,
+        predict=task.predict,
+        loss_value=task.loss_value(),
+        target=task.target,
+    )
     core = ServerCore(config, params, evaluator, artifact=artifact, columns=task.columns())
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     key = None
@@ -92,10 +102,15 @@ def cmd_ps(args: argparse.Namespace) -> int:
     transport = connect_server(core, address(args))
     shapes = {name: list(values.shape) for name, values in params.items()}
     logging.getLogger("edgeps").info(
-        "parameter server for job %s on %s, %s, model %s, loss %s, metrics %s, pace %s", args.job, args.broker,
-        f"task {args.task}" if args.task else "built-in model", shapes, config.loss, ",".join(config.metric_names),
+        "parameter server for job %s on %s, %s, model %s, loss %s, metrics %s, pace %s",
+        args.job,
+        args.broker,
+        f"task {args.task}" if args.task else "built-in model",
+        shapes,
+        config.loss,
+        ",".join(config.metric_names),
         config.pace,
-    )  # fmt: skip
+    )
     started = time.monotonic()
     try:
         serve(core, transport, stop=stop, checkpoint=checkpoint, endpoint=endpoint, checkpoint_key=key)
@@ -106,8 +121,12 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
 
-        settings = {"server": config.model_dump(mode="json"), "model": model.model_dump(), "seed": args.seed,
-                    "task": args.task}  # fmt: skip
+        settings = {
+            "server": config.model_dump(mode="json"),
+            "model": model.model_dump(),
+            "seed": args.seed,
+            "task": args.task,
+        }
         write_json(build_report(core.history, time.monotonic() - started, settings), args.report)
     return 0
 
@@ -136,8 +155,10 @@ def checkpoint_key(path: str | None, checkpoint: Path, environ_key: str | None) 
     if environ_key:
         return parse_key(environ_key, "EDGEPS_CHECKPOINT_KEY")
     if path is not None and not Path(path).exists() and re.fullmatch(r"[0-9a-fA-F]{32,}", path):
-        raise CheckpointError("--checkpoint-key-file names a file; give the key itself in EDGEPS_CHECKPOINT_KEY, "
-                              "not on the command line (every user of the machine can read it there)")  # fmt: skip
+        raise CheckpointError(
+            "--checkpoint-key-file names a file; give the key itself in EDGEPS_CHECKPOINT_KEY, "
+            "not on the command line (every user of the machine can read it there)"
+        )
     key_path = Path(path) if path else default_key_path(checkpoint)
     return load_key(key_path, create=not checkpoint.exists())
 
@@ -151,18 +172,28 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ps.add_argument("--task", help="a task file: the model, loss, metrics and data (docs/TASKS.md)")
     ps.add_argument("--eval-data", help="held-out .npz (x, y); default: the task's, or digits' 20%% stratified split")
     ps.add_argument("--report", help="write the job's report here as JSON when it ends (edgeps report shows it)")
-    ps.add_argument("--save-model", help="write the final model here when the job ends (.npz, by tensor name; "
-                    "a Keras task also .keras and .tflite beside it)")  # fmt: skip
+    ps.add_argument(
+        "--save-model",
+        help="write the final model here when the job ends (.npz, by tensor name; "
+        "a Keras task also .keras and .tflite beside it)",
+    )
     ps.add_argument("--export-tflite", action="store_true", help="build the devices' TFLite trainer (tf extra)")
     ps.add_argument("--artifact", help="publish this prebuilt model artifact file instead")
     ps.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (/metrics)")
     ps.add_argument("--metrics-host", default="127.0.0.1", help="address of the Prometheus endpoint")
-    ps.add_argument("--dashboard-broker", help="the broker's MQTT-over-WebSockets URL the dashboard connects to "
-                    "(default: ws://BROKER-HOST:9001, the listener of `edgeps broker`)")  # fmt: skip
+    ps.add_argument(
+        "--dashboard-broker",
+        help="the broker's MQTT-over-WebSockets URL the dashboard connects to "
+        "(default: ws://BROKER-HOST:9001, the listener of `edgeps broker`)",
+    )
     ps.add_argument("--metrics-tls-cert", help="serve the endpoint over HTTPS with this certificate (PEM)")
     ps.add_argument("--metrics-tls-key", help="the certificate's key (PEM)")
     ps.add_argument("--checkpoint", help="keep the server's state here (atomically); resume from it if it exists")
-    ps.add_argument("--checkpoint-key-file", "--checkpoint-key", dest="checkpoint_key_file",
-                    help="the file holding the key (hex) that signs the checkpoint; default CHECKPOINT.key, made on "
-                    "first use; or the key itself in EDGEPS_CHECKPOINT_KEY (never on the command line)")  # fmt: skip
+    ps.add_argument(
+        "--checkpoint-key-file",
+        "--checkpoint-key",
+        dest="checkpoint_key_file",
+        help="the file holding the key (hex) that signs the checkpoint; default CHECKPOINT.key, made on "
+        "first use; or the key itself in EDGEPS_CHECKPOINT_KEY (never on the command line)",
+    )
     ps.set_defaults(func=cmd_ps)

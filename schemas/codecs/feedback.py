@@ -30,8 +30,10 @@ class ErrorFeedback:
         if not codec.biased:
             if self.residual:
                 held, self.residual = self.residual, {}
-                tensors = {name: (values + held[name]).astype(np.float32) if name in held else values
-                           for name, values in tensors.items()}  # fmt: skip
+                tensors = {
+                    name: (values + held[name]).astype(np.float32) if name in held else values
+                    for name, values in tensors.items()
+                }
             return tensors, {name: codec.encode(np.asarray(values), rng) for name, values in tensors.items()}
         sent, payloads = {}, {}
         for name, values in tensors.items():

@@ -118,8 +118,16 @@ def test_edgeps_broker_refuses_a_port_in_use_and_keeps_its_data(mosquitto, tmp_p
     import subprocess
     import sys
 
-    command = [sys.executable, "-m", "edgeps.cli", "broker", "--port", str(mosquitto.port),
-               "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "broker",
+        "--port",
+        str(mosquitto.port),
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -139,8 +147,12 @@ def test_every_profile_expires_offline_persistent_sessions(tmp_path) -> None:
 
     setup = init_secure_broker(tmp_path / "setup", "j", devices=["d"])
     root = Path(__file__).parents[2] / "broker"
-    expiry = {name: [line.split()[1] for line in text.splitlines() if line.startswith("persistent_client_expiration")]
-              for name, text in (("local", (root / "mosquitto.conf").read_text()),
-                                 ("compose", (root / "mosquitto-compose.conf").read_text()),
-                                 ("init", Path(setup.config).read_text()))}  # fmt: skip
+    expiry = {
+        name: [line.split()[1] for line in text.splitlines() if line.startswith("persistent_client_expiration")]
+        for name, text in (
+            ("local", (root / "mosquitto.conf").read_text()),
+            ("compose", (root / "mosquitto-compose.conf").read_text()),
+            ("init", Path(setup.config).read_text()),
+        )
+    }
     assert expiry == {"local": ["1h"], "compose": ["1d"], "init": ["1d"]}

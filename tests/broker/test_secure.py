@@ -145,8 +145,15 @@ def test_client_certificates_when_required(tmp_path) -> None:
     tls = setup.credentials_dir
     try:
         base = {"tls_ca": str(tls / "ca.crt")}
-        good = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base,
-                             tls_cert=str(tls / "dev-a.crt"), tls_key=str(tls / "dev-a.key"))  # fmt: skip
+        good = BrokerAddress(
+            broker.host,
+            broker.port,
+            "dev-a",
+            setup.passwords["dev-a"],
+            **base,
+            tls_cert=str(tls / "dev-a.crt"),
+            tls_key=str(tls / "dev-a.key"),
+        )
         MqttTransport(good, "certified", [], persistent=False).wait_connected(5)
         without = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base)
         with pytest.raises(ConnectionError):
@@ -159,8 +166,15 @@ def test_client_certificates_when_required(tmp_path) -> None:
         from broker.secure import make_certificate
 
         make_certificate(other, "dev-a")
-        forged = BrokerAddress(broker.host, broker.port, "dev-a", setup.passwords["dev-a"], **base,
-                               tls_cert=str(other / "dev-a.crt"), tls_key=str(other / "dev-a.key"))  # fmt: skip
+        forged = BrokerAddress(
+            broker.host,
+            broker.port,
+            "dev-a",
+            setup.passwords["dev-a"],
+            **base,
+            tls_cert=str(other / "dev-a.crt"),
+            tls_key=str(other / "dev-a.key"),
+        )
         with pytest.raises(ConnectionError):
             MqttTransport(forged, "forged", [], persistent=False).wait_connected(3)
     finally:
@@ -217,9 +231,24 @@ def test_edgeps_ctl_logs_in_as_an_operator_over_tls(secure) -> None:
     server = client(secure, "ps", [T.cmd, T.cmd_of("+")])
     ca = str(setup.ca_cert)
     for account in ("op", "dev-a"):  # only the operator may command
-        argv = ["ctl", "pause", "--broker", f"{broker.host}:{broker.port}", "--job", JOB, "--username", account,
-                "--password", setup.passwords[account], "--tls-ca", ca, "--reason", f"by {account}",
-                "--timeout", "0.5"]  # fmt: skip
+        argv = [
+            "ctl",
+            "pause",
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--job",
+            JOB,
+            "--username",
+            account,
+            "--password",
+            setup.passwords[account],
+            "--tls-ca",
+            ca,
+            "--reason",
+            f"by {account}",
+            "--timeout",
+            "0.5",
+        ]
         assert main(argv) == 2  # sent, but no server runs here to reply
     seen = drain(server, 2.0)
     assert list(seen) == [T.cmd_of("op")] and json.loads(seen[T.cmd_of("op")])["reason"] == "by op"
@@ -302,8 +331,9 @@ def test_the_generated_broker_starts_as_root_and_as_its_service_account(tmp_path
     # pytest's own folders are private to root: the mosquitto account could not reach one inside them
     with tempfile.TemporaryDirectory(prefix="edgeps-init-") as where:
         os.chmod(where, 0o755)
-        setup = init_secure_broker(Path(where) / "setup", JOB, devices=["dev-a"], port=port, host="127.0.0.1",
-                                   ws_port=ws_port)  # fmt: skip
+        setup = init_secure_broker(
+            Path(where) / "setup", JOB, devices=["dev-a"], port=port, host="127.0.0.1", ws_port=ws_port
+        )
         _start_as_root_and_as_mosquitto(setup, port)
 
 
@@ -321,8 +351,12 @@ def _start_as_root_and_as_mosquitto(setup, port: int) -> None:
         broker = subprocess.Popen([*prefix, mosquitto, "-c", str(setup.config)], stderr=subprocess.PIPE)
         try:
             wait_for_port("127.0.0.1", port, 10, broker)
-            device = MqttTransport(BrokerAddress("127.0.0.1", port, "dev-a", setup.passwords["dev-a"],
-                                                 tls_ca=str(setup.ca_cert)), "x", [], persistent=False)  # fmt: skip
+            device = MqttTransport(
+                BrokerAddress("127.0.0.1", port, "dev-a", setup.passwords["dev-a"], tls_ca=str(setup.ca_cert)),
+                "x",
+                [],
+                persistent=False,
+            )
             device.wait_connected(5)
             device.close()
         finally:
@@ -337,15 +371,30 @@ def test_bad_hostnames_are_refused_with_one_line_and_ip_addresses_become_ip_name
     from broker.secure import subject_alt_names
 
     assert subject_alt_names(["::1", "10.0.0.5", "broker.example.org"]) == [
-        "IP:::1", "IP:10.0.0.5", "DNS:broker.example.org"
-    ]  # fmt: skip
+        "IP:::1",
+        "IP:10.0.0.5",
+        "DNS:broker.example.org",
+    ]
     with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
         subject_alt_names([bad])
     if bad:  # the whole command, as a user meets it
         result = subprocess.run(
-            [sys.executable, "-m", "edgeps.cli", "broker", "init", str(tmp_path / "s"), "--devices", "d1",
-             "--hostnames", f"localhost,{bad}"], capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "edgeps.cli",
+                "broker",
+                "init",
+                str(tmp_path / "s"),
+                "--devices",
+                "d1",
+                "--hostnames",
+                f"localhost,{bad}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 2 and "Traceback" not in result.stderr and not (tmp_path / "s").exists()
 
 
@@ -383,8 +432,12 @@ def test_the_password_file_works_with_or_without_mosquitto_passwd(tmp_path, monk
     assert (setup.broker_dir / "passwd").read_text().startswith("ps:$7$101$")
     broker = start_broker(workdir=tmp_path / "run", embedded=False, template=setup.config)
     try:
-        ok = MqttTransport(BrokerAddress(broker.host, broker.port, "d1", setup.passwords["d1"],
-                                         tls_ca=str(setup.ca_cert)), "d1", [], persistent=False)  # fmt: skip
+        ok = MqttTransport(
+            BrokerAddress(broker.host, broker.port, "d1", setup.passwords["d1"], tls_ca=str(setup.ca_cert)),
+            "d1",
+            [],
+            persistent=False,
+        )
         ok.wait_connected(5)
         ok.close()
     finally:

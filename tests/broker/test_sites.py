@@ -32,8 +32,13 @@ def test_each_broker_holds_only_its_own_accounts(tmp_path) -> None:
         assert "address core:8883" in config and "bridge_insecure false" in config
         assert "allow_anonymous false" in config and "use_username_as_clientid true" in config
     # Devices are provisioned as before, wherever they connect; a bridge's password stays in its config.
-    assert {p.stem for p in setup.credentials_dir.glob("*.password")} == {"ps", "operator", "dev-9", *SITES["a"],
-                                                                         *SITES["b"]}  # fmt: skip
+    assert {p.stem for p in setup.credentials_dir.glob("*.password")} == {
+        "ps",
+        "operator",
+        "dev-9",
+        *SITES["a"],
+        *SITES["b"],
+    }
     assert setup.devices == ["dev-9", "dev-0", "dev-1", "dev-2"]
 
 
@@ -42,17 +47,27 @@ def test_a_site_forwards_only_its_devices_and_the_jobs_broadcasts(tmp_path) -> N
     t = Topics("j")
     lines = [line for line in setup.site_config("b").read_text().splitlines() if line.startswith("topic ")]
     assert lines == [
-        f"topic {t.grad('dev-2')} out 1", f"topic {t.status('dev-2')} out 1",
-        f"topic {t.params} in 1", f"topic {t.delta} in 1", f"topic {t.model} in 1", f"topic {t.barrier} in 1",
-        f"topic {t.ctrl('dev-2')} in 1", f"topic {t.notice('dev-2')} in 1",
-    ]  # fmt: skip
+        f"topic {t.grad('dev-2')} out 1",
+        f"topic {t.status('dev-2')} out 1",
+        f"topic {t.params} in 1",
+        f"topic {t.delta} in 1",
+        f"topic {t.model} in 1",
+        f"topic {t.barrier} in 1",
+        f"topic {t.ctrl('dev-2')} in 1",
+        f"topic {t.notice('dev-2')} in 1",
+    ]
 
 
 @pytest.mark.parametrize(
     ("sites", "core"),
-    [({"a": []}, "core:8883"), ({"a": ["ps"]}, "core:8883"), ({"a": ["x"], "b": ["x"]}, "core:8883"),
-     ({"a/b": ["x"]}, "core:8883"), ({"a": ["x"]}, "core")],
-)  # fmt: skip
+    [
+        ({"a": []}, "core:8883"),
+        ({"a": ["ps"]}, "core:8883"),
+        ({"a": ["x"], "b": ["x"]}, "core:8883"),
+        ({"a/b": ["x"]}, "core:8883"),
+        ({"a": ["x"]}, "core"),
+    ],
+)
 def test_bad_sites_are_refused_before_anything_is_written(tmp_path, sites, core) -> None:
     with pytest.raises(ValueError):
         init_secure_broker(tmp_path / "setup", "j", devices=[], sites=sites, core_address=core)
@@ -67,11 +82,19 @@ def test_site_options_parse_or_name_the_bad_value() -> None:
 
 
 def test_aggregators_and_ingest_workers_get_their_own_accounts_and_only_their_topics(tmp_path) -> None:
-    setup = init_secure_broker(tmp_path, "j", devices=["dev-9"], sites=SITES, core_address="core:8883",
-                               aggregators=True, ingest_workers=2)  # fmt: skip
+    setup = init_secure_broker(
+        tmp_path, "j", devices=["dev-9"], sites=SITES, core_address="core:8883", aggregators=True, ingest_workers=2
+    )
     t = Topics("j")
-    assert accounts(setup.broker_dir / "passwd") == {"ps", "operator", "dev-9", "site-a", "site-b", "ingest-0",
-                                                     "ingest-1"}  # fmt: skip
+    assert accounts(setup.broker_dir / "passwd") == {
+        "ps",
+        "operator",
+        "dev-9",
+        "site-a",
+        "site-b",
+        "ingest-0",
+        "ingest-1",
+    }
     core_acl = (setup.broker_dir / "acl").read_text()
     worker = core_acl.split("user ingest-0\n")[1].split("\n\n")[0].splitlines()
     assert f"topic write {t.part('ingest-0')}" in worker and f"topic read {t.all_grad}" in worker

@@ -15,8 +15,20 @@ from edgeps.embedded import SDK, make
 from schemas.codecs import typical_error
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 
-SPECS = ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:1", "qsgd:4", "qsgd:16", "qsgd:127", "topk:0.01",
-         "topk:0.3", "topk:1"]  # fmt: skip
+SPECS = [
+    "fp32",
+    "fp16",
+    "int8",
+    "sign",
+    "ternary",
+    "qsgd:1",
+    "qsgd:4",
+    "qsgd:16",
+    "qsgd:127",
+    "topk:0.01",
+    "topk:0.3",
+    "topk:1",
+]
 SHAPES = [(1,), (7,), (513,), (64, 64), (3, 5, 7), (0,), (1100,)]
 
 
@@ -33,8 +45,10 @@ def epsf_both(request) -> Path:
 
 def tensors(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    out = {f"t{i}": (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
-           for i, shape in enumerate(SHAPES)}  # fmt: skip
+    out = {
+        f"t{i}": (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
+        for i, shape in enumerate(SHAPES)
+    }
     out["zeros"] = np.zeros(600, np.float32)
     out["huge"] = np.array([1e5, -7e4, 3.0, 6.1e-5, 5.9e-8, -1e-9], np.float32)  # fp16: clamped, subnormal, zero
     return out
@@ -63,18 +77,30 @@ def test_deterministic_encoders_give_the_references_bytes(epsf, tmp_path, spec) 
     values = tensors(2)
     if spec.startswith("topk"):  # among equal magnitudes either side may keep any: the SDK the first
         values.pop("zeros")
-    fp32 = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01",
-                              tensors=values))  # fmt: skip
-    reference = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01",
-                                   tensors=values, codec=spec))  # fmt: skip
+    fp32 = encode_frame(
+        Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01", tensors=values)
+    )
+    reference = encode_frame(
+        Frame(
+            kind=FrameKind.COMMIT,
+            base_version=3,
+            seq=7,
+            samples=32,
+            steps=1,
+            device="dev-01",
+            tensors=values,
+            codec=spec,
+        )
+    )
     assert recode(epsf, tmp_path, fp32, spec) == reference
 
 
 @pytest.mark.parametrize("spec", ["ternary", "qsgd:1", "qsgd:4", "qsgd:16"])
 def test_stochastic_encoders_are_valid_and_unbiased(epsf, tmp_path, spec) -> None:
     x = np.random.default_rng(3).standard_normal(4096).astype(np.float32)
-    fp32 = encode_frame(Frame(kind=FrameKind.COMMIT, base_version=0, seq=1, samples=1, steps=1, device="d",
-                              tensors={"x": x}))  # fmt: skip
+    fp32 = encode_frame(
+        Frame(kind=FrameKind.COMMIT, base_version=0, seq=1, samples=1, steps=1, device="d", tensors={"x": x})
+    )
     draws = [decode_frame(recode(epsf, tmp_path, fp32, spec, seed)).tensors["x"] for seed in range(1, 41)]
     assert decode_frame(recode(epsf, tmp_path, fp32, spec)).codec == spec
     mean = np.mean(draws, axis=0)
@@ -118,8 +144,9 @@ def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf_both, tmp_pa
         paths[-1].write_bytes(frame)
     verdicts = []
     for start in range(0, len(paths), 500):
-        result = subprocess.run([str(epsf), "check", *map(str, paths[start : start + 500])], capture_output=True,
-                                text=True)  # fmt: skip
+        result = subprocess.run(
+            [str(epsf), "check", *map(str, paths[start : start + 500])], capture_output=True, text=True
+        )
         assert result.returncode in (0, 1), result.stderr  # a sanitizer's report exits otherwise
         verdicts += result.stdout.splitlines()
     assert len(verdicts) == len(frames)
@@ -135,9 +162,16 @@ def test_the_parser_refuses_exactly_what_the_reference_refuses(epsf_both, tmp_pa
 
 @pytest.mark.parametrize(
     ("sizes", "loss_name"),
-    [([64, 64, 10], "cross_entropy"), ([64, 32, 10], "cross_entropy"), ([8, 16, 16, 3], "cross_entropy"),
-     ([5, 2], "cross_entropy"), ([6, 16, 1], "mse"), ([6, 16, 1], "mae"), ([6, 16, 8, 1], "bce")],
-)  # fmt: skip
+    [
+        ([64, 64, 10], "cross_entropy"),
+        ([64, 32, 10], "cross_entropy"),
+        ([8, 16, 16, 3], "cross_entropy"),
+        ([5, 2], "cross_entropy"),
+        ([6, 16, 1], "mse"),
+        ([6, 16, 1], "mae"),
+        ([6, 16, 8, 1], "bce"),
+    ],
+)
 def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes, loss_name) -> None:
     from learning.model import init_mlp, loss_and_grads
 
@@ -155,8 +189,15 @@ def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes, loss_na
     (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=4, seq=1, tensors=params)))
     batch = {"x": x, "y": y.astype(np.float32)}
     (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
-    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin"),
-            loss_name]  # fmt: skip
+    args = [
+        str(epsf),
+        "train",
+        str(tmp_path / "p.bin"),
+        str(tmp_path / "b.bin"),
+        "0.2",
+        str(tmp_path / "o.bin"),
+        loss_name,
+    ]
     subprocess.run(args, check=True)
     stepped = decode_frame((tmp_path / "o.bin").read_bytes()).tensors
     assert abs(float(stepped.pop("loss")[0]) - loss) < 1e-5
@@ -167,9 +208,15 @@ def test_one_sgd_step_matches_the_numpy_reference(epsf, tmp_path, sizes, loss_na
 
 @pytest.mark.parametrize(
     ("outputs", "labels", "loss_name"),
-    [(3, [1, 3], "cross_entropy"), (3, [1, 1.5], "cross_entropy"), (1, [0, 2], "bce"), (3, [0.5, 1], "mse"),
-     (1, [0.5, float("nan")], "mae"), (1, [0, 1], "cross_entropy")],
-)  # fmt: skip
+    [
+        (3, [1, 3], "cross_entropy"),
+        (3, [1, 1.5], "cross_entropy"),
+        (1, [0, 2], "bce"),
+        (3, [0.5, 1], "mse"),
+        (1, [0.5, float("nan")], "mae"),
+        (1, [0, 1], "cross_entropy"),
+    ],
+)
 def test_a_label_or_model_the_loss_does_not_take_changes_nothing(epsf, tmp_path, outputs, labels, loss_name) -> None:
     from learning.model import init_mlp
 
@@ -177,8 +224,15 @@ def test_a_label_or_model_the_loss_does_not_take_changes_nothing(epsf, tmp_path,
     (tmp_path / "p.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=1, tensors=params)))
     batch = {"x": np.ones((2, 4), np.float32), "y": np.array(labels, np.float32)}
     (tmp_path / "b.bin").write_bytes(encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, tensors=batch)))
-    args = [str(epsf), "train", str(tmp_path / "p.bin"), str(tmp_path / "b.bin"), "0.2", str(tmp_path / "o.bin"),
-            loss_name]  # fmt: skip
+    args = [
+        str(epsf),
+        "train",
+        str(tmp_path / "p.bin"),
+        str(tmp_path / "b.bin"),
+        "0.2",
+        str(tmp_path / "o.bin"),
+        loss_name,
+    ]
     assert subprocess.run(args, capture_output=True).returncode == 1
 
 
@@ -192,19 +246,41 @@ def test_a_hundred_thousand_mutated_frames_and_messages_crash_nothing(epsf_both,
     run = 77
     params = init_mlp([64, 16, 10], seed=0)
     corpus = {
-        "ctrl.json": Control(device="d", run=run, incarnation=4242, max_uncommitted_steps=16, push_every=2, lr=0.1,
-                             batch_size=8, codec="sign", pull_codec="int8", wait_for_params=False).to_bytes(),
+        "ctrl.json": Control(
+            device="d",
+            run=run,
+            incarnation=4242,
+            max_uncommitted_steps=16,
+            push_every=2,
+            lr=0.1,
+            batch_size=8,
+            codec="sign",
+            pull_codec="int8",
+            wait_for_params=False,
+        ).to_bytes(),
         "params.bin": encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=params)),
-        "delta.bin": encode_frame(Frame(kind=FrameKind.DELTA, base_version=1, seq=0, codec="int8",
-                                        tensors={k: np.full_like(v, 0.01) for k, v in params.items()})),
-        "barrier.json": Barrier(run=run, round=1, version=1, pace="bsp", state="running", waiting_for=["d"],
-                                left=["x"], slowest_clock=2).to_bytes(),
+        "delta.bin": encode_frame(
+            Frame(
+                kind=FrameKind.DELTA,
+                base_version=1,
+                seq=0,
+                codec="int8",
+                tensors={k: np.full_like(v, 0.01) for k, v in params.items()},
+            )
+        ),
+        "barrier.json": Barrier(
+            run=run, round=1, version=1, pace="bsp", state="running", waiting_for=["d"], left=["x"], slowest_clock=2
+        ).to_bytes(),
         "notice.json": Notice(device="d", seq=1, reason=RejectReason.RATE_LIMITED, detail="slow down").to_bytes(),
-    }  # fmt: skip
+    }
     for name, data in corpus.items():
         (tmp_path / name).write_bytes(data)
-    result = subprocess.run([str(epsf), "fuzz", "1", "100000", *(str(tmp_path / n) for n in corpus)],
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [str(epsf), "fuzz", "1", "100000", *(str(tmp_path / n) for n in corpus)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("fuzzed 100000 inputs")
 
@@ -220,9 +296,22 @@ def test_the_lwip_port_compiles_against_debians_lwip_headers(tmp_path) -> None:
         pytest.fail("the lwIP port's test needs lwIP's headers (apt-get install liblwip-dev)")
     make(tmp_path, "lwip")
     assert (tmp_path / "eps_lwip.o").stat().st_size > 0
-    too_few = subprocess.run([os.environ.get("CC", "cc"), "-std=c99", "-I", str(SDK / "include"), "-isystem",
-                              "/usr/include/lwip", "-c", str(SDK / "ports" / "lwip" / "eps_lwip.c"), "-o",
-                              str(tmp_path / "x.o")], capture_output=True, text=True)  # fmt: skip
+    too_few = subprocess.run(
+        [
+            os.environ.get("CC", "cc"),
+            "-std=c99",
+            "-I",
+            str(SDK / "include"),
+            "-isystem",
+            "/usr/include/lwip",
+            "-c",
+            str(SDK / "ports" / "lwip" / "eps_lwip.c"),
+            "-o",
+            str(tmp_path / "x.o"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert too_few.returncode != 0 and "MQTT_REQ_MAX_IN_FLIGHT >= 8" in too_few.stderr
 
 

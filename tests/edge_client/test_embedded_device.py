@@ -36,8 +36,9 @@ class CDevice:
 
     def __init__(self, epsd: Path, name: str, data: Path, seed: int, job: str = "t", arena: int = 1 << 20) -> None:
         self.device, self.topics = name, Topics(job)
-        self.process = subprocess.Popen([str(epsd), job, name, str(data), str(seed), str(arena)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        self.process = subprocess.Popen(
+            [str(epsd), job, name, str(data), str(seed), str(arena)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         self.subscribed: set[str] = set()
         self.resync = False
         self.logged: list[tuple[str, str]] = []  # (status, reason) from the port's log hook
@@ -147,8 +148,13 @@ def best(server) -> float:
     return max(m.accuracy for m in server.history)
 
 
-CASES = [("bsp", "fp32", "fp32"), ("acbsp", "sign", "ternary"), ("asp", "topk:0.3", "fp32"), ("ssp:1", "int8", "int8"),
-         ("acbsp", "ternary", "qsgd:4")]  # fmt: skip
+CASES = [
+    ("bsp", "fp32", "fp32"),
+    ("acbsp", "sign", "ternary"),
+    ("asp", "topk:0.3", "fp32"),
+    ("ssp:1", "int8", "int8"),
+    ("acbsp", "ternary", "qsgd:4"),
+]
 
 
 @pytest.mark.parametrize(("pace", "codec", "pull"), CASES)
@@ -305,9 +311,12 @@ def test_a_reason_naming_what_the_server_sent_stays_a_valid_status(epsd, tmp_pat
 def conv_params(run: int, name: str = "conv0") -> bytes:
     rng = np.random.default_rng(0)
     shape = (3, 3, 1, 4) if name == "conv0" else (3, 2, 4)  # a square image's kernel, or a Conv1D's
-    tensors = {f"{name}.w": rng.standard_normal(shape).astype(np.float32), f"{name}.b": np.zeros(4, np.float32),
-               "dense0.w": rng.standard_normal((64, 3)).astype(np.float32),
-               "dense0.b": np.zeros(3, np.float32)}  # fmt: skip
+    tensors = {
+        f"{name}.w": rng.standard_normal(shape).astype(np.float32),
+        f"{name}.b": np.zeros(4, np.float32),
+        "dense0.w": rng.standard_normal((64, 3)).astype(np.float32),
+        "dense0.b": np.zeros(3, np.float32),
+    }
     return encode_frame(Frame(kind=FrameKind.PARAMS, base_version=0, seq=run, tensors=tensors))
 
 
@@ -323,13 +332,24 @@ def control_for(device: CDevice, run: int = 7) -> bytes:
     return control_bytes(run=run, incarnation=device.state()["incarnation"])
 
 
-@pytest.mark.parametrize(("params", "arena", "reason"), [
-    (conv_params(7), 1 << 20, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
-                              "shapes; first tensor conv0.w)"),
-    (conv_params(7, "tconv0"), 1 << 20, "the job's model is not an MLP the C trainer computes (dense{i}.w and .b "
-                                        "of matching shapes; first tensor tconv0.w)"),
-    (mlp_params([8, 1024, 1024, 3], 7), 1 << 20, "the job's model needs an arena of "),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("params", "arena", "reason"),
+    [
+        (
+            conv_params(7),
+            1 << 20,
+            "the job's model is not an MLP the C trainer computes (dense{i}.w and .b of matching "
+            "shapes; first tensor conv0.w)",
+        ),
+        (
+            conv_params(7, "tconv0"),
+            1 << 20,
+            "the job's model is not an MLP the C trainer computes (dense{i}.w and .b "
+            "of matching shapes; first tensor tconv0.w)",
+        ),
+        (mlp_params([8, 1024, 1024, 3], 7), 1 << 20, "the job's model needs an arena of "),
+    ],
+)
 def test_a_model_the_c_device_cannot_take_is_said_in_its_status(epsd, tmp_path, params, arena, reason) -> None:
     from schemas.messages import DeviceStatus
 

@@ -15,8 +15,12 @@ from edgeps.embedded import CORPUS_RUN, STACK_BYTES, corpus_on_qemu, hostile_cor
 from tests.edge_client.test_embedded_device import CDevice, data_frame
 from tests.helpers import blobs
 
-TOPICS = {"ctrl": "edgeps/fz/ctrl/d", "params": "edgeps/fz/params", "barrier": "edgeps/fz/barrier",
-          "notice": "edgeps/fz/notice/d"}  # fmt: skip
+TOPICS = {
+    "ctrl": "edgeps/fz/ctrl/d",
+    "params": "edgeps/fz/params",
+    "barrier": "edgeps/fz/barrier",
+    "notice": "edgeps/fz/notice/d",
+}
 
 
 @pytest.fixture(params=["64-bit", "32-bit"])
@@ -53,8 +57,12 @@ def test_every_hostile_message_is_refused_with_a_reason_and_changes_nothing(buil
 @pytest.mark.parametrize("bits", [64, 32])
 def test_the_arena_of_the_105_byte_frames_model_never_wraps(request, bits) -> None:
     build = request.getfixturevalue("sdk" if bits == 64 else "sdk32")
-    out = subprocess.run([str(build / "epsf"), "arena", "2748,78118", "32", "topk:0.000000001"], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(build / "epsf"), "arena", "2748,78118", "32", "topk:0.000000001"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     p = 2748 * 78118 + 78118
     exact = 4 * (3 * p + 2748 * 78118 + 32 * 2748 + 32)  # local, anchor, replica, work, batch, labels; then the frame
     arena = int(out.split()[0])

@@ -25,8 +25,9 @@ class Epsm:
     """An `epsm` process: one command a line, one answer a line (messages before it)."""
 
     def __init__(self, binary: Path, host: str, port: int, client_id: str, rx: int = 65536) -> None:
-        self.process = subprocess.Popen([str(binary), host, str(port), client_id, str(rx)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            [str(binary), host, str(port), client_id, str(rx)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self.messages: list[tuple[str, int, int]] = []
         self.past: list[tuple[str, int]] = []  # too large for rx: read past
 
@@ -106,8 +107,10 @@ def test_a_frame_larger_than_the_receive_buffer_streams_and_another_is_read_past
         watcher.publish("edgeps/j/delta", pattern(4_000), qos=1).wait_for_publish(10)
         watcher.publish("edgeps/j/ctrl/gw-4", pattern(1_000), qos=1).wait_for_publish(10)
         assert device("recv 3 10") == "ok recv 3"  # the one read past is said too
-        assert device.messages == [("edgeps/j/params", 40_000, zlib.crc32(pattern(40_000))),  # through 512 bytes
-                                   ("edgeps/j/ctrl/gw-4", 1_000, zlib.crc32(pattern(1_000)))]  # fmt: skip
+        assert device.messages == [
+            ("edgeps/j/params", 40_000, zlib.crc32(pattern(40_000))),  # through 512 bytes
+            ("edgeps/j/ctrl/gw-4", 1_000, zlib.crc32(pattern(1_000))),
+        ]
         assert device.past == [("edgeps/j/delta", 4_000)]  # said, so a device reads the snapshot instead
         assert device("disconnect") == "ok disconnected"
         assert device("connect").startswith("ok connected session_present=1")

@@ -30,10 +30,13 @@ def toolchain() -> None:
     needs("mps2-an386")
 
 
-@pytest.mark.parametrize(("board", "frame_at_most", "step_at_most"), [
-    ("mps2-an386", 300_000, 3_000_000),  # hard float
-    ("riscv32-virt", 900_000, 60_000_000),  # soft float: a step is some 20 times the Cortex-M4F's
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("board", "frame_at_most", "step_at_most"),
+    [
+        ("mps2-an386", 300_000, 3_000_000),  # hard float
+        ("riscv32-virt", 900_000, 60_000_000),  # soft float: a step is some 20 times the Cortex-M4F's
+    ],
+)
 def test_the_image_trains_and_commits_as_the_reference(board, frame_at_most, step_at_most, tmp_path) -> None:
     needs(board)
     result = scripted_exchange(tmp_path, board=board)

@@ -32,11 +32,27 @@ def test_bench_pace_writes_table_plot_and_json(tmp_path, capsys) -> None:
 
 def test_table_marks_unreached_targets() -> None:
     runs = [
-        {"pace": "bsp", "time_to_target": 4.0, "best_accuracy": 0.9, "final_accuracy": 0.9, "idle_fraction": 0.5,
-         "commits": 1, "bytes_up": 1, "bytes_down": 1},
-        {"pace": "asp", "time_to_target": None, "best_accuracy": 0.8, "final_accuracy": 0.8, "idle_fraction": 0.0,
-         "commits": 1, "bytes_up": 1, "bytes_down": 1},
-    ]  # fmt: skip
+        {
+            "pace": "bsp",
+            "time_to_target": 4.0,
+            "best_accuracy": 0.9,
+            "final_accuracy": 0.9,
+            "idle_fraction": 0.5,
+            "commits": 1,
+            "bytes_up": 1,
+            "bytes_down": 1,
+        },
+        {
+            "pace": "asp",
+            "time_to_target": None,
+            "best_accuracy": 0.8,
+            "final_accuracy": 0.8,
+            "idle_fraction": 0.0,
+            "commits": 1,
+            "bytes_up": 1,
+            "bytes_down": 1,
+        },
+    ]
     table = str(format_pace_table(runs, "virtual s"))
     assert "never" in table and "1.00x" in table
 
@@ -153,8 +169,13 @@ def test_bench_tasks_trains_the_centralised_reference_and_shows_the_gap() -> Non
     run = {"best": 0.9, "best_version": 40, "final": 0.85, "rounds": 140, "wall_s": 3.0}
 
     def entry(name: str, metric: str, higher: bool, reference: float) -> dict:
-        return {"task": name, "metric": metric, "higher_is_better": higher, "centralised": {"best": reference},
-                "runs": {"fp32": run}}  # fmt: skip
+        return {
+            "task": name,
+            "metric": metric,
+            "higher_is_better": higher,
+            "centralised": {"best": reference},
+            "runs": {"fp32": run},
+        }
 
     report = {"codecs": ["fp32"], "tasks": [entry("mine", "accuracy", True, 0.92), entry("reg", "rmse", False, 0.5)]}
     text = str(format_tasks(report))

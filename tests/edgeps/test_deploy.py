@@ -10,8 +10,9 @@ from edgeps.deploy import best_path, load_model
 from learning.data import DataError
 from learning.model import forward
 
-ROWS = "gateway,temp,hum,label\n" + "".join(f"gw-{i % 2},{20 + i % 7},{40 + i % 5},{'walk' if i % 3 else 'idle'}\n"
-                                            for i in range(30))  # fmt: skip
+ROWS = "gateway,temp,hum,label\n" + "".join(
+    f"gw-{i % 2},{20 + i % 7},{40 + i % 5},{'walk' if i % 3 else 'idle'}\n" for i in range(30)
+)
 
 
 def saved(tmp_path):
@@ -30,8 +31,10 @@ def test_a_saved_model_scales_raw_readings_and_predicts_as_the_server_measured(t
     model = load_model(tmp_path)  # the folder, or the file
     assert model.card.version == 7 and model.card.classes == ["idle", "walk"] and model.card.label == "label"
     reordered = tmp_path / "new.csv"  # the columns in another order, the device column absent
-    reordered.write_text("label,hum,temp\n" + "".join(f"{r.split(',')[3]},{r.split(',')[2]},{r.split(',')[1]}\n"
-                                                      for r in ROWS.splitlines()[1:]))  # fmt: skip
+    reordered.write_text(
+        "label,hum,temp\n"
+        + "".join(f"{r.split(',')[3]},{r.split(',')[2]},{r.split(',')[1]}\n" for r in ROWS.splitlines()[1:])
+    )
     x, y = model.read_csv(reordered)
     data, _ = task.dataset()
     np.testing.assert_allclose(model.outputs(x), forward(params, data.x), rtol=1e-6)

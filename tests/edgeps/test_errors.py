@@ -11,8 +11,9 @@ import pytest
 
 
 def edgeps(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "edgeps.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "edgeps.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -37,8 +38,11 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
     ],
 )
 def test_a_bad_option_is_one_line_naming_it_before_anything_starts(tmp_path, args, expected) -> None:
-    line = one_line(edgeps(*args, "--out", str(tmp_path / "out"), cwd=tmp_path) if args[0] == "demo"
-                    else edgeps(*args, cwd=tmp_path))  # fmt: skip
+    line = one_line(
+        edgeps(*args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+        if args[0] == "demo"
+        else edgeps(*args, cwd=tmp_path)
+    )
     assert expected in line, line
     assert not (tmp_path / "out").exists()  # no broker started, no data written
 
@@ -94,8 +98,9 @@ def test_every_option_has_help_and_shows_its_default() -> None:
 def test_version(tmp_path) -> None:
     import edgeps
 
-    result = edgeps_cli = subprocess.run([sys.executable, "-m", "edgeps.cli", "--version"], capture_output=True,
-                                         text=True, cwd=tmp_path)  # fmt: skip
+    result = edgeps_cli = subprocess.run(
+        [sys.executable, "-m", "edgeps.cli", "--version"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 0 and edgeps_cli.stdout.strip() == f"edgeps {edgeps.__version__}"
 
 

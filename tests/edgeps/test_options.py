@@ -25,8 +25,21 @@ def test_every_job_option_is_a_flag_of_ps_with_the_models_default_and_help() -> 
 
 
 def test_flags_become_a_validated_server_config() -> None:
-    args = parse("ps", "--pace", "ssp:2", "--devices", "a,b", "--max-commit-rate", "0", "--metrics-interval", "0",
-                 "--duration", "30", "--round-deadline", "2.5")  # fmt: skip
+    args = parse(
+        "ps",
+        "--pace",
+        "ssp:2",
+        "--devices",
+        "a,b",
+        "--max-commit-rate",
+        "0",
+        "--metrics-interval",
+        "0",
+        "--duration",
+        "30",
+        "--round-deadline",
+        "2.5",
+    )
     config = ServerConfig(**model_values(ServerConfig, args))
     assert config.pace == "ssp:2" and config.allowed_devices == frozenset({"a", "b"})
     assert config.door.max_commit_rate is None and config.metrics_interval_s is None  # 0: none
@@ -36,9 +49,18 @@ def test_flags_become_a_validated_server_config() -> None:
 
 
 def test_a_config_turned_into_flags_parses_back_to_itself() -> None:
-    config = ServerConfig(job="j", pace="acbsp", rounds=7, codec="topk:0.05", max_commit_rate=None,
-                          allowed_devices=frozenset({"d2", "d1"}), extrapolation=2.0, duration_s=9.5,
-                          site_devices=["sa=d1,d2", "sb=d3"], max_held_commits=4)  # fmt: skip
+    config = ServerConfig(
+        job="j",
+        pace="acbsp",
+        rounds=7,
+        codec="topk:0.05",
+        max_commit_rate=None,
+        allowed_devices=frozenset({"d2", "d1"}),
+        extrapolation=2.0,
+        duration_s=9.5,
+        site_devices=["sa=d1,d2", "sb=d3"],
+        max_held_commits=4,
+    )
     args = parse("ps", *to_flags(config, defaults=PROCESS_DEFAULTS))
     assert ServerConfig(**model_values(ServerConfig, args)) == config
 

@@ -9,9 +9,24 @@ from schemas.messages import Metrics
 
 
 def record(version: int, online: int = 4, finished: bool = False) -> Metrics:
-    return Metrics(job="j", version=version, round=version, pace="bsp", metric="accuracy", value=0.5 + version / 100,
-                   accuracy=0.5, loss=1.0, commits=4 * version, applied=4 * version, rejected={}, bytes_up=0,
-                   bytes_down=0, devices_online=online, elapsed_s=version / 10, finished=finished)  # fmt: skip
+    return Metrics(
+        job="j",
+        version=version,
+        round=version,
+        pace="bsp",
+        metric="accuracy",
+        value=0.5 + version / 100,
+        accuracy=0.5,
+        loss=1.0,
+        commits=4 * version,
+        applied=4 * version,
+        rejected={},
+        bytes_up=0,
+        bytes_down=0,
+        devices_online=online,
+        elapsed_s=version / 10,
+        finished=finished,
+    )
 
 
 def test_off_a_terminal_a_line_per_tenth_and_the_wait_once_per_count() -> None:
@@ -52,9 +67,12 @@ def test_tables_are_plain_text_off_a_terminal_and_rich_on_one() -> None:
     table.add("bsp", "0.9499", 800)
     table.add("acbsp-long", "0.9721", 1234)
     assert str(table).splitlines() == [
-        "run         best acc  commits", "-----------------------------", "bsp           0.9499      800",
-        "acbsp-long    0.9721     1234", "note",
-    ]  # fmt: skip
+        "run         best acc  commits",
+        "-----------------------------",
+        "bsp           0.9499      800",
+        "acbsp-long    0.9721     1234",
+        "note",
+    ]
     plain = io.StringIO()
     table.print(plain)
     assert plain.getvalue() == str(table) + "\n"

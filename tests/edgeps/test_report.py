@@ -12,10 +12,25 @@ from schemas.messages import Metrics
 
 
 def metrics(version: int, accuracy: float, finished: bool = False, baseline: float | None = None) -> Metrics:
-    return Metrics(job="j", run=1, version=version, round=version, pace="bsp", accuracy=accuracy, loss=1 - accuracy,
-                   commits=3 * version, applied=3 * version, rejected={}, bytes_up=100 * version,
-                   bytes_down=200 * version, devices_online=3, elapsed_s=0.5 * version, finished=finished,
-                   evaluated_version=version, baseline={} if baseline is None else {"accuracy": baseline})  # fmt: skip
+    return Metrics(
+        job="j",
+        run=1,
+        version=version,
+        round=version,
+        pace="bsp",
+        accuracy=accuracy,
+        loss=1 - accuracy,
+        commits=3 * version,
+        applied=3 * version,
+        rejected={},
+        bytes_up=100 * version,
+        bytes_down=200 * version,
+        devices_online=3,
+        elapsed_s=0.5 * version,
+        finished=finished,
+        evaluated_version=version,
+        baseline={} if baseline is None else {"accuracy": baseline},
+    )
 
 
 def test_a_report_keeps_every_record_and_shows_again(tmp_path, capsys) -> None:

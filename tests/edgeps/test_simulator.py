@@ -88,8 +88,19 @@ def test_paces_codecs_and_policies_train_a_regression_unchanged(pace, codec, fre
     y = y.astype(np.float32)
     holdout = Dataset(x[:200], y[:200])
     shards = [Dataset(x[200 + i * 200 : 400 + i * 200], y[200 + i * 200 : 400 + i * 200]) for i in range(5)]
-    scenario = Scenario(devices=5, duration_s=10.0, hidden=(16,), sample_s=1.0, loss="mse", metrics="mae", codec=codec,
-                        frequency=frequency, lr=0.05, push_every=10, push_every_max=20)  # fmt: skip
+    scenario = Scenario(
+        devices=5,
+        duration_s=10.0,
+        hidden=(16,),
+        sample_s=1.0,
+        loss="mse",
+        metrics="mae",
+        codec=codec,
+        frequency=frequency,
+        lr=0.05,
+        push_every=10,
+        push_every_max=20,
+    )
     result = Simulation(scenario, pace, (holdout, shards)).run()
     maes = [value for _, value in result.curve]
     assert result.history[-1].metric == "mae" and result.history[-1].accuracy is None

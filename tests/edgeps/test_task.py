@@ -40,36 +40,66 @@ CSV = "gateway,temp,hum,label\n" + "".join(f"gw-{i % 3},{i % 7}.5,{i % 5},{i % 2
     ("csv", "call", "message"),
     [
         (CSV, 'load_csv(CSV, label="klass")', r"data\.csv: no column 'klass' \(columns: gateway, temp, hum, label\)"),
-        (CSV.replace("3.5,", "warm,", 1), 'load_csv(CSV, label="label", device_column="gateway")',
-         r"data\.csv line \d+, column 'temp': 'warm' is not a number"),
-        (CSV.replace("3.5,", "nan,", 1), 'load_csv(CSV, label="label", device_column="gateway")',
-         r"data\.csv line \d+, column 'temp': 'nan' is not a finite number"),
-        (CSV.replace(",1\n", ",7\n", 1), 'load_csv(CSV, label="label", device_column="gateway", classes=2)',
-         r"data\.csv line \d+, column 'label': 7 is outside the 2 classes \(0\.\.1\)"),
+        (
+            CSV.replace("3.5,", "warm,", 1),
+            'load_csv(CSV, label="label", device_column="gateway")',
+            r"data\.csv line \d+, column 'temp': 'warm' is not a number",
+        ),
+        (
+            CSV.replace("3.5,", "nan,", 1),
+            'load_csv(CSV, label="label", device_column="gateway")',
+            r"data\.csv line \d+, column 'temp': 'nan' is not a finite number",
+        ),
+        (
+            CSV.replace(",1\n", ",7\n", 1),
+            'load_csv(CSV, label="label", device_column="gateway", classes=2)',
+            r"data\.csv line \d+, column 'label': 7 is outside the 2 classes \(0\.\.1\)",
+        ),
         (CSV, 'load_csv(CSV, label="lable")', r"data\.csv: no column 'lable'; did you mean 'label'\?"),
         # a stray label is not silently a class name, nor a regression's target a class
-        (CSV.replace(",1\n", ",-1\n", 1), 'load_csv(CSV, label="label", device_column="gateway")',
-         r"line \d+, column 'label': label '-1' is not a class number \(0, 1, \.\.\.\); for a real-valued target"),
-        (CSV.replace(",1\n", ",2.5\n", 1), 'load_csv(CSV, label="label", device_column="gateway", classes=2)',
-         r"line \d+, column 'label': label '2\.5' is not a class number"),
-        (CSV.replace(",1\n", ",walk\n"), 'load_csv(CSV, label="label", device_column="gateway")',
-         r"line 2, column 'label': label '0' is a number among class names|label 'walk' is a name among"),
-        (CSV, 'load_csv(CSV, label="temp", device_column="gateway")',
-         r"label '0\.5' is not a class number \(0, 1, \.\.\.\); for a real-valued target pass regression=True"),
-        (CSV, 'load_csv(CSV, label="hum", device_column="gateway"), loss="mse"',
-         r"data\(\): the loss is a regression's but load_csv read the labels as 5 classes: pass regression=True"),
-        (CSV, 'load_csv(CSV, label="hum", device_column="gateway", regression=True)',
-         r"data\(\): the loss needs classes but load_csv read real-valued targets"),
+        (
+            CSV.replace(",1\n", ",-1\n", 1),
+            'load_csv(CSV, label="label", device_column="gateway")',
+            r"line \d+, column 'label': label '-1' is not a class number \(0, 1, \.\.\.\); for a real-valued target",
+        ),
+        (
+            CSV.replace(",1\n", ",2.5\n", 1),
+            'load_csv(CSV, label="label", device_column="gateway", classes=2)',
+            r"line \d+, column 'label': label '2\.5' is not a class number",
+        ),
+        (
+            CSV.replace(",1\n", ",walk\n"),
+            'load_csv(CSV, label="label", device_column="gateway")',
+            r"line 2, column 'label': label '0' is a number among class names|label 'walk' is a name among",
+        ),
+        (
+            CSV,
+            'load_csv(CSV, label="temp", device_column="gateway")',
+            r"label '0\.5' is not a class number \(0, 1, \.\.\.\); for a real-valued target pass regression=True",
+        ),
+        (
+            CSV,
+            'load_csv(CSV, label="hum", device_column="gateway"), loss="mse"',
+            r"data\(\): the loss is a regression's but load_csv read the labels as 5 classes: pass regression=True",
+        ),
+        (
+            CSV,
+            'load_csv(CSV, label="hum", device_column="gateway", regression=True)',
+            r"data\(\): the loss needs classes but load_csv read real-valued targets",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_data_is_one_line_naming_the_file_line_and_column(tmp_path, csv, call, message) -> None:
     (tmp_path / "data.csv").write_text(csv)
-    task = write(tmp_path, f"""
+    task = write(
+        tmp_path,
+        f"""
         from pathlib import Path
         from edgeps import ModelSpec, Task, load_csv
         CSV = Path(__file__).with_name("data.csv")
         task = Task(model=ModelSpec(hidden="8"), data=lambda: {call})
-    """)  # fmt: skip
+    """,
+    )
     line = one_line_error(edgeps("data", "--task", str(task), "--out", str(tmp_path / "shards"), cwd=tmp_path))
     assert line.startswith("20") and " ERROR " in line  # the log's one line
     assert re.search(message, line), line
@@ -77,7 +107,9 @@ def test_bad_data_is_one_line_naming_the_file_line_and_column(tmp_path, csv, cal
 
 
 def test_a_model_the_data_does_not_fit_is_refused_before_the_job_naming_both_sizes(tmp_path) -> None:
-    task = write(tmp_path, """
+    task = write(
+        tmp_path,
+        """
         import numpy as np
         from edgeps import Task, Trainer
 
@@ -93,14 +125,17 @@ def test_a_model_the_data_does_not_fit_is_refused_before_the_job_naming_both_siz
 
         rng = np.random.default_rng(0)
         task = Task(model=Linear(), data=lambda: (rng.random((300, 4)), rng.integers(0, 3, 300)))
-    """)  # fmt: skip
+    """,
+    )
     line = one_line_error(edgeps("demo", "--task", str(task), "--out", str(tmp_path / "out"), cwd=tmp_path))
     assert "task.py: the model takes 5 features, the data has 4 (after" in line
 
 
 def test_a_keras_layer_that_does_not_convert_is_named_before_anything_starts(tmp_path) -> None:
     pytest.importorskip("tensorflow")
-    task = write(tmp_path, """
+    task = write(
+        tmp_path,
+        """
         import numpy as np
         from edgeps import Task
 
@@ -111,7 +146,8 @@ def test_a_keras_layer_that_does_not_convert_is_named_before_anything_starts(tmp
 
         rng = np.random.default_rng(0)
         task = Task(model=model, data=lambda: (rng.random((300, 8, 8, 1)), rng.integers(0, 3, 300)))
-    """)  # fmt: skip
+    """,
+    )
     line = one_line_error(edgeps("demo", "--task", str(task), "--out", str(tmp_path / "out"), cwd=tmp_path))
     assert "task.py: layer 'max_pooling2d' (MaxPooling2D) does not convert" in line
     assert not (tmp_path / "out" / "broker").exists()  # refused before a broker started
@@ -124,11 +160,13 @@ def test_a_keras_layer_that_does_not_convert_is_named_before_anything_starts(tmp
         ("import no_such_module_here", r"task\.py line 1: ModuleNotFoundError: No module named 'no_such_module_here'"),
         ("task = 3", r"task\.py: defines no `task = Task\(...\)`"),
         ("from edgeps import Task\ntask = Task(loss='huber', data=list)", r"task\.py: unknown loss 'huber'"),
-        ("from edgeps import Task\ntask = Task(loss='mse', metrics=('accuracy',), data=list)",
-         r"task\.py: metric 'accuracy' measures a classification"),
+        (
+            "from edgeps import Task\ntask = Task(loss='mse', metrics=('accuracy',), data=list)",
+            r"task\.py: metric 'accuracy' measures a classification",
+        ),
         ("from edgeps import Task\ntask = Task()", r"task\.py: a task needs data\(\)"),
     ],
-)  # fmt: skip
+)
 def test_a_broken_task_file_is_one_line_naming_it(tmp_path, body, message) -> None:
     with pytest.raises(TaskError, match=message):
         load_task(write(tmp_path, body))
@@ -195,7 +233,9 @@ def test_a_trainer_of_ones_own_trains_and_is_what_the_server_measures() -> None:
 
 
 def test_a_trainer_of_ones_own_has_no_tflite_export_and_says_so(tmp_path) -> None:
-    task = write(tmp_path, """
+    task = write(
+        tmp_path,
+        """
         import numpy as np
         from edgeps import Task, Trainer
 
@@ -210,6 +250,7 @@ def test_a_trainer_of_ones_own_has_no_tflite_export_and_says_so(tmp_path) -> Non
 
         rng = np.random.default_rng(0)
         task = Task(model=Own(), data=lambda: (rng.random((100, 4)), rng.integers(0, 2, 100)))
-    """)  # fmt: skip
+    """,
+    )
     line = one_line_error(edgeps("ps", "--task", str(task), "--export-tflite", "--broker", "127.0.0.1:1", cwd=tmp_path))
     assert "--export-tflite: a task's own trainer has no TFLite export" in line

@@ -45,8 +45,9 @@ def run_job(
     holdout = Dataset.load(shards.holdout)
     names = frozenset(sites or aggregators or ())
     placed = {"site_devices": sites} if sites and not shared else {"sites": names or None, "sites_only": shared}
-    config = ServerConfig(job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES),
-                          **placed)  # fmt: skip
+    config = ServerConfig(
+        job=JOB, rounds=ROUNDS, min_devices=len(DEVICES), allowed_devices=frozenset(DEVICES), **placed
+    )
     core = ServerCore(config, init_mlp([64, 32, 10], seed=0), Evaluator(holdout))
     transport = connect_server(core, server_address)
     server = threading.Thread(target=serve, args=(core, transport), daemon=True)

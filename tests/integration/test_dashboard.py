@@ -91,8 +91,11 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
         wait_until(lambda: "connected" in text("connection"), timeout=15, what="the page's MQTT connection")
         for chart in ("curve", "losses"):
             assert int(browser.find_element(By.ID, chart).get_attribute("data-points")) >= before
-        wait_until(lambda: text("accuracy") not in ("", "–") and float(text("accuracy")) > 0.5, timeout=30,
-                   what="a live accuracy")  # fmt: skip
+        wait_until(
+            lambda: text("accuracy") not in ("", "–") and float(text("accuracy")) > 0.5,
+            timeout=30,
+            what="a live accuracy",
+        )
         if os.environ.get("EDGEPS_SCREENSHOT"):  # for docs/dashboard.png: a longer curve
             wait_until(lambda: core.store.version >= 60, timeout=60, what="sixty versions")
         shown = float(text("accuracy"))
@@ -103,8 +106,9 @@ def test_the_dashboard_shows_a_live_job_and_pauses_it(mosquitto, tmp_path, brows
         mosquitto.process.terminate()
         mosquitto.process.wait(timeout=10)
         wait_until(lambda: "connected" not in text("connection"), timeout=15, what="the page to see the broker go")
-        restarted = start_broker(port=mosquitto.port, ws_port=mosquitto.ws_port, workdir=mosquitto.workdir,
-                                 embedded=False)  # fmt: skip
+        restarted = start_broker(
+            port=mosquitto.port, ws_port=mosquitto.ws_port, workdir=mosquitto.workdir, embedded=False
+        )
         mosquitto.process = restarted.process  # the fixture stops this one
         version = int(text("version"))
         wait_until(lambda: text("connection").startswith("connected"), timeout=30, what="the page to reconnect")
@@ -148,8 +152,11 @@ def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_
     fake.settimeout(0.2)
     browser.execute_cdp_cmd("Security.setIgnoreCertificateErrors", {"ignore": True})  # the job's own CA
     t = Topics("dash")
-    device = MqttTransport(BrokerAddress("127.0.0.1", broker.port, "dev-0", setup.passwords["dev-0"],
-                                         tls_ca=str(setup.ca_cert)), "dev-0", [])  # fmt: skip
+    device = MqttTransport(
+        BrokerAddress("127.0.0.1", broker.port, "dev-0", setup.passwords["dev-0"], tls_ca=str(setup.ca_cert)),
+        "dev-0",
+        [],
+    )
     device.wait_connected(10)
     try:
         link = f"?broker=ws://127.0.0.1:{fake.getsockname()[1]}&job=other"
@@ -160,8 +167,11 @@ def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_
         browser.find_element(By.ID, "username").send_keys("op")
         browser.find_element(By.ID, "password").send_keys(setup.passwords["op"])
         browser.find_element(By.ID, "connect").click()
-        wait_until(lambda: "connected" in text("connection") and "as op" in text("connection"), timeout=15,
-                   what="the operator's login")  # fmt: skip
+        wait_until(
+            lambda: "connected" in text("connection") and "as op" in text("connection"),
+            timeout=15,
+            what="the operator's login",
+        )
         assert served in text("connection")  # the served broker, not the link's
         with pytest.raises(TimeoutError):
             fake.accept()
@@ -193,9 +203,24 @@ def test_the_demo_on_a_broker_of_ones_own_links_the_dashboard_to_its_websocket_p
     from broker.launcher import free_port
 
     ws = f"ws://127.0.0.1:{mosquitto.ws_port}"
-    command = [sys.executable, "-m", "edgeps.cli", "demo", "--broker", f"{mosquitto.host}:{mosquitto.port}",
-               "--metrics-port", str(free_port()), "--dashboard-broker", ws, "--rounds", "3", "--devices", "2",
-               "--out", str(tmp_path / "out")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "demo",
+        "--broker",
+        f"{mosquitto.host}:{mosquitto.port}",
+        "--metrics-port",
+        str(free_port()),
+        "--dashboard-broker",
+        ws,
+        "--rounds",
+        "3",
+        "--devices",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     links = [line for line in result.stdout.splitlines() if line.startswith("dashboard: ")]

@@ -37,10 +37,22 @@ def test_c_devices_over_mosquitto_train_as_the_python_ones(mosquitto, tmp_path, 
             data = Dataset.load(shard)
             frame = shard.with_suffix(".epsf")
             frame.write_bytes(encode_data_frame(data.x, data.y))
-            command = [str(edgeps_device), "--broker", f"{address.host}:{address.port}", "--job", "cjob",
-                       "--device", f"dev-{i}", "--data", str(frame), "--seed", str(i)]  # fmt: skip
-            devices.append(subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ,
-                                            "ASAN_OPTIONS": "detect_leaks=1"}))  # fmt: skip
+            command = [
+                str(edgeps_device),
+                "--broker",
+                f"{address.host}:{address.port}",
+                "--job",
+                "cjob",
+                "--device",
+                f"dev-{i}",
+                "--data",
+                str(frame),
+                "--seed",
+                str(i),
+            ]
+            devices.append(
+                subprocess.Popen(command, stderr=subprocess.PIPE, env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"})
+            )
         wait_until(lambda: server.finished, timeout=120, what="the job of C devices to finish")
         for device in devices:
             assert device.wait(timeout=30) == 0, device.stderr.read().decode()  # a sanitizer's finding fails
@@ -77,10 +89,23 @@ def spawn_device(edgeps_device: Path, address: BrokerAddress, job: str, shard: P
     data = Dataset.load(shard)
     frame = shard.with_suffix(".epsf")
     frame.write_bytes(encode_data_frame(data.x, data.y))
-    command = [str(edgeps_device), "--broker", f"{address.host}:{address.port}", "--job", job, "--device", "dev-0",
-               "--data", str(frame), "--seed", "0", *extra]  # fmt: skip
-    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"})  # fmt: skip
+    command = [
+        str(edgeps_device),
+        "--broker",
+        f"{address.host}:{address.port}",
+        "--job",
+        job,
+        "--device",
+        "dev-0",
+        "--data",
+        str(frame),
+        "--seed",
+        "0",
+        *extra,
+    ]
+    return subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env={**os.environ, "ASAN_OPTIONS": "detect_leaks=1"}
+    )
 
 
 @pytest.mark.parametrize("pace", ["bsp", "ssp:2"])
@@ -90,8 +115,16 @@ def test_a_lone_c_device_muted_for_its_rate_reaches_the_jobs_end(mosquitto, tmp_
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path, devices=1, alpha=0.5, seed=0)
     rounds = 6
-    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cmute", pace=pace, rounds=rounds,
-                                        min_devices=1, max_commit_rate=20.0, max_commit_burst=2)  # fmt: skip
+    server, thread, stop = start_server(
+        address,
+        Dataset.load(shards.holdout),
+        job="cmute",
+        pace=pace,
+        rounds=rounds,
+        min_devices=1,
+        max_commit_rate=20.0,
+        max_commit_burst=2,
+    )
     device = spawn_device(edgeps_device, address, "cmute", shards.devices[0], "--resend-s", "0.5")
     try:
         wait_until(lambda: server.finished, timeout=60, what="the job's end")
@@ -118,14 +151,16 @@ def _cases() -> list:
 
 
 @pytest.mark.parametrize(("config", "reason"), _cases())
-def test_a_c_device_that_cannot_take_the_job_says_why_and_exits_non_zero(mosquitto, tmp_path, edgeps_device, config,
-                                                                         reason) -> None:  # fmt: skip
+def test_a_c_device_that_cannot_take_the_job_says_why_and_exits_non_zero(
+    mosquitto, tmp_path, edgeps_device, config, reason
+) -> None:
     from edgeps.report import build_report
 
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path, devices=2, alpha=0.5, seed=0)
-    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cannot", pace="asp", rounds=3,
-                                        min_devices=1, **config)  # fmt: skip
+    server, thread, stop = start_server(
+        address, Dataset.load(shards.holdout), job="cannot", pace="asp", rounds=3, min_devices=1, **config
+    )
     device = spawn_device(edgeps_device, address, "cannot", shards.devices[0])
     try:
         assert device.wait(timeout=60) == 3

@@ -17,8 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def demo(tmp_path: Path, example: str, *flags: str) -> dict:
     out = tmp_path / Path(example).stem
-    command = [sys.executable, "-m", "edgeps.cli", "demo", "--task", str(ROOT / "examples" / example),
-               "--out", str(out), "--json", str(out / "r.json"), *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "demo",
+        "--task",
+        str(ROOT / "examples" / example),
+        "--out",
+        str(out),
+        "--json",
+        str(out / "r.json"),
+        *flags,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "r.json").read_text())
@@ -43,8 +54,10 @@ def test_the_digits_task_is_the_built_in_job(tmp_path) -> None:
     builtin = json.loads((out / "r.json").read_text())
     assert task["metric"] == "accuracy" and task["metrics"][-1]["values"].keys() == {"accuracy", "macro_f1"}
     assert (task["bytes_up"], task["bytes_down"], task["commits"]) == (
-        builtin["bytes_up"], builtin["bytes_down"], builtin["commits"]
-    )  # fmt: skip
+        builtin["bytes_up"],
+        builtin["bytes_down"],
+        builtin["commits"],
+    )
     assert abs(task["best"] - builtin["best"]) < 0.02 and task["best"] > 0.8
 
 
@@ -63,8 +76,9 @@ def test_the_keras_cnn_trains_and_is_saved_as_keras_and_tflite(tmp_path) -> None
     assert (out / "model.tflite").read_bytes()[4:8] == b"TFL3"
     for route in ("numpy", "keras", "tflite"):  # edgeps predict: the whole held-out set as one batch
         for saved, measured in (("model.npz", report["final"]), ("model-best.npz", report["best"])):
-            said = predict(tmp_path, "--model", str(out / saved), "--data", str(out / "data" / "holdout.npz"),
-                           "--route", route)  # fmt: skip
+            said = predict(
+                tmp_path, "--model", str(out / saved), "--data", str(out / "data" / "holdout.npz"), "--route", route
+            )
             assert abs(said["accuracy"] - measured) < 0.001, (route, saved, said, measured)
 
 
@@ -90,8 +104,10 @@ def test_the_sensor_regression_trains_python_and_c_devices_together(tmp_path) ->
     out = tmp_path / "sensor_regression"
     said = predict(tmp_path, "--model", str(out), "--csv", str(readings))
     assert abs(said["mae"] - report["final"]) < 0.001, (said, report["final"])
-    assert abs(predict(tmp_path, "--model", str(out / "model-best.npz"), "--csv", str(readings))["mae"]
-               - report["best"]) < 0.001  # fmt: skip
+    assert (
+        abs(predict(tmp_path, "--model", str(out / "model-best.npz"), "--csv", str(readings))["mae"] - report["best"])
+        < 0.001
+    )
     predictions = (tmp_path / "predicted.csv").read_text().splitlines()
     assert predictions[0] == "prediction" and len(predictions) == len(held) + 1
 
@@ -102,7 +118,7 @@ def test_a_trainer_of_ones_own_runs_as_separate_roles_from_the_task_alone(tmp_pa
     user's, in numpy, under a loss name edgeps does not know."""
     task = tmp_path / "own.py"
     task.write_text(
-        textwrap.dedent('''
+        textwrap.dedent("""
         import numpy as np
         from edgeps import Task, Trainer
 
@@ -133,14 +149,31 @@ def test_a_trainer_of_ones_own_runs_as_separate_roles_from_the_task_alone(tmp_pa
 
         task = Task(model=Softmax(), metrics=("accuracy", "macro_f1"), data=lambda: blobs(0),
                     device_data=lambda device: blobs(int(device[-1]) + 1))
-        ''')
-    )  # fmt: skip
+        """)
+    )
     broker = ["--broker", f"{mosquitto.host}:{mosquitto.port}", "--job", "own"]
     cli = [sys.executable, "-m", "edgeps.cli"]
     report = tmp_path / "report.json"
-    server = subprocess.Popen([*cli, "ps", *broker, "--task", str(task), "--rounds", "20", "--min-devices", "2",
-                               "--report", str(report), "--save-model", str(tmp_path / "own.npz")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    server = subprocess.Popen(
+        [
+            *cli,
+            "ps",
+            *broker,
+            "--task",
+            str(task),
+            "--rounds",
+            "20",
+            "--min-devices",
+            "2",
+            "--report",
+            str(report),
+            "--save-model",
+            str(tmp_path / "own.npz"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     clients = [
         subprocess.Popen(
             [*cli, "client", *broker, "--task", str(task), "--device", f"gw-{i}"],
@@ -176,8 +209,18 @@ def test_a_device_whose_training_diverges_ends_the_demo_with_its_reason(tmp_path
         "rng = np.random.default_rng(0)\nx = rng.normal(0, 30, (400, 6))\n"
         "task = Task(model=ModelSpec(hidden='16'), loss='mse', lr=5.0, data=lambda: (x, 50 * x.sum(axis=1)))\n"
     )
-    command = [sys.executable, "-m", "edgeps.cli", "demo", "--task", str(task), "--out", str(tmp_path / "out"),
-               "--devices", "3"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "demo",
+        "--task",
+        str(task),
+        "--out",
+        str(tmp_path / "out"),
+        "--devices",
+        "3",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 2
     error = [line for line in result.stderr.splitlines() if " ERROR " in line]
@@ -202,8 +245,24 @@ def test_a_keras_mlp_runs_on_c_devices_beside_python_ones(tmp_path) -> None:
         """)
     )
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "edgeps.cli", "demo", "--task", str(task), "--out", str(out), "--json",
-               str(out / "r.json"), "--rounds", "10", "--devices", "4", "--embedded-devices", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "demo",
+        "--task",
+        str(task),
+        "--out",
+        str(out),
+        "--json",
+        str(out / "r.json"),
+        "--rounds",
+        "10",
+        "--devices",
+        "4",
+        "--embedded-devices",
+        "2",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((out / "r.json").read_text())
@@ -252,14 +311,21 @@ def test_a_gateway_whose_own_csv_means_other_things_says_so_and_does_not_train(t
                     data=lambda: load_csv(HERE / "fleet.csv", "label", device_column="gateway"),
                     device_data=lambda device: load_csv(HERE / f"{device}.csv", "label"))  # its own min and max
         """)
-    )  # fmt: skip
+    )
     broker = ["--broker", f"{mosquitto.host}:{mosquitto.port}", "--job", "cols"]
     cli = [sys.executable, "-m", "edgeps.cli"]
-    server = subprocess.Popen([*cli, "ps", *broker, "--task", str(task), "--rounds", "1000"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [*cli, "ps", *broker, "--task", str(task), "--rounds", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        client = subprocess.run([*cli, "client", *broker, "--task", str(task), "--device", "gw-1"],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        client = subprocess.run(
+            [*cli, "client", *broker, "--task", str(task), "--device", "gw-1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         server.kill()
     errors = [line for line in client.stderr.splitlines() if " ERROR " in line]

@@ -81,16 +81,34 @@ def run_mixed_job(mosquitto, tmp_path, pace: str, codec: str, pull: str, rounds:
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=8, alpha=0.5, seed=0)
     job = f"mixed-{len(boards)}"
-    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job=job, pace=pace, rounds=rounds,
-                                        min_devices=8, codec=codec, pull_codec=pull,
-                                        params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
+    server, thread, stop = start_server(
+        address,
+        Dataset.load(shards.holdout),
+        job=job,
+        pace=pace,
+        rounds=rounds,
+        min_devices=8,
+        codec=codec,
+        pull_codec=pull,
+        params=init_mlp([64, 64, 10], seed=0),
+    )
     first = 8 - len(boards)
     images, firmware, pythons, runners = {}, [], [], []
     for i, board in enumerate(boards, start=first):
         data = Dataset.load(shards.devices[i])
         images[i] = tmp_path / f"fw-{i}"
-        built = build_image(images[i], board, job, f"dev-{i}", data.x.astype(np.float32), data.y.astype(np.float32),
-                            [64, 64, 10], codec, pull, seed=i)  # fmt: skip
+        built = build_image(
+            images[i],
+            board,
+            job,
+            f"dev-{i}",
+            data.x.astype(np.float32),
+            data.y.astype(np.float32),
+            [64, 64, 10],
+            codec,
+            pull,
+            seed=i,
+        )
         assert built["ram_bytes"] <= built["ram_part_bytes"] <= 160 * 1024, built
     try:
         for i, folder in images.items():
@@ -135,11 +153,27 @@ def test_a_firmware_device_whose_link_is_cut_for_5_s_resumes_and_loses_no_commit
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
     rounds = 12
-    server, thread, stop = start_server(address, Dataset.load(shards.holdout), job="cut", pace="bsp", rounds=rounds,
-                                        min_devices=2, params=init_mlp([64, 64, 10], seed=0))  # fmt: skip
+    server, thread, stop = start_server(
+        address,
+        Dataset.load(shards.holdout),
+        job="cut",
+        pace="bsp",
+        rounds=rounds,
+        min_devices=2,
+        params=init_mlp([64, 64, 10], seed=0),
+    )
     data = Dataset.load(shards.devices[0])
-    build_image(tmp_path / "fw", "mps2-an386", "cut", "fw-0", data.x.astype(np.float32), data.y.astype(np.float32),
-                [64, 64, 10], seed=1, keep_alive_s=2)  # fmt: skip
+    build_image(
+        tmp_path / "fw",
+        "mps2-an386",
+        "cut",
+        "fw-0",
+        data.x.astype(np.float32),
+        data.y.astype(np.float32),
+        [64, 64, 10],
+        seed=1,
+        keep_alive_s=2,
+    )
     link = CuttableLink(mosquitto.host, mosquitto.port)
     firmware = run_image(tmp_path / "fw", "127.0.0.1", link.port, tmp_path / "fw.log")
     python, runner = start_device("cut", "py-1", Dataset.load(shards.devices[1]), address, seed=1)
@@ -191,9 +225,29 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
     shards = prepare_shards(load_digits(), tmp_path / "data", devices=2, alpha=0.5, seed=0)
     (tmp_path / "dev-1.password").write_text(setup.passwords["dev-1"] + "\n")
     out = tmp_path / "fw"
-    assert main(["firmware", "build", "--device", "dev-1", "--job", "tls-fw", "--data", str(shards.devices[1]),
-                 "--username", "dev-1", "--password-file", str(tmp_path / "dev-1.password"), "--broker",
-                 f"{broker.host}:{broker.port}", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "firmware",
+                "build",
+                "--device",
+                "dev-1",
+                "--job",
+                "tls-fw",
+                "--data",
+                str(shards.devices[1]),
+                "--username",
+                "dev-1",
+                "--password-file",
+                str(tmp_path / "dev-1.password"),
+                "--broker",
+                f"{broker.host}:{broker.port}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     built = json.loads((out / "firmware.json").read_text())
     assert built["arena_bytes"] == DEMO_ARENA and (out / "firmware.bin").stat().st_size > 20_000
     assert built["ram_bytes"] <= 128 * 1024  # arena, the MQTT client's buffers and the stack, as linked
@@ -206,8 +260,12 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
     stop = threading.Event()
     server = threading.Thread(target=serve, args=(core, transport), kwargs={"stop": stop, "linger_s": 0.2}, daemon=True)
     server.start()
-    firmware = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out), "--tls-ca", ca],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    firmware = subprocess.Popen(
+        [sys.executable, "-m", "edgeps.cli", "firmware", "run", str(out), "--tls-ca", ca],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     python, runner = None, None
     try:
         address = BrokerAddress(broker.host, broker.port, "dev-0", setup.passwords["dev-0"], tls_ca=ca)

@@ -25,8 +25,9 @@ def test_two_ingest_workers_share_the_commits_and_train_as_one_server(tmp_path) 
     broker = start_broker(workdir=tmp_path / "broker", embedded=False)
     try:
         plain = BrokerAddress(broker.host, broker.port)
-        shared, workers = run_job(tmp_path / "shared", plain, dict.fromkeys(DEVICES, plain),
-                                  dict.fromkeys(WORKERS, plain), shared=True)  # fmt: skip
+        shared, workers = run_job(
+            tmp_path / "shared", plain, dict.fromkeys(DEVICES, plain), dict.fromkeys(WORKERS, plain), shared=True
+        )
     finally:
         broker.stop()
     assert shared.store.version == ROUNDS and shared.traffic.applied == ROUNDS * len(DEVICES)
@@ -44,8 +45,21 @@ def test_a_sigkilled_worker_loses_and_repeats_no_commit(tmp_path) -> None:
     keeps what it was given in its session (it does not hand them to the live worker) and delivers them
     again to the new process. Every commit is applied once and the job ends."""
     broker = start_broker(workdir=tmp_path / "broker", embedded=False)
-    command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", WORKERS[0], "--shared",
-               "--devices", ",".join(DEVICES), "--broker", f"{broker.host}:{broker.port}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "aggregator",
+        "--job",
+        JOB,
+        "--site",
+        WORKERS[0],
+        "--shared",
+        "--devices",
+        ",".join(DEVICES),
+        "--broker",
+        f"{broker.host}:{broker.port}",
+    ]
     logs = tmp_path / "worker.log"
     processes = [subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT)]
     kills = []
@@ -58,8 +72,11 @@ def test_a_sigkilled_worker_loses_and_repeats_no_commit(tmp_path) -> None:
             processes[-1].send_signal(signal.SIGSTOP)
             # the broker hands about every other commit to the stopped worker: within a round or two one of
             # them holds a round up, every device having committed on the version
-            wait_until(lambda: core.finished or all(d.committed_on == core.store.version for d in devices.values()),
-                       timeout=30, what="a round held up")  # fmt: skip
+            wait_until(
+                lambda: core.finished or all(d.committed_on == core.store.version for d in devices.values()),
+                timeout=30,
+                what="a round held up",
+            )
             processes[-1].kill()
             processes[-1].wait(timeout=10)
             processes.append(subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT))
@@ -69,8 +86,15 @@ def test_a_sigkilled_worker_loses_and_repeats_no_commit(tmp_path) -> None:
 
     try:
         plain = BrokerAddress(broker.host, broker.port)
-        shared, live = run_job(tmp_path / "killed", plain, dict.fromkeys(DEVICES, plain), {WORKERS[1]: plain},
-                            during=kill_and_restart, sites=dict.fromkeys(WORKERS, DEVICES), shared=True)  # fmt: skip
+        shared, live = run_job(
+            tmp_path / "killed",
+            plain,
+            dict.fromkeys(DEVICES, plain),
+            {WORKERS[1]: plain},
+            during=kill_and_restart,
+            sites=dict.fromkeys(WORKERS, DEVICES),
+            shared=True,
+        )
     finally:
         for process in processes:  # one left stopped by a failed wait takes SIGTERM after SIGCONT
             process.send_signal(signal.SIGCONT)

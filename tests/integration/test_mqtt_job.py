@@ -50,8 +50,9 @@ def start_server(
     return core, thread, stop
 
 
-def start_device(job: str, name: str, data: Dataset, address: BrokerAddress, seed: int = 0,
-                 **run: object) -> tuple[DeviceCore, threading.Thread]:  # fmt: skip
+def start_device(
+    job: str, name: str, data: Dataset, address: BrokerAddress, seed: int = 0, **run: object
+) -> tuple[DeviceCore, threading.Thread]:
     """A numpy DeviceCore ``name`` of ``job`` on ``data``, run over MQTT in a thread (``run``: run_device's)."""
     device = DeviceCore(job, name, data, NumpyTrainer(), seed=seed)
     runner = threading.Thread(
@@ -136,7 +137,7 @@ def test_bad_frames_from_a_raw_client_are_rejected_and_the_model_is_unchanged(mo
         ("future_version", commit_bytes(server, "evil", 5, base=7)),
         ("replayed", commit_bytes(server, "evil", 5)),
         ("out_of_order", commit_bytes(server, "evil", 2)),
-    ]  # fmt: skip
+    ]
     for _, payload in bad:
         raw.publish(Publish(t.grad("evil"), payload))
     expected = [reason for reason, _ in bad]
@@ -219,9 +220,13 @@ def test_real_bench_measures_paces_over_mosquitto(tmp_path) -> None:
 
     scenario = Scenario(devices=3, slow_fraction=1 / 3, step_s=0.002, duration_s=2.0, hidden=(16,), target=0.5)
     report = run_bench_pace(
-        scenario, ["bsp", "acbsp"], real=True, json_path=str(tmp_path / "r.json"), plot_path=tmp_path / "r.png",
+        scenario,
+        ["bsp", "acbsp"],
+        real=True,
+        json_path=str(tmp_path / "r.json"),
+        plot_path=tmp_path / "r.png",
         out=tmp_path / "run",
-    )  # fmt: skip
+    )
     runs = {r["pace"]: r for r in report["runs"]}
     assert set(runs) == {"bsp", "acbsp"}
     for run in runs.values():
@@ -382,11 +387,29 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     checkpoint, report = tmp_path / "ps.ckpt", tmp_path / "metrics.json"
     rounds = 60
     command = [
-        sys.executable, "-m", "edgeps.cli", "ps", "--broker", f"{address.host}:{address.port}", "--job", "ck",
-        "--rounds", str(rounds), "--min-devices", "3", "--eval-data", str(shards.holdout),
-        "--checkpoint", str(checkpoint), "--report", str(report), "--round-deadline", "20",
-        "--save-model", str(tmp_path / "model.npz"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "ps",
+        "--broker",
+        f"{address.host}:{address.port}",
+        "--job",
+        "ck",
+        "--rounds",
+        str(rounds),
+        "--min-devices",
+        "3",
+        "--eval-data",
+        str(shards.holdout),
+        "--checkpoint",
+        str(checkpoint),
+        "--report",
+        str(report),
+        "--round-deadline",
+        "20",
+        "--save-model",
+        str(tmp_path / "model.npz"),
+    ]
     watcher = MqttTransport(address, "watcher", ["edgeps/ck/metrics"], persistent=False)
     watcher.wait_connected(10)
     latest = {"version": -1}
@@ -525,8 +548,15 @@ def test_commands_over_mqtt5_carry_their_reply_address_as_properties(mosquitto) 
     operator = MqttTransport(address, "op5", [reply_topic], persistent=False, mqtt5=True)
     try:
         operator.wait_connected(10)
-        operator.publish(Publish(server.topics.cmd, Command(cmd="status").to_bytes(), qos=1,
-                                 response_topic=reply_topic, correlation=b"abc-1"))  # fmt: skip
+        operator.publish(
+            Publish(
+                server.topics.cmd,
+                Command(cmd="status").to_bytes(),
+                qos=1,
+                response_topic=reply_topic,
+                correlation=b"abc-1",
+            )
+        )
         answer = next_message(operator)
         assert answer.correlation == b"abc-1"  # the MQTT 5 property, echoed
         reply = Reply.from_bytes(answer.payload)
@@ -548,9 +578,15 @@ def test_a_lone_device_muted_for_its_rate_resends_the_commit_the_broker_dropped(
     shards = prepare_shards(load_digits(), tmp_path, devices=1, alpha=0.5, seed=0)
     rounds = 6
     server, thread, stop = start_server(
-        address, Dataset.load(shards.holdout), job="mute", pace=pace, rounds=rounds, min_devices=1,
-        max_commit_rate=20.0, max_commit_burst=2,
-    )  # fmt: skip
+        address,
+        Dataset.load(shards.holdout),
+        job="mute",
+        pace=pace,
+        rounds=rounds,
+        min_devices=1,
+        max_commit_rate=20.0,
+        max_commit_burst=2,
+    )
     device, runner = start_device("mute", "dev-0", Dataset.load(shards.devices[0]), address, resend_s=0.5)
     try:
         wait_until(lambda: server.finished, timeout=60, what="the job's end")

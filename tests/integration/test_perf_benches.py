@@ -20,12 +20,15 @@ pytestmark = [
 def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
     from edgeps.bench.capacity import bench_capacity
 
-    report = bench_capacity(devices=10, seconds=2.0, count=2000, generators=1, checkpoint=True, say=lambda *a: None,
-                            workers=(2,))  # fmt: skip
+    report = bench_capacity(
+        devices=10, seconds=2.0, count=2000, generators=1, checkpoint=True, say=lambda *a: None, workers=(2,)
+    )
     assert report["payload_bytes"] > 19_000  # the demo model's fp32 commit
     assert report["broker_rate"] > 0 and report["broker_rate_mosquitto_pub"] > 0
-    for rate, ratio, server in (("apply_rate", "ratio", "server"),
-                                ("apply_rate_checkpoint", "ratio_checkpoint", "server_checkpoint")):  # fmt: skip
+    for rate, ratio, server in (
+        ("apply_rate", "ratio", "server"),
+        ("apply_rate_checkpoint", "ratio_checkpoint", "server_checkpoint"),
+    ):
         assert 0 < report[rate] <= report[server]["offered_rate"] * 1.5  # the server applied the load's commits
         assert report[rate] >= 0.9 * report[server]["receive_rate"]  # valid commits, none refused (rate limits)
         assert report[ratio] == pytest.approx(report[rate] / report["broker_rate"], abs=1e-3)
@@ -36,8 +39,20 @@ def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
 
 def test_the_cli_writes_the_json_keys_the_issue_names(tmp_path) -> None:
     out = tmp_path / "cap.json"
-    command = [sys.executable, "-m", "edgeps.cli", "bench", "load", "--capacity", "--devices", "8", "--seconds", "2",
-               "--json", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "bench",
+        "load",
+        "--capacity",
+        "--devices",
+        "8",
+        "--seconds",
+        "2",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())

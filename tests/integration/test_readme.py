@@ -58,8 +58,9 @@ def test_the_readme_parts_run_as_written_and_the_dashboard_shows_the_job(tmp_pat
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started: list[subprocess.Popen[str]] = []
     try:
-        broker = subprocess.Popen(broker_cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env=env)  # fmt: skip
+        broker = subprocess.Popen(
+            broker_cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         started.append(broker)
         assert broker.stdout is not None
         announced = ""
@@ -69,16 +70,22 @@ def test_the_readme_parts_run_as_written_and_the_dashboard_shows_the_job(tmp_pat
         subprocess.run(command(lines[1]), cwd=tmp_path, check=True, capture_output=True, timeout=120)
         ps_log = (tmp_path / "ps.log").open("w")
         moved = ["--dashboard-broker", f"ws://127.0.0.1:{ws}"]  # the listener is not on 9001 here: say where
-        server = subprocess.Popen([*command(lines[2]), *moved], cwd=tmp_path, stdout=ps_log, stderr=subprocess.STDOUT,
-                                  env=env)  # fmt: skip
+        server = subprocess.Popen(
+            [*command(lines[2]), *moved], cwd=tmp_path, stdout=ps_log, stderr=subprocess.STDOUT, env=env
+        )
         started.append(server)  # type: ignore[arg-type]
         wait_until(lambda: "the dashboard on " in (tmp_path / "ps.log").read_text(), timeout=30, what="its URL")
         url = re.search(r"the dashboard on (\S+)", (tmp_path / "ps.log").read_text()).group(1)
         assert "job=j1" in url and f"%3A{ws}" in url
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
-        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1200,820"):  # fmt: skip
+        for flag in (
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1200,820",
+        ):
             options.add_argument(flag)
         browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
         try:
@@ -87,11 +94,15 @@ def test_the_readme_parts_run_as_written_and_the_dashboard_shows_the_job(tmp_pat
             browser.get(url)
             text = lambda element_id: browser.find_element(By.ID, element_id).text  # noqa: E731
             wait_until(lambda: text("connection").startswith("connected"), timeout=20, what="the page's connection")
-            device = subprocess.Popen(command(lines[3]), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+            device = subprocess.Popen(
+                command(lines[3]), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+            )
             started.append(device)  # type: ignore[arg-type]
-            wait_until(lambda: text("version") not in ("", "–") and int(text("version")) >= 5, timeout=60,
-                       what="the job's versions on the page")  # fmt: skip
+            wait_until(
+                lambda: text("version") not in ("", "–") and int(text("version")) >= 5,
+                timeout=60,
+                what="the job's versions on the page",
+            )
             assert text("job") == "j1" and "dev-00" in text("devices") and float(text("accuracy")) > 0.1
             if os.environ.get("EDGEPS_README_SCREENSHOT"):
                 browser.save_screenshot(os.environ["EDGEPS_README_SCREENSHOT"])

@@ -31,8 +31,15 @@ SITES = {"a": DEVICES[:2], "b": DEVICES[2:]}
 def bridged_brokers(root: Path, aggregators: bool):
     """The setup, the core broker and one broker per site, bridged (each bridge up); stopped after."""
     core_port = free_port()
-    setup = init_secure_broker(root / "setup", JOB, devices=[], operators=["op"], sites=SITES,
-                               core_address=f"127.0.0.1:{core_port}", aggregators=aggregators)  # fmt: skip
+    setup = init_secure_broker(
+        root / "setup",
+        JOB,
+        devices=[],
+        operators=["op"],
+        sites=SITES,
+        core_address=f"127.0.0.1:{core_port}",
+        aggregators=aggregators,
+    )
     brokers = [start_broker(port=core_port, workdir=root / "core", embedded=False, template=setup.config)]
     try:
         for site in SITES:
@@ -108,8 +115,10 @@ def test_site_aggregators_cut_the_upstream_bytes_by_their_fan_in(aggregated, tmp
     assert abs(best(summed) - best(direct)) <= 0.01, (best(summed), best(direct))
     fan_in = len(DEVICES) / len(SITES)
     ratio = summed.traffic.bytes_up / direct.traffic.bytes_up
-    print(f"upstream bytes at the core: {summed.traffic.bytes_up} with aggregators, {direct.traffic.bytes_up} "
-          f"on one broker: {ratio:.3f}x (fan-in {fan_in:g})")  # fmt: skip
+    print(
+        f"upstream bytes at the core: {summed.traffic.bytes_up} with aggregators, {direct.traffic.bytes_up} "
+        f"on one broker: {ratio:.3f}x (fan-in {fan_in:g})"
+    )
     assert ratio <= (ROUNDS + 2) / ROUNDS * 1.05 / fan_in, ratio  # 5%: the site commit's header
 
 
@@ -122,10 +131,26 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
     setup, core_broker, sites = aggregated
     broker = sites["a"]
     account = aggregator_account("a")
-    command = [sys.executable, "-m", "edgeps.cli", "aggregator", "--job", JOB, "--site", "a",
-               "--devices", ",".join(SITES["a"]), "--broker", f"{broker.host}:{broker.port}", "--username", account,
-               "--password-file", str(setup.credentials_dir / f"{account}.password"),
-               "--tls-ca", str(setup.ca_cert)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "aggregator",
+        "--job",
+        JOB,
+        "--site",
+        "a",
+        "--devices",
+        ",".join(SITES["a"]),
+        "--broker",
+        f"{broker.host}:{broker.port}",
+        "--username",
+        account,
+        "--password-file",
+        str(setup.credentials_dir / f"{account}.password"),
+        "--tls-ca",
+        str(setup.ca_cert),
+    ]
     logs = tmp_path / "aggregator.log"
     processes = [subprocess.Popen(command, stdout=logs.open("ab"), stderr=subprocess.STDOUT)]
     kills = []
@@ -137,8 +162,11 @@ def test_a_sigkilled_aggregator_loses_and_repeats_no_commit(aggregated, tmp_path
             # the site's devices commit on this version: the broker sends their commits to a process that
             # will never acknowledge them
             version = core.store.version
-            wait_until(lambda v=version: all(devices[d].committed_on == v for d in SITES["a"]), timeout=30,
-                       what="site a's devices to commit")  # fmt: skip
+            wait_until(
+                lambda v=version: all(devices[d].committed_on == v for d in SITES["a"]),
+                timeout=30,
+                what="site a's devices to commit",
+            )
             processes[-1].kill()  # SIGKILL
             processes[-1].wait(timeout=10)
             kills.append(core.store.version)
@@ -197,8 +225,9 @@ def test_the_core_acl_names_each_sites_devices_for_its_bridge() -> None:
 def one_site(tmp_path: Path) -> tuple[SecureSetup, BrokerProcess, BrokerProcess]:
     """A core broker and one site's (site a, device dev-0), bridged: (setup, core, site)."""
     core_port = free_port()
-    setup = init_secure_broker(tmp_path / "setup", JOB, devices=[], sites={"a": ["dev-0"]},
-                               core_address=f"127.0.0.1:{core_port}")  # fmt: skip
+    setup = init_secure_broker(
+        tmp_path / "setup", JOB, devices=[], sites={"a": ["dev-0"]}, core_address=f"127.0.0.1:{core_port}"
+    )
     core = start_broker(port=core_port, workdir=tmp_path / "core", embedded=False, template=setup.config)
     return setup, core, start_broker(workdir=tmp_path / "a", embedded=False, template=setup.site_config("a"))
 

@@ -74,8 +74,17 @@ def test_watching_a_finished_job_says_so_and_ends(mosquitto, caplog) -> None:
     address = BrokerAddress(mosquitto.host, mosquitto.port)
     publisher = MqttTransport(address, "old-server", [], persistent=False)
     publisher.wait_connected(10)
-    barrier = Barrier(run=7, round=42, version=42, pace="bsp", state="finished", waiting_for=[], committed=[],
-                      left=[], slowest_clock=0)  # fmt: skip
+    barrier = Barrier(
+        run=7,
+        round=42,
+        version=42,
+        pace="bsp",
+        state="finished",
+        waiting_for=[],
+        committed=[],
+        left=[],
+        slowest_clock=0,
+    )
     publisher.publish(Publish(Topics("done").barrier, barrier.to_bytes(), qos=1, retain=True))
     publisher.close()
     assert list(watch(address, "done", note_s=0.2)) == []
@@ -90,8 +99,13 @@ def test_ctrl_c_on_the_demo_is_one_line_and_leaves_no_process(tmp_path, signum) 
     import time
 
     out = tmp_path / "demo"
-    demo = subprocess.Popen([sys.executable, "-m", "edgeps.cli", "demo", "--rounds", "100000", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "edgeps.cli", "demo", "--rounds", "100000", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     wait_until(lambda: (out / "logs" / "demo-dev-07.log").exists(), timeout=60, what="the demo's devices")
     time.sleep(1.0)  # let them connect and train: Ctrl-C in the middle of the job
     demo.send_signal(getattr(signal, signum))  # Ctrl-C, or kill -TERM
@@ -123,9 +137,17 @@ def test_every_role_exits_within_two_seconds_of_sigterm(mosquitto, tmp_path) -> 
         "ps": [*cli, "ps", *broker, "--rounds", "100000", "--min-devices", "1"],
         "client": [*cli, "client", *broker, "--device", "dev-00", "--data", str(shard)],
         "watch": [*cli, "ctl", *broker, "watch"],
-        "broker": [*cli, "broker", "--port", str(free_port()), "--ws-port", str(free_port()),
-                   "--data-dir", str(tmp_path / "own-broker")],
-    }  # fmt: skip
+        "broker": [
+            *cli,
+            "broker",
+            "--port",
+            str(free_port()),
+            "--ws-port",
+            str(free_port()),
+            "--data-dir",
+            str(tmp_path / "own-broker"),
+        ],
+    }
     processes = {}
     try:
         for name, command in commands.items():
@@ -183,8 +205,24 @@ def test_finished_jobs_leave_no_sessions_and_the_brokers_disk_stays_bounded(tmp_
     try:
         for job in ("j1", "j2", "j3"):
             where = f"{broker.host}:{broker.port}"
-            command = [sys.executable, "-m", "edgeps.cli", "demo", "--broker", where, "--job", job, "--rounds", "20",
-                       "--devices", "3", "--pace", "asp", "--out", str(tmp_path / job)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "edgeps.cli",
+                "demo",
+                "--broker",
+                where,
+                "--job",
+                job,
+                "--rounds",
+                "20",
+                "--devices",
+                "3",
+                "--pace",
+                "asp",
+                "--out",
+                str(tmp_path / job),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, timeout=180)
             assert done.returncode == 0, done.stderr[-3000:]
             for client in (f"edgeps-ps-{job}", *(f"edgeps-dev-{job}-dev-{i:02d}" for i in range(3))):

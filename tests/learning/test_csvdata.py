@@ -82,8 +82,20 @@ def test_every_bad_input_is_one_line_naming_file_line_and_column(tmp_path, text,
 def test_edgeps_data_reads_a_csv_and_refuses_a_bad_one_in_one_line(tmp_path) -> None:
     rows = "gateway,temp,hum,label\n" + "".join(f"gw-{i % 2},{20 + i % 7},{40 + i % 5},{i % 3}\n" for i in range(40))
     good = write(tmp_path, rows)
-    run = [sys.executable, "-m", "edgeps.cli", "data", "--csv", str(good), "--label", "label",
-           "--device-column", "gateway", "--out", str(tmp_path / "out")]  # fmt: skip
+    run = [
+        sys.executable,
+        "-m",
+        "edgeps.cli",
+        "data",
+        "--csv",
+        str(good),
+        "--label",
+        "label",
+        "--device-column",
+        "gateway",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
@@ -109,8 +121,11 @@ def test_a_gateways_own_file_read_with_the_fleets_scaling_means_what_the_fleets_
     alone = load_csv(write(tmp_path, mine, "alone.csv"), "label", features=["temp", "humidity"])  # its own min and max
     assert alone.fingerprint != fleet.fingerprint
     # A gateway that saw two of the activities: its names are numbered as the fleet's, not 0 and 1.
-    seen = load_csv(write(tmp_path, "label,humidity,temp\nwalk,42,22\nrun,58,29\n", "two.csv"), "label",
-                    scaling=tmp_path / "columns.json")  # fmt: skip
+    seen = load_csv(
+        write(tmp_path, "label,humidity,temp\nwalk,42,22\nrun,58,29\n", "two.csv"),
+        "label",
+        scaling=tmp_path / "columns.json",
+    )
     assert seen.data.y.tolist() == [2, 1] and seen.fingerprint == fleet.fingerprint
     unnumbered = load_csv(
         write(tmp_path, "label,humidity,temp\nwalk,42,22\nrun,58,29\n", "own.csv"), "label", scaling=fleet.scaling

@@ -11,8 +11,11 @@ def conv1d(length: int = 6, kernel: int = 3, channels: int = 2, filters: int = 4
     """A Conv1D model on (length, channels) windows: its kernel, max pooling over ``pool`` positions,
     then a dense head."""
     rng = np.random.default_rng(seed)
-    return {"tconv0.w": rng.normal(0, 0.5, (kernel, channels, filters)), "tconv0.b": rng.normal(0, 0.1, filters),
-            **init_mlp([(length - kernel + 1) // pool * filters, 5, 3], seed=seed)}  # fmt: skip
+    return {
+        "tconv0.w": rng.normal(0, 0.5, (kernel, channels, filters)),
+        "tconv0.b": rng.normal(0, 0.1, filters),
+        **init_mlp([(length - kernel + 1) // pool * filters, 5, 3], seed=seed),
+    }
 
 
 @pytest.mark.parametrize("model", ["mlp", "conv1d", "conv1d pooled"])

@@ -23,20 +23,34 @@ def rounds(draw):
     updates = []
     for d in range(devices):
         for c in range(draw(st.integers(1, 3))):  # a device may bring several commits
-            delta = {name: draw(st.lists(st.floats(-5, 5, width=32), min_size=int(np.prod(shape)),
-                                         max_size=int(np.prod(shape))))
-                     for name, shape in SHAPES.items()}  # fmt: skip
-            updates.append(Update(f"d{d}", c + 1, draw(st.integers(max(0, version - 4), version)),
-                                  draw(st.integers(1, 64)), draw(st.integers(1, 30)),
-                                  {n: np.float32(v).reshape(SHAPES[n]) for n, v in delta.items()}))  # fmt: skip
+            delta = {
+                name: draw(
+                    st.lists(st.floats(-5, 5, width=32), min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))
+                )
+                for name, shape in SHAPES.items()
+            }
+            updates.append(
+                Update(
+                    f"d{d}",
+                    c + 1,
+                    draw(st.integers(max(0, version - 4), version)),
+                    draw(st.integers(1, 64)),
+                    draw(st.integers(1, 30)),
+                    {n: np.float32(v).reshape(SHAPES[n]) for n, v in delta.items()},
+                )
+            )
     sizes = {f"d{d}": draw(st.integers(1, 500)) for d in range(devices) if draw(st.booleans())}  # some unknown
     sites = [draw(st.integers(0, 2)) for _ in range(devices)]
     return updates, version, sizes, sites
 
 
 @settings(max_examples=300, deadline=None)
-@given(case=rounds(), mixing=st.sampled_from([1.0, 0.5]), cap=st.sampled_from([1.0, 3.0]),
-       kept=st.sampled_from([1.0, 0.65]))  # fmt: skip
+@given(
+    case=rounds(),
+    mixing=st.sampled_from([1.0, 0.5]),
+    cap=st.sampled_from([1.0, 3.0]),
+    kept=st.sampled_from([1.0, 0.65]),
+)
 def test_sites_partial_sums_combine_to_the_direct_aggregate(case, mixing, cap, kept) -> None:
     updates, version, sizes, sites = case
     direct = aggregate(updates, version, sizes, mixing, cap, kept)
@@ -55,9 +69,18 @@ def site_update(site: str, updates: list[Update], version: int, sizes: dict[str,
     """What the server holds of ``updates`` summed by site ``site``'s aggregator at ``version``."""
     norms = per_device(updates, version)
     weight = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in norms}
-    entries = tuple(SiteEntry(device=u.device, seq=u.seq, base_version=u.base_version, samples=u.samples,
-                              steps=u.steps, weight=weight[u.device], norm=norms[u.device][0])
-                    for u in {u.device: u for u in updates}.values())  # fmt: skip
+    entries = tuple(
+        SiteEntry(
+            device=u.device,
+            seq=u.seq,
+            base_version=u.base_version,
+            samples=u.samples,
+            steps=u.steps,
+            weight=weight[u.device],
+            norm=norms[u.device][0],
+        )
+        for u in {u.device: u for u in updates}.values()
+    )
     return SiteUpdate(site, 1, version, entries, partial(updates, version, sizes))
 
 
@@ -68,8 +91,11 @@ def test_the_server_aggregates_site_commits_beside_direct_commits_as_every_commi
     updates, version, sizes, sites = case
     direct = aggregate(updates, version, sizes, 0.5, cap)
     own = [u for u in updates if sites[int(u.device[1:])] == 0]
-    summed = [site_update(f"s{k}", [u for u in updates if sites[int(u.device[1:])] == k], version, sizes)
-              for k in (1, 2) if any(sites[int(u.device[1:])] == k for u in updates)]  # fmt: skip
+    summed = [
+        site_update(f"s{k}", [u for u in updates if sites[int(u.device[1:])] == k], version, sizes)
+        for k in (1, 2)
+        if any(sites[int(u.device[1:])] == k for u in updates)
+    ]
     mixed = aggregate_all([*own, *summed], version, sizes, 0.5, cap)
     assert mixed.step == pytest.approx(direct.step, rel=1e-4)
     scale = max(1.0, max(float(np.abs(v).max()) for v in direct.delta.values()))

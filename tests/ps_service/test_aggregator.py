@@ -209,8 +209,11 @@ def test_a_site_speaks_only_for_the_devices_the_deployment_gave_it() -> None:
     for device in ("a", "b", "d"):  # s2 speaks first, for s's devices and the direct one
         other.on_message(server.topics.grad(device), commit_bytes(server, device, 1 << 50), 1.0)
     by_device = {n.device: n.reason for n in notices(deliver(server, other.flush(2.0), 1.0))}
-    assert by_device == {"a": RejectReason.DEVICE_MISMATCH, "b": RejectReason.DEVICE_MISMATCH,
-                         "d": RejectReason.DEVICE_MISMATCH}  # fmt: skip
+    assert by_device == {
+        "a": RejectReason.DEVICE_MISMATCH,
+        "b": RejectReason.DEVICE_MISMATCH,
+        "d": RejectReason.DEVICE_MISMATCH,
+    }
     assert server.registry.record("d").highest_seq == 0  # d's own numbers are untouched
     for device in ("a", "b"):  # s's own site commit is taken, first or not
         ours.on_message(server.topics.grad(device), commit_bytes(server, device, 1), 1.0)

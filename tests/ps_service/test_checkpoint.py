@@ -61,8 +61,11 @@ def _same_state(restored, original) -> bool:
     import json
 
     def plain(state):
-        return json.dumps(state, default=lambda value: np.asarray(value).tolist() if hasattr(value, "shape") else
-                          list(value), sort_keys=True)  # fmt: skip
+        return json.dumps(
+            state,
+            default=lambda value: np.asarray(value).tolist() if hasattr(value, "shape") else list(value),
+            sort_keys=True,
+        )
 
     return plain(restored.to_state(200.0)) == plain(original.to_state(102.0))
 
@@ -81,8 +84,9 @@ def test_every_timed_state_survives_a_restore_onto_a_new_clock(tmp_path) -> None
     restore(restored, tmp_path / "c", now=5000.0, key=KEY)
     notices = []
     for i in range(36):  # 36 refusals over 3.6 s: three or four notices, one a second
-        out = restored.on_message(restored.topics.grad("f"), commit_bytes(restored, "f", 3 + i, base=0),
-                                  5000.0 + 0.1 * i)  # fmt: skip
+        out = restored.on_message(
+            restored.topics.grad("f"), commit_bytes(restored, "f", 3 + i, base=0), 5000.0 + 0.1 * i
+        )
         notices += [Notice.from_bytes(p.payload) for p in out if p.topic == restored.topics.notice("f")]
     assert 3 <= len(notices) <= 4 and all(n.reason.value == "rate_limited" for n in notices)
 
@@ -124,10 +128,22 @@ def test_a_crafted_file_runs_no_code_when_the_server_starts(tmp_path) -> None:
         path.write_bytes(blob)
         key = tmp_path / "ps.ckpt.key"
         result = subprocess.run(
-            [sys.executable, "-m", "edgeps.cli", "ps", "--broker", "127.0.0.1:1", "--checkpoint", str(path),
-             "--checkpoint-key", str(key)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "edgeps.cli",
+                "ps",
+                "--broker",
+                "127.0.0.1:1",
+                "--checkpoint",
+                str(path),
+                "--checkpoint-key",
+                str(key),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode != 0 and not marker.exists()
         assert "checkpoint" in result.stderr
 

@@ -69,8 +69,12 @@ def test_no_commit_makes_the_aggregator_fail_and_every_site_commit_is_valid() ->
     aggregator = site_of(server, devices=("a",))
     aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", 2**60), 1.0, token="big seq")
     aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1, scale=1e30), 1.0, token="bomb")
-    aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", 2, samples=MAX_U32, steps=MAX_U32,
-                                                                 scale=3e38), 1.0, token="max")  # fmt: skip
+    aggregator.on_message(
+        server.topics.grad("a"),
+        commit_bytes(server, "a", 2, samples=MAX_U32, steps=MAX_U32, scale=3e38),
+        1.0,
+        token="max",
+    )
     up = aggregator.flush(1.0) + aggregator.flush(3.0)
     assert sorted(aggregator.settled(), key=str) == ["big seq", "bomb", "max"]
     before = server.store.norm()
@@ -117,8 +121,13 @@ def test_a_device_claiming_four_billion_samples_at_a_two_device_site_counts_as_t
     weights = {e.device: e.weight for e in header.commits}
     cap = Barrier.from_bytes(server.barrier(1.0, force=True)[0].payload).max_weight
     assert cap == 100 and weights == {"a": 100, "b": 100}  # the fleet's lower median, not its claim
-    forged = header.model_copy(update={"commits": [e.model_copy(update={"weight": float(MAX_U32)})
-                                                   if e.device == "b" else e for e in header.commits]})  # fmt: skip
+    forged = header.model_copy(
+        update={
+            "commits": [
+                e.model_copy(update={"weight": float(MAX_U32)}) if e.device == "b" else e for e in header.commits
+            ]
+        }
+    )
     assert forged.commits[1].weight > cap  # a lying aggregator's weight is scaled back at the server (versions)
 
 
@@ -137,8 +146,10 @@ def test_a_compromised_aggregator_gets_no_more_than_its_devices_would() -> None:
         entries = [e.model_copy(update=changes.get(e.device, {})) for e in header.commits]
         spread = sum(e.weight * e.norm**2 for e in entries)
         data = sum(e.weight for e in entries)
-        return encode_site_commit(header.model_copy(update={"commits": entries, "spread": spread, "data": data}),
-                                  {n: v * changes.get("_scale", 1.0) for n, v in tensors.items()})  # fmt: skip
+        return encode_site_commit(
+            header.model_copy(update={"commits": entries, "spread": spread, "data": data}),
+            {n: v * changes.get("_scale", 1.0) for n, v in tensors.items()},
+        )
 
     # understated norms (a longer sum than its entries state): refused whole
     small = {d: {"norm": 1e-9} for d in "abcd"}

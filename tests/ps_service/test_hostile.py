@@ -257,8 +257,10 @@ def test_options_and_commands_take_ascii_digits_only() -> None:
 
     server = small_server(pace="bsp")
     server.start(0.0)
-    for command in (b'{"cmd": "set_pace", "pace": "ssp:\\u0663", "reply_to": "edgeps/t/reply/op"}',
-                    b'{"cmd": "set_codec", "codec": "qsgd:\\u0663", "reply_to": "edgeps/t/reply/op"}'):  # fmt: skip
+    for command in (
+        b'{"cmd": "set_pace", "pace": "ssp:\\u0663", "reply_to": "edgeps/t/reply/op"}',
+        b'{"cmd": "set_codec", "codec": "qsgd:\\u0663", "reply_to": "edgeps/t/reply/op"}',
+    ):
         [reply] = [Reply.from_bytes(p.payload) for p in server.on_message(server.topics.cmd, command, 1.0)]
         assert not reply.ok and "ASCII" in reply.detail
     assert server.pace.name == "bsp" and server.codec == "fp32"

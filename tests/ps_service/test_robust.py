@@ -18,8 +18,10 @@ from tests.helpers import commit_bytes, hello, small_server
 def updates(norms: dict[str, float], steps: int = 2, base: int = 0) -> list[Update]:
     """One commit a device, based on ``base``, whose per-step update has the given norm (every value equal)."""
     size = 4
-    return [Update(d, 1, base, 10, steps, {"w": np.full(size, n * steps / math.sqrt(size), np.float32)})
-            for d, n in norms.items()]  # fmt: skip
+    return [
+        Update(d, 1, base, 10, steps, {"w": np.full(size, n * steps / math.sqrt(size), np.float32)})
+        for d, n in norms.items()
+    ]
 
 
 def test_a_device_far_above_the_fleet_is_clipped_to_twice_its_median_not_refused() -> None:

@@ -128,8 +128,9 @@ def test_fp16_encodes_every_float32_as_numpys_clipped_cast_does() -> None:
     payloads) gives the bytes of numpy's cast of the clipped value."""
     rng = np.random.default_rng(7)
     patterns = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    edges = np.array([65504, 65505, 65519.99, 65520, 2.0**-24, 2.0**-25, 2.0**-14, 6.0975e-5, 1e-45, np.inf],
-                     np.float32)  # fmt: skip
+    edges = np.array(
+        [65504, 65505, 65519.99, 65520, 2.0**-24, 2.0**-25, 2.0**-14, 6.0975e-5, 1e-45, np.inf], np.float32
+    )
     x = np.concatenate([patterns, edges, -edges, rng.normal(0, 1e-6, 10_000).astype(np.float32)])
     fp16 = make_codec("fp16")
     compiled = fp16.encode(x)

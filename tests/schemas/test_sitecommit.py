@@ -19,10 +19,18 @@ TENSORS = {"w": np.arange(6, dtype=np.float32).reshape(3, 2), "b": np.array([0.5
 
 
 def header(**fields) -> SiteCommit:
-    values = {"site": "a", "seq": 3, "version": 7, "data": 120.0, "spread": 2.5,
-              "commits": [SiteEntry(device="d1", seq=4, base_version=6, samples=60, steps=5, weight=60, norm=0.5),
-                          SiteEntry(device="d2", seq=9, base_version=7, samples=60, steps=3, weight=60,
-                                    norm=0.25)], **fields}  # fmt: skip
+    values = {
+        "site": "a",
+        "seq": 3,
+        "version": 7,
+        "data": 120.0,
+        "spread": 2.5,
+        "commits": [
+            SiteEntry(device="d1", seq=4, base_version=6, samples=60, steps=5, weight=60, norm=0.5),
+            SiteEntry(device="d2", seq=9, base_version=7, samples=60, steps=3, weight=60, norm=0.25),
+        ],
+        **fields,
+    }
     return SiteCommit(**values)
 
 

@@ -33,15 +33,34 @@ def test_invalid_job_names(name) -> None:
 def test_messages_round_trip() -> None:
     messages = [
         DeviceStatus(device="d1", state="online", incarnation=3, samples=10),
-        Control(device="d1", run=1, incarnation=3, push_every=5, lr=0.1, batch_size=8, wait_for_params=True,
-                max_uncommitted_steps=40),
+        Control(
+            device="d1",
+            run=1,
+            incarnation=3,
+            push_every=5,
+            lr=0.1,
+            batch_size=8,
+            wait_for_params=True,
+            max_uncommitted_steps=40,
+        ),
         Notice(device="d1", seq=3, reason=RejectReason.NON_FINITE, detail="x"),
         Command(cmd="pause"),
         Metrics(
-            job="j", version=1, round=1, pace="bsp", accuracy=0.5, loss=1.0, commits=1, applied=1,
-            rejected={}, bytes_up=1, bytes_down=1, devices_online=1, elapsed_s=0.1,
+            job="j",
+            version=1,
+            round=1,
+            pace="bsp",
+            accuracy=0.5,
+            loss=1.0,
+            commits=1,
+            applied=1,
+            rejected={},
+            bytes_up=1,
+            bytes_down=1,
+            devices_online=1,
+            elapsed_s=0.1,
         ),
-    ]  # fmt: skip
+    ]
     for message in messages:
         assert type(message).from_bytes(message.to_bytes()) == message
 
