@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_client.trainer import ArtifactTrainer, Trainer, TrainerError
+from edge_client.trainer import ArtifactTrainer, NumpyTrainer, Trainer, TrainerError
 from learning.data import Dataset
 from learning.model import Params
-from schemas.artifact import ArtifactError, decode_artifact
+from schemas.artifact import ArtifactError, ArtifactMeta, decode_artifact
 from schemas.events import Events
 
 
@@ -78,3 +78,27 @@ class Backend:
             self.events.error("the artifact's trainer failed (%s): back to %s", exc, self.fallback.name)
             self.trainer, self.artifact_error = self.fallback, str(exc)
             return self.trainer.loss_and_grads(params, x, y)
+
+
+def tflite_trainer(meta: ArtifactMeta, flatbuffer: bytes) -> Trainer:
+    """The artifact's trainer in a TFLite interpreter (the runtime is imported only here)."""
+    from edge_client.tflite import TFLiteTrainer
+
+    return TFLiteTrainer(meta, flatbuffer)
+
+
+BACKENDS = ("numpy", "tflite", "auto")
+
+
+def make_trainer(backend: str, loss: str = "cross_entropy") -> tuple[Trainer | None, ArtifactTrainer | None]:
+    """(the trainer to start with, how to build one from the server's model artifact, if the
+    device takes it) for a backend: ``numpy``: the reference, no artifact; ``tflite``: only the
+    artifact's trainer (no training until it arrives); ``auto``: numpy until an artifact arrives
+    that this device can run."""
+    if backend == "numpy":
+        return NumpyTrainer(loss), None
+    if backend == "tflite":
+        return None, tflite_trainer
+    if backend == "auto":
+        return NumpyTrainer(loss), tflite_trainer
+    raise ValueError(f"unknown trainer backend {backend!r}; known: {list(BACKENDS)}")

@@ -91,27 +91,3 @@ class NumpyTrainer(Trainer):
 #: Builds the trainer of a verified model artifact (its metadata and flatbuffer); TrainerError
 #: when this device cannot run it.
 ArtifactTrainer = Callable[[ArtifactMeta, bytes], Trainer]
-
-
-def tflite_trainer(meta: ArtifactMeta, flatbuffer: bytes) -> Trainer:
-    """The artifact's trainer in a TFLite interpreter (the runtime is imported only here)."""
-    from edge_client.tflite import TFLiteTrainer
-
-    return TFLiteTrainer(meta, flatbuffer)
-
-
-BACKENDS = ("numpy", "tflite", "auto")
-
-
-def make_trainer(backend: str, loss: str = "cross_entropy") -> tuple[Trainer | None, ArtifactTrainer | None]:
-    """(the trainer to start with, how to build one from the server's model artifact, if the
-    device takes it) for a backend: ``numpy``: the reference, no artifact; ``tflite``: only the
-    artifact's trainer (no training until it arrives); ``auto``: numpy until an artifact arrives
-    that this device can run."""
-    if backend == "numpy":
-        return NumpyTrainer(loss), None
-    if backend == "tflite":
-        return None, tflite_trainer
-    if backend == "auto":
-        return NumpyTrainer(loss), tflite_trainer
-    raise ValueError(f"unknown trainer backend {backend!r}; known: {list(BACKENDS)}")

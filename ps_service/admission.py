@@ -8,133 +8,132 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ps_service.door import STATUS_BURST, STATUS_RATE, Refusal, SiteRefusal
-from ps_service.round import release_slow
+from ps_service.door import Refusal, SiteRefusal
 from ps_service.validation import Rejection
 from schemas.messages import DeviceStatus, MessageError, RejectReason
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
-    from ps_service.core import ServerCore
+    from ps_service.job import Job
 
 
-def on_status(core: ServerCore, device: str, payload: bytes, now: float) -> list[Publish]:
+def on_status(job: Job, device: str, payload: bytes, now: float) -> list[Publish]:
     """A device's hello (online) or last will (offline); an empty (cleared) status is offline."""
-    record = core.registry.record(device)
-    if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):
-        return core.reject(device, Rejection(RejectReason.RATE_LIMITED, "statuses too often"), now)
+    refused = job.door.status(device, now)
+    if refused is not None:
+        return job.reject(device, refused, now)
     if not payload:
-        return core.device_left(device, now)
+        return job.device_left(device, now)
     try:
         status = DeviceStatus.from_bytes(payload)
     except MessageError as exc:
-        return core.reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
+        return job.reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
     if status.device != device:
-        return core.reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
+        return job.reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
     if status.state == "offline":
-        return core.device_left(device, now, status.incarnation)
-    if not core.registry.permits(device):
-        return core.reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
+        return job.device_left(device, now, status.incarnation)
+    if not job.registry.permits(device):
+        return job.reject(device, Rejection(RejectReason.UNKNOWN_DEVICE, f"{device!r} is not in this job"))
     assert status.incarnation is not None  # DeviceStatus requires it online
     if status.error is not None:
-        return unable(core, device, status, now)
-    if core.registry.unable.pop(device, None) is not None:
-        core.events.info("device %s can take part again", device)
+        return unable(job, device, status, now)
+    if job.registry.unable.pop(device, None) is not None:
+        job.events.info("device %s can take part again", device)
     if status.step_s is not None:
-        core.frequency.balancer.on_report(device, status.step_s)
-    first, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
+        job.frequency.balancer.on_report(device, status.step_s)
+    first, rebooted = job.registry.set_online(device, status.samples, status.incarnation)
     if not first and not rebooted:  # already online: a speed report
-        if status.step_s is None or not core.frequency.balancer.reacts_to_speed:
+        if status.step_s is None or not job.frequency.balancer.reacts_to_speed:
             return []  # (recomputing every device's push_every for a report costs O(fleet))
-        return core.reassign() + release_slow(core, now)
-    record = core.registry.record(device)
+        return job.reassign() + job.release_slow(now)
+    record = job.registry.record(device)
     if rebooted and not first and record is not None:
         resumes = record.seq_base
-        core.events.info(
+        job.events.info(
             "device %s restarted (incarnation %d): its sequence resumes above %d", device, status.incarnation, resumes
         )
-    core.events.info("device %s online (%d samples)", device, status.samples)
-    if core.broadcaster.deltas:  # a joining device first reads the retained snapshot
-        core.traffic.bytes_down += len(core.broadcaster.snapshot)
-    out = [core.control(device)]
-    if not core.round.quorum and len(core.registry.active()) >= core.config.min_devices:
-        core.round.reach_quorum(now)  # the job's clock starts with its quorum
-        core.events.info("start quorum of %d devices reached", core.config.min_devices)
-        out += core.advance(now)
-    return [*out, *core.barrier(now)]
+    job.events.info("device %s online (%d samples)", device, status.samples)
+    if job.broadcaster.deltas:  # a joining device first reads the retained snapshot
+        job.traffic.bytes_down += len(job.broadcaster.snapshot)
+    out = [job.control(device)]
+    if not job.round.quorum and len(job.registry.active()) >= job.config.min_devices:
+        job.round.reach_quorum(now)  # the job's clock starts with its quorum
+        job.events.info("start quorum of %d devices reached", job.config.min_devices)
+        out += job.advance(now)
+    return [*out, *job.barrier(now)]
 
 
-def unable(core: ServerCore, device: str, status: DeviceStatus, now: float) -> list[Publish]:
+def unable(job: Job, device: str, status: DeviceStatus, now: float) -> list[Publish]:
     """A device that says it cannot take part in the job as it stands (its trainer lacks the model,
     loss or codec; the model does not fit its memory): logged once per reason, kept for ``ctl
     status``, the metrics and the report, and out of the barrier, so that no round waits for it. A
     new incarnation still gets its Control: a new run may bring a model it can take."""
     assert status.incarnation is not None and status.error is not None
-    if core.registry.unable.get(device) != status.error:
-        core.events.warning("device %s cannot take part in the job: %s", device, status.error)
-    core.registry.unable[device] = status.error
-    _, rebooted = core.registry.set_online(device, status.samples, status.incarnation)
-    return ([core.control(device)] if rebooted else []) + core.device_left(device, now, status.incarnation)
+    if job.registry.unable.get(device) != status.error:
+        job.events.warning("device %s cannot take part in the job: %s", device, status.error)
+    job.registry.unable[device] = status.error
+    _, rebooted = job.registry.set_online(device, status.samples, status.incarnation)
+    return ([job.control(device)] if rebooted else []) + job.device_left(device, now, status.incarnation)
 
 
-def on_commit(core: ServerCore, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
+def on_commit(job: Job, device: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
     """A commit frame on ``grad/{device}``: through the door (ps_service.door), buffered, maybe aggregated."""
-    core.traffic.commits += 1
-    core.traffic.bytes_up += len(payload)
-    update = core.door.admit(device, payload, now, core.checks(), retained)
+    job.traffic.commits += 1
+    job.traffic.bytes_up += len(payload)
+    update = job.door.admit(device, payload, now, job.checks(), retained)
     if isinstance(update, Refusal):
-        return refused(core, device, update, now)
-    core.door.hold_updates([update])
-    core.frequency.balancer.on_commit(device, update.steps, now)
-    core.pace.add(update)
-    if device in core.registry.active() and core.membership.on_commit(device, core.store.version - update.base_version):
-        core.events.info("device %s rejoins the barrier", device)
-    return core.advance(now) or core.barrier(now)
+        return refused(job, device, update, now)
+    job.door.hold_updates([update])
+    job.frequency.balancer.on_commit(device, update.steps, now)
+    job.pace.add(update)
+    if device in job.registry.active() and job.membership.on_commit(device, job.store.version - update.base_version):
+        job.events.info("device %s rejoins the barrier", device)
+    return job.advance(now) or job.barrier(now)
 
 
-def refused(core: ServerCore, device: str, refusal: Refusal, now: float) -> list[Publish]:
+def refused(job: Job, device: str, refusal: Refusal, now: float) -> list[Publish]:
     """What a refused commit costs: counted, and noticed unless silent (a redelivered copy); a
     flood muted (the server stops listening to the device's commits: ``DeviceRegistry.mute``, so
     that the broker drops the flood instead of queueing it in front of the other devices'); a
     spent sequence number answered with the device's Control (``resequence``)."""
     rejection = refusal.rejection
     if refusal.muted is not None:
-        core.events.warning(
+        job.events.warning(
             "device %s floods (%s): not listening to its commits for %g s",
             device,
             rejection.detail.partition(":")[0],
             refusal.muted,
         )
     if refusal.silent:
-        out = core.count(rejection)
+        out = job.count(rejection)
     else:
-        out = core.reject(device, rejection, now if rejection.reason is RejectReason.RATE_LIMITED else None)
-    return out + resequence(core, device) if refusal.resequence else out
+        out = job.reject(device, rejection, now if rejection.reason is RejectReason.RATE_LIMITED else None)
+    return out + resequence(job, device) if refusal.resequence else out
 
 
-def on_site_commit(core: ServerCore, site: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
+def on_site_commit(job: Job, site: str, payload: bytes, now: float, retained: bool = False) -> list[Publish]:
     """A site commit on ``part/{site}`` (its aggregator's sum of its devices' commits): through the
     door (ps_service.door ``admit_site``), taken whole or refused whole. Taken, each entry counts as
     its device's commit (its sequence number, the round, membership, speed); the server bounds the
     site's sums with the fleet's bounds when it aggregates (ps_service.versions)."""
-    core.traffic.bytes_up += len(payload)
-    update = core.door.admit_site(site, payload, now, core.checks(), core.config.site_members(site), retained)
+    job.traffic.bytes_up += len(payload)
+    update = job.door.admit_site(site, payload, now, job.checks(), job.config.site_members(site), retained)
     if isinstance(update, SiteRefusal):
-        return _site_refused(core, site, update, now)
-    core.door.hold_updates([update])
-    core.report.site_refusals(site, update.refused)
-    core.traffic.commits += len(update.entries)
+        return _site_refused(job, site, update, now)
+    job.door.hold_updates([update])
+    job.report.site_refusals(site, update.refused)
+    job.traffic.commits += len(update.entries)
     for entry in update.entries:
-        core.registry.check_seq(entry.device, entry.seq, ordered=core.door.ordered)
-        core.frequency.balancer.on_commit(entry.device, entry.steps, now)
-        lag = core.store.version - entry.base_version
-        if entry.device in core.registry.active() and core.membership.on_commit(entry.device, lag):
-            core.events.info("device %s rejoins the barrier", entry.device)
-    core.pace.add(update)
-    return core.advance(now) or core.barrier(now)
+        job.registry.check_seq(entry.device, entry.seq, ordered=job.door.ordered)
+        job.frequency.balancer.on_commit(entry.device, entry.steps, now)
+        lag = job.store.version - entry.base_version
+        if entry.device in job.registry.active() and job.membership.on_commit(entry.device, lag):
+            job.events.info("device %s rejoins the barrier", entry.device)
+    job.pace.add(update)
+    return job.advance(now) or job.barrier(now)
 
 
-def _site_refused(core: ServerCore, site: str, refusal: SiteRefusal, now: float) -> list[Publish]:
+def _site_refused(job: Job, site: str, refusal: SiteRefusal, now: float) -> list[Publish]:
     """A refused site commit: one counted rejection a commit it names (one in all when its header
     could not be read), and a notice to each device it names: its own fault, or ``unprocessable``
     naming the site's. A redelivered copy of one the server holds is counted silently; a flood
@@ -142,33 +141,33 @@ def _site_refused(core: ServerCore, site: str, refusal: SiteRefusal, now: float)
     bounded rate, as devices' refusals are (``Report.reject``)."""
     first, header = refusal.rejection, refusal.header
     if refusal.muted is not None:
-        core.events.warning(
+        job.events.warning(
             "site %s floods (%s): not listening to its site commits for %g s",
             site,
             first.detail.partition(":")[0],
             refusal.muted,
         )
     if header is None:
-        core.traffic.commits += 1
-        return core.report.reject(f"site {site}", first, core.door.sites.limits(site), now, notify=False)
-    core.traffic.commits += len(header.commits)
+        job.traffic.commits += 1
+        return job.report.reject(f"site {site}", first, job.door.sites.limits(site), now, notify=False)
+    job.traffic.commits += len(header.commits)
     if refusal.silent:  # the whole site commit again: the server holds it
         for entry in header.commits:
-            core.count((refusal.faults or {})[entry.device])
+            job.count((refusal.faults or {})[entry.device])
         return []
     out: list[Publish] = []
     for entry in header.commits:
         own = (refusal.faults or {}).get(entry.device)
         why = own or Rejection(RejectReason.UNPROCESSABLE, f"site {site}'s commit was refused: {first}", entry.seq)
-        out += core.reject(entry.device, why)
+        out += job.reject(entry.device, why)
     return out
 
 
-def resequence(core: ServerCore, device: str) -> list[Publish]:
+def resequence(job: Job, device: str) -> list[Publish]:
     """A device used a sequence number at or below the highest received: its Control again,
     with where its numbers resume (it may have lost count: a restart the server did not see)."""
-    record = core.registry.record(device)
+    record = job.registry.record(device)
     if record is None or record.incarnation is None or record.seq_base >= record.highest_seq:
         return []
     record.seq_base = record.highest_seq
-    return [core.control(device)]
+    return [job.control(device)]

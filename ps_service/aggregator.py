@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_valid
 
 from ps_service.aggregate import Clip, partial
 from ps_service.config import nest_fields
-from ps_service.door import STATUS_BURST, STATUS_RATE, Checks, Door, DoorConfig, Refusal
+from ps_service.door import Checks, Door, DoorConfig, Refusal, finished
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report
 from ps_service.robust import MODEL_FRACTION, bounded_sizes, claimed_sizes, per_device
@@ -108,6 +108,7 @@ class Waiting(NamedTuple):
 
     device: str
     payload: bytes
+    seq: int | None  # as peek_seq read it on arrival
     since: float
     duplicate: bool
     token: Any
@@ -217,19 +218,19 @@ class SiteAggregator:
         then checked now or once what it is checked against has come."""
         self.stats["commits"] += 1
         self.stats["bytes_in"] += len(payload)
-        refusal = self.door.screen(device, payload, now, self._checks(), retained)
+        seq = peek_seq(payload)
+        refusal = self.door.screen(device, payload, now, self._checks(), retained, seq)
         if refusal is not None:
             return self._refused(device, refusal, now, token)
         self.door.hold(device, len(payload))
-        self.waiting.append(Waiting(device, payload, now, duplicate, token))
+        self.waiting.append(Waiting(device, payload, seq, now, duplicate, token))
         return self._safely(self._admit, now)
 
     def _on_status(self, device: str, payload: bytes, now: float) -> None:
+        if self.door.status(device, now) is not None:  # as the server: too often (the server notices it)
+            return
         if not payload:
             self.registry.set_offline(device)
-            return
-        record = self.registry.record(device)
-        if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):  # as the server's
             return
         status = DeviceStatus.from_bytes(payload)
         if status.device != device:
@@ -293,14 +294,13 @@ class SiteAggregator:
             device, payload = waiting.device, waiting.payload
             self.door.release(device, len(payload))
             if self.finished:  # as the server would: no bytes up for work no version will take
-                rejection = Rejection(RejectReason.FINISHED, "the job has finished", peek_seq(payload))
-                out += self._refused(device, Refusal(rejection), now, waiting.token)
+                out += self._refused(device, Refusal(finished(waiting.seq)), now, waiting.token)
                 continue
             if not ready and not self._known(device):
                 out += self._refused(device, Refusal(self._never_came(waiting)), now, waiting.token)
                 continue
             checks = Checks(self.version, self.shapes or {}, self.codecs[device], self.finished)
-            update = self.door.check(device, payload, checks)
+            update = self.door.check(device, payload, checks, waiting.seq)
             if isinstance(update, Refusal):
                 out += self._refused(device, update, now, waiting.token)
                 continue
@@ -315,9 +315,7 @@ class SiteAggregator:
         """Why a commit whose device or model never came here in ``WAIT_S`` is refused. (One whose
         version never came is checked as it stands: ``future_version``, its number used, as the
         server does.)"""
-        return Rejection(
-            RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came", peek_seq(waiting.payload)
-        )
+        return Rejection(RejectReason.UNKNOWN_DEVICE, "its status, control or the parameters never came", waiting.seq)
 
     def _refused(self, device: str, refusal: Refusal, now: float, token: Any) -> list[Publish]:
         """A refused commit: settled, counted, noticed (but a redelivered copy: counted only)."""

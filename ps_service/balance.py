@@ -7,12 +7,24 @@ a round need not wait for go out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ps_service.frequency import Bounds
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range push_every may move in."""
+
+    low: int = 1
+    high: int = 160
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(f"push_every bounds need 1 <= low <= high, got {self.low}..{self.high}")
+
+    def clip(self, value: float) -> int:
+        return int(min(self.high, max(self.low, round(value))))
 
 
 @dataclass

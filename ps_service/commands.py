@@ -1,4 +1,4 @@
-"""The operator's command interpreter: a command on ``cmd`` in, the core's operation and a
+"""The operator's command interpreter: a command on ``cmd`` in, the job's operation and a
 reply out. A command is carried out whole or not at all."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import numpy as np
 
 from ps_service.frequency import make_policy
 from ps_service.paces import make_pace
-from ps_service.reporting import status
+from ps_service.readout import status
 from ps_service.round import JobState
 from schemas.messages import Command, MessageError, Notice, RejectReason, Reply
 from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
-    from ps_service.core import ServerCore
+    from ps_service.job import Job
 
 
 class CommandError(ValueError):
@@ -58,55 +58,55 @@ def reply_address(topics: Topics, payload: bytes) -> tuple[str | None, str | Non
     return reply_topic(topics, body.get("reply_to")), correlation[:128] if isinstance(correlation, str) else None
 
 
-def pause(core: ServerCore, now: float) -> list[Publish]:
+def pause(job: Job, now: float) -> list[Publish]:
     """Stop making versions (commits are still accepted and buffered)."""
-    if not core.finished:
-        core.round.state = JobState.PAUSED
-    return core.barrier(now)
+    if not job.finished:
+        job.round.state = JobState.PAUSED
+    return job.barrier(now)
 
 
-def resume_aggregation(core: ServerCore, now: float) -> list[Publish]:
+def resume_aggregation(job: Job, now: float) -> list[Publish]:
     """Make versions again after ``pause``."""
-    if core.paused:
-        core.round.state = JobState.RUNNING
-    return core.advance(now) or core.barrier(now)
+    if job.paused:
+        job.round.state = JobState.RUNNING
+    return job.advance(now) or job.barrier(now)
 
 
-def set_codec(core: ServerCore, codec: str) -> list[Publish]:
+def set_codec(job: Job, codec: str) -> list[Publish]:
     """Devices commit in ``codec`` from now on (commits in the previous one are still taken)."""
-    core.previous_codec, core.codec = core.codec, codec
-    return [core.control(device) for device in sorted(core.registry.active())]
+    job.previous_codec, job.codec = job.codec, codec
+    return [job.control(device) for device in sorted(job.registry.active())]
 
 
-def set_pace(core: ServerCore, spec: str, now: float) -> list[Publish]:
+def set_pace(job: Job, spec: str, now: float) -> list[Publish]:
     """Replace the pace; buffered commits carry over."""
     try:
         pace = make_pace(spec)  # before anything changes
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    for update in core.pace.take_all():  # buffered commits carry over to the new pace
+    for update in job.pace.take_all():  # buffered commits carry over to the new pace
         pace.add(update)
-    core.pace = pace
-    controls = [core.control(device) for device in sorted(core.registry.active())]
-    return [*controls, *(core.advance(now) or core.barrier(now))]
+    job.pace = pace
+    controls = [job.control(device) for device in sorted(job.registry.active())]
+    return [*controls, *(job.advance(now) or job.barrier(now))]
 
 
-def evict(core: ServerCore, device: str, now: float) -> list[Publish]:
+def evict(job: Job, device: str, now: float) -> list[Publish]:
     """Remove ``device`` from the job (its buffered commits are dropped, counted)."""
-    if not core.registry.known(device):
+    if not job.registry.known(device):
         raise CommandError(f"no device {device!r} in this job")
-    core.registry.evict(device)
-    dropped = core.pace.drop(device)  # its buffered commits go with it, counted
-    core.door.release_updates(dropped)
+    job.registry.evict(device)
+    dropped = job.pace.drop(device)  # its buffered commits go with it, counted
+    job.door.release_updates(dropped)
     if dropped:
-        core.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
+        job.traffic.rejected[RejectReason.EVICTED.value] += len(dropped)
     notice = Notice(device=device, reason=RejectReason.EVICTED, detail="an operator removed this device from the job")
-    return [Publish(core.topics.notice(device), notice.to_bytes(), qos=1), *core.device_left(device, now)]
+    return [Publish(job.topics.notice(device), notice.to_bytes(), qos=1), *job.device_left(device, now)]
 
 
-def set_frequency(core: ServerCore, command: Command) -> list[Publish]:
+def set_frequency(job: Job, command: Command) -> list[Publish]:
     """set_frequency, freeze_frequency or unfreeze_frequency."""
-    frequency = core.frequency
+    frequency = job.frequency
     if command.cmd == "freeze_frequency":
         frequency.freeze()
     elif command.cmd == "unfreeze_frequency":
@@ -115,13 +115,13 @@ def set_frequency(core: ServerCore, command: Command) -> list[Publish]:
         try:  # everything that can fail before anything changes
             policy = None
             if command.policy is not None and command.policy != frequency.policy.name:
-                policy = make_policy(command.policy, core.config.push_every)
+                policy = make_policy(command.policy, job.config.push_every)
             frequency.set_bounds(command.low, command.high)  # refused if they cross the bound in force
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if policy is not None:
             frequency.set_policy(policy)
-    return core.reassign()
+    return job.reassign()
 
 
 #: What the reply to ``model`` may weigh beyond the largest commit: the broker that ``edgeps broker init``
@@ -129,20 +129,20 @@ def set_frequency(core: ServerCore, command: Command) -> list[Publish]:
 MODEL_REPLY_ROOM = 60 * 1024
 
 
-def model_reply(core: ServerCore, which: str) -> tuple[str, int, str]:
+def model_reply(job: Job, which: str) -> tuple[str, int, str]:
     """(the ``which`` version's tensors as an .npz in base64, its version, what was done); CommandError
     when there is none yet or it is too large for a reply (``--save-model`` writes any size)."""
     if which == "best":
-        best = core.report.best
+        best = job.report.best
         if best is None:
             raise CommandError("no version has been evaluated yet")
         params, version = best.params, best.version
     else:
-        params, version = core.store.params(), core.store.version
+        params, version = job.store.params(), job.store.version
     archive = io.BytesIO()
     np.savez(archive, **params)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
     text = base64.b64encode(archive.getvalue()).decode("ascii")
-    limit = core.door.commit_limit(core.store.shapes) + MODEL_REPLY_ROOM
+    limit = job.door.commit_limit(job.store.shapes) + MODEL_REPLY_ROOM
     if len(text) > limit:
         raise CommandError(
             f"the model is {len(text)} bytes in base64, more than a reply carries ({limit}): "
@@ -151,28 +151,28 @@ def model_reply(core: ServerCore, which: str) -> tuple[str, int, str]:
     return text, version, f"{which} model: version {version}"
 
 
-def execute(core: ServerCore, command: Command, now: float) -> tuple[list[Publish], str]:
+def execute(job: Job, command: Command, now: float) -> tuple[list[Publish], str]:
     """(messages, what was done) for a valid command; ValueError changes nothing."""
     cmd = command.cmd
     if cmd in ("status", "model"):  # answered in the reply
         return [], ""
     if cmd == "pause":
-        return pause(core, now), "aggregation paused"
+        return pause(job, now), "aggregation paused"
     if cmd == "resume":
-        return resume_aggregation(core, now), "aggregation resumed"
+        return resume_aggregation(job, now), "aggregation resumed"
     if cmd == "set_codec" and command.codec is not None:
-        return set_codec(core, command.codec), f"codec {core.codec}"
+        return set_codec(job, command.codec), f"codec {job.codec}"
     if cmd == "set_pace" and command.pace is not None:
-        return set_pace(core, command.pace, now), f"pace {core.pace.name}"
+        return set_pace(job, command.pace, now), f"pace {job.pace.name}"
     if cmd == "evict" and command.device is not None:
-        return evict(core, command.device, now), f"{command.device} evicted"
+        return evict(job, command.device, now), f"{command.device} evicted"
     if cmd in ("set_frequency", "freeze_frequency", "unfreeze_frequency"):
-        return set_frequency(core, command), f"push_every base {core.frequency.base}"
-    return core.finish(now), "job finished"
+        return set_frequency(job, command), f"push_every base {job.frequency.base}"
+    return job.finish(now), "job finished"
 
 
 def on_command(
-    core: ServerCore,
+    job: Job,
     payload: bytes,
     now: float,
     response_topic: str | None,
@@ -183,11 +183,11 @@ def on_command(
     (MQTT 5 response topic and correlation data, or the command's reply_to and correlation). One
     on ``cmd/{operator}`` (an ACL pins it to that account) is answered on ``reply/{operator}`` and
     nowhere else, whatever it asks: an operator cannot send replies to another's topic."""
-    reply_to, correlation = reply_address(core.topics, payload)
+    reply_to, correlation = reply_address(job.topics, payload)
     if reply_to is None and response_topic is not None:
-        reply_to = reply_topic(core.topics, response_topic)
+        reply_to = reply_topic(job.topics, response_topic)
     if operator is not None and reply_to is not None:
-        reply_to = core.topics.reply(operator)
+        reply_to = job.topics.reply(operator)
     if correlation is None and correlation_data is not None:
         correlation = correlation_data.decode("utf-8", "replace")[:128]
 
@@ -197,25 +197,25 @@ def on_command(
     try:
         command = Command.from_bytes(payload)
         arguments = command.model_dump(exclude={"cmd", "reason", "reply_to", "correlation"}, exclude_none=True)
-        core.events.info(
+        job.events.info(
             "operator command: %s %s%s",
             command.cmd,
             " ".join(f"{k}={v}" for k, v in arguments.items()),
             f" (reason: {command.reason})" if command.reason else "",
         )
-        out, detail = execute(core, command, now)
+        out, detail = execute(job, command, now)
     except (MessageError, CommandError) as exc:
-        core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
-        core.events.warning("rejected command: %s", exc)
+        job.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
+        job.events.warning("rejected command: %s", exc)
         return answer(Reply(cmd=command_name(payload), correlation=correlation, ok=False, detail=str(exc)[:1024]))
-    state = status(core, now) if command.cmd == "status" else None
+    state = status(job, now) if command.cmd == "status" else None
     reply = Reply(cmd=command.cmd, correlation=correlation, ok=True, detail=detail, status=state)
     if command.cmd == "model":
         try:
-            text, version, detail = model_reply(core, command.which or "last")
+            text, version, detail = model_reply(job, command.which or "last")
         except CommandError as exc:
-            core.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
-            core.events.warning("rejected command: %s", exc)
+            job.report.traffic.rejected[RejectReason.INVALID_COMMAND.value] += 1
+            job.events.warning("rejected command: %s", exc)
             return answer(Reply(cmd=command.cmd, correlation=correlation, ok=False, detail=str(exc)[:1024]))
         reply = reply.model_copy(update={"model": text, "model_version": version, "detail": detail})
     return [*out, *answer(reply)]

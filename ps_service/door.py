@@ -47,6 +47,11 @@ UNKNOWN_MODEL_BYTES = 8 << 20
 SUM_TOLERANCE = 1e-3
 
 
+def finished(seq: int | None) -> Rejection:
+    """Why every commit of a finished job is refused, by every receiver: no version will take it."""
+    return Rejection(R.FINISHED, "the job has finished", seq)
+
+
 class DoorConfig(BaseModel):
     """The bounds of the door (``Door``): one schema for the server, site aggregators and ingest
     workers, nested in each role's options (``ServerConfig``, ``SiteConfig``)."""
@@ -176,17 +181,20 @@ class Door:
     ) -> Update | Refusal:
         """A commit frame on ``grad/{device}``: its ``Update``, or why not (``screen``, then
         ``check``). The sequence number is used from the checks that say so on (docs/PROTOCOL.md §7)."""
-        refusal = self.screen(device, payload, now, checks, retained)
-        return refusal if refusal is not None else self.check(device, payload, checks)
+        seq = peek_seq(payload)  # what a refusal names; the frame itself is read once, by ``check``
+        refusal = self.screen(device, payload, now, checks, retained, seq)
+        return refusal if refusal is not None else self.check(device, payload, checks, seq)
 
-    def screen(self, device: str, payload: bytes, now: float, checks: Checks, retained: bool = False) -> Refusal | None:
+    def screen(
+        self, device: str, payload: bytes, now: float, checks: Checks, retained: bool, seq: int | None
+    ) -> Refusal | None:
         """The checks a commit meets on arrival, before anything of it is read or kept: retained,
-        finished, the device's rate limits (a flood mutes it), and room for what it would hold."""
-        seq = peek_seq(payload)
+        finished, the device's rate limits (a flood mutes it), and room for what it would hold.
+        ``seq``: the commit's number as ``peek_seq`` reads it."""
         if retained:  # left on the broker by someone: never a device's live work
             return Refusal(Rejection(R.RETAINED, "commits must not be retained", seq))
         if checks.finished:
-            return Refusal(Rejection(R.FINISHED, "the job has finished", seq))
+            return Refusal(finished(seq))
         if self.config.max_commit_rate is not None and self.registry.permits(device):
             over = self._rate(self.registry, device, len(payload), self.commit_limit(checks.shapes), now)
             if over is not None:
@@ -197,18 +205,29 @@ class Door:
             return Refusal(Rejection(R.RATE_LIMITED, full, seq))
         return None
 
-    def check(self, device: str, payload: bytes, checks: Checks) -> Update | Refusal:
-        """The frame's own checks (ps_service.validation), after ``screen``."""
+    def check(self, device: str, payload: bytes, checks: Checks, seq: int | None) -> Update | Refusal:
+        """The frame's own checks (ps_service.validation), after ``screen`` (``seq``: as it peeked)."""
         try:
             limit = self.commit_limit(checks.shapes)
-            return validate_commit(payload, device, self.registry, checks.version, checks.shapes, limit, checks.codecs)
+            args = (checks.version, checks.shapes, limit, checks.codecs)
+            return validate_commit(payload, device, self.registry, *args, peeked=seq)
         except Rejection as rejection:
             known = self.registry.record(device) is not None
-            # a copy of a commit the receiver holds (its work is in hand) gets no notice: the device
-            # would send that work again
-            copy = rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
             again = rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and known
-            return Refusal(rejection, silent=copy, resequence=again)
+            return Refusal(rejection, silent=self._copy(device, rejection), resequence=again)
+
+    def _copy(self, device: str, rejection: Rejection) -> bool:
+        """Whether a refused commit is a copy of one the receiver holds (its work is in hand): counted,
+        no notice (the device would send that work again)."""
+        return rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
+
+    def status(self, device: str, now: float) -> Rejection | None:
+        """A device's status (hello, will, speed report; an empty one is offline) on arrival: None, or
+        why it is refused (statuses too often: ``STATUS_RATE`` a second, bursts of ``STATUS_BURST``)."""
+        record = self.registry.record(device)
+        if record is not None and not record.statuses.take(1, now, STATUS_RATE, STATUS_BURST):
+            return Rejection(R.RATE_LIMITED, "statuses too often")
+        return None
 
     def hold(self, sender: str, nbytes: int) -> None:
         """The receiver keeps ``nbytes`` of ``sender``'s (a commit, until ``release``): counted
@@ -266,13 +285,11 @@ class Door:
         except Rejection as rejection:
             return SiteRefusal(rejection)
         if checks.finished:
-            faults = {e.device: Rejection(R.FINISHED, "the job has finished", e.seq) for e in header.commits}
+            faults = {e.device: finished(e.seq) for e in header.commits}
         else:
             faults = {e.device: f for e in header.commits if (f := self._entry_fault(e, site, checks, devices))}
         if faults:
-            copy = len(faults) == len(header.commits) and all(
-                f.reason is R.REPLAYED and self.registry.redelivered(d, f.seq) for d, f in faults.items()
-            )
+            copy = len(faults) == len(header.commits) and all(self._copy(d, f) for d, f in faults.items())
             return SiteRefusal(next(iter(faults.values())), header, faults, silent=copy)
         full = self._room(f"site:{site}", 4 * checks.values)
         if full is not None:

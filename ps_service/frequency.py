@@ -9,28 +9,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ps_service.balance import Bounds as Bounds  # where the policies' users import it from
 from ps_service.balance import make_balancer
 from schemas.messages import FREQUENCY_POLICIES
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The range push_every may move in."""
-
-    low: int = 1
-    high: int = 160
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.low <= self.high:
-            raise ValueError(f"push_every bounds need 1 <= low <= high, got {self.low}..{self.high}")
-
-    def clip(self, value: float) -> int:
-        return int(min(self.high, max(self.low, round(value))))
 
 
 class FrequencyPolicy(ABC):

@@ -1,13 +1,12 @@
-"""What a job reports: traffic counts, rejection notices, evaluations, metrics and status.
+"""What a job reports: traffic counts, rejection notices, the best version and the metrics history.
 
-``Report`` holds the counts and the metrics history; ``metrics`` and ``status`` read a core.
+``Report`` holds them; ``ps_service.readout`` builds the metrics and status a job publishes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from learning.model import Params
 from ps_service.evaluator import Evaluation
@@ -16,9 +15,6 @@ from ps_service.validation import Rejection
 from schemas.events import Events
 from schemas.messages import Metrics, Notice, RejectReason
 from schemas.topics import Publish, Topics
-
-if TYPE_CHECKING:
-    from ps_service.core import ServerCore
 
 
 @dataclass(frozen=True)
@@ -98,105 +94,3 @@ class Report:
         if not self.history or self.history[-1].version != metrics.version or metrics.finished:
             self.history.append(metrics)
             self.history_json.append(metrics.to_bytes())
-
-
-def _push_every(core: ServerCore) -> dict[str, int]:
-    """Each online device's push_every, by device id."""
-    return {d: core.frequency.push_every(d) for d in sorted(core.registry.active())}
-
-
-def evaluate(core: ServerCore, now: float) -> tuple[int, Evaluation]:
-    """(version, evaluation) of the latest evaluation, made afresh every ``eval_every`` versions and
-    at the end; the frequency policy observes each one, on its scale (learning.metrics)."""
-    report, version = core.report, core.store.version
-    latest = report.evaluation
-    due = latest is None or version - latest[0] >= core.config.eval_every or core.finished
-    if due and (latest is None or latest[0] != version):
-        evaluation = core.evaluator(core.store.view())
-        report.evaluation = latest = (version, evaluation)
-        metric = core.evaluator.metric
-        best = report.best
-        if best is None or metric.better(evaluation.values[metric.name], best.evaluation.values[metric.name]):
-            report.best = Best(version, evaluation, core.store.params())  # a copy: the model moves on
-        core.frequency.observe(now - core.round.started, metric.score(evaluation.values[metric.name]), evaluation.loss)
-        core.step_guard.observe(evaluation.loss)
-    assert latest is not None
-    return latest
-
-
-def metrics(core: ServerCore, now: float) -> Publish:
-    """The job's metrics message (evaluating when due), recorded in its history."""
-    report, traffic, frequency = core.report, core.report.traffic, core.frequency
-    report.metrics_at = now
-    evaluated, evaluation = evaluate(core, now)
-    metric = core.evaluator.metric.name
-    record = Metrics(
-        job=core.config.job,
-        run=core.run,
-        version=core.store.version,
-        round=core.store.version,
-        pace=core.pace.name,
-        metric=metric,
-        value=evaluation.values[metric],
-        values=evaluation.values,
-        accuracy=evaluation.values.get("accuracy"),
-        loss=evaluation.loss,
-        commits=traffic.commits,
-        applied=traffic.applied,
-        rejected=dict(traffic.rejected),
-        bytes_up=traffic.bytes_up,
-        bytes_down=traffic.bytes_down,
-        devices_online=len(core.registry.active()),
-        elapsed_s=round(now - core.round.started, 6),
-        finished=core.finished,
-        evaluated_version=evaluated,
-        eval_s=round(core.evaluator.seconds, 6),
-        frequency=frequency.policy.name if frequency.frozen is None else "frozen",
-        trend=frequency.policy.trend,
-        server_step=round(core.server_step, 4),
-        push_every=_push_every(core),
-        unable=dict(core.registry.unable),
-        baseline=core.evaluator.baseline,
-    )
-    report.record(record)
-    return Publish(core.topics.metrics, record.to_bytes(), qos=1)
-
-
-def status(core: ServerCore, now: float) -> dict[str, Any]:
-    """The job's state, for operators (a ``status`` command's reply)."""
-    evaluated, evaluation = core.report.evaluation or (0, Evaluation({}, float("nan")))
-    metric = core.evaluator.metric.name
-    frequency, traffic = core.frequency, core.report.traffic
-    return {
-        "job": core.config.job,
-        "state": core.round.state.value,
-        "pace": core.pace.name,
-        "version": core.store.version,
-        "metric": metric,
-        "value": evaluation.values.get(metric, float("nan")),
-        "values": evaluation.values,
-        "accuracy": evaluation.values.get("accuracy"),
-        "loss": evaluation.loss,
-        "evaluated_version": evaluated,
-        "best_version": None if core.report.best is None else core.report.best.version,
-        "best_value": None if core.report.best is None else core.report.best.evaluation.values.get(metric),
-        "devices_online": sorted(core.registry.active()),
-        "waiting_for": core.waiting_for(),
-        "left": sorted(core.membership.left),
-        "evicted": sorted(core.registry.evicted),
-        "unable": dict(core.registry.unable),
-        "codec": core.codec,
-        "pull_codec": core.config.pull_codec,
-        "frequency": {
-            "policy": frequency.policy.name,
-            "frozen": frequency.frozen is not None,
-            "base": frequency.base,
-            "low": frequency.bounds.low,
-            "high": frequency.bounds.high,
-            "push_every": _push_every(core),
-        },
-        "commits": traffic.commits,
-        "applied": traffic.applied,
-        "rejected": dict(traffic.rejected),
-        "elapsed_s": round(now - core.round.started, 3),
-    }

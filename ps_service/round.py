@@ -1,7 +1,7 @@
 """The job's lifecycle and its open round: state, quorum, clock, deadlines and the devices a
 round stops waiting for (late past its deadline, or released as much slower than the rest).
 
-``Round`` is pure state; the functions below apply the round's rules to a core.
+``Round`` is pure state; ``ps_service.job`` and ``ps_service.core`` apply its rules to a job.
 """
 
 from __future__ import annotations
@@ -9,13 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from ps_service.membership import Membership
-from schemas.topics import Publish
-
-if TYPE_CHECKING:
-    from ps_service.core import ServerCore
 
 
 class JobState(StrEnum):
@@ -63,39 +58,3 @@ class Round:
         """When the first of ``waiting`` becomes late (None: nobody waited for)."""
         deadlines = [membership.deadline([d], deadline_s) for d in waiting]
         return self.opened + min(deadlines) if deadlines else None
-
-
-def deadline_in_force(core: ServerCore) -> float | None:
-    """The round deadline in force now, seconds (None: the pace has no rounds, or none is open)."""
-    if not core.pace.rounds or not core.round.aggregating:
-        return None
-    return core.config.round_deadline_s
-
-
-def round_due(core: ServerCore) -> float | None:
-    """When the first device the open round waits for becomes late (None: no deadline in force)."""
-    deadline = deadline_in_force(core)
-    return None if deadline is None else core.round.due(core.waiting_for(), core.membership, deadline)
-
-
-def drop_late(core: ServerCore, now: float) -> list[Publish]:
-    """Devices that let the open round's deadline pass leave the barrier; the round may close."""
-    deadline = deadline_in_force(core)
-    late = [] if deadline is None else core.round.late(core.waiting_for(), core.membership, deadline, now)
-    if not late:
-        return []
-    core.membership.missed(late)
-    core.events.warning("round %d deadline passed: %s leave the barrier", core.store.version, ", ".join(late))
-    return core.advance(now) or core.barrier(now)
-
-
-def release_slow(core: ServerCore, now: float) -> list[Publish]:
-    """Release balancing: the round stops waiting for devices much slower than the rest."""
-    if not core.pace.rounds or not core.round.quorum or core.finished:
-        return []
-    released = core.frequency.released(sorted(core.registry.active())) - core.membership.left
-    if not released:
-        return []
-    core.events.info("round %d does not wait for %s (slow)", core.store.version, ", ".join(sorted(released)))
-    core.membership.release(released)
-    return core.advance(now)

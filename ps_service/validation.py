@@ -29,6 +29,7 @@ def validate_commit(
     shapes: dict[str, tuple[int, ...]],
     max_bytes: int,
     codecs: frozenset[str],
+    peeked: int | None = None,
 ) -> Update:
     """Check a commit payload from ``grad/{topic_device}``; raise Rejection on the first fault.
 
@@ -36,10 +37,12 @@ def validate_commit(
     as soon as the sender is established by topic and body, so a commit refused from then on
     (for its version, codec, shapes or values) still consumes its number and cannot be replayed.
     Tensor names and shapes are compared with the model's before any payload is decoded: nothing
-    is allocated for more values than the model has. ``codecs``: the codec specs the job accepts.
+    is allocated for more values than the model has. ``codecs``: the codec specs the job accepts;
+    ``peeked``: the sequence number ``peek_seq`` read where the caller did so already.
     """
     R = RejectReason
-    peeked = peek_seq(payload)
+    if peeked is None:
+        peeked = peek_seq(payload)
     if len(payload) > max_bytes:
         raise Rejection(R.OVERSIZED, f"{len(payload)} bytes exceed the limit of {max_bytes}", peeked)
     try:

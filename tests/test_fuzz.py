@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_client.trainer import tflite_trainer
+from edge_client.backend import tflite_trainer
 from ps_service.checkpoint import CheckpointError, decode
 from schemas.artifact import ArtifactError, decode_artifact
 from schemas.frame import FrameError, decode_frame

@@ -10,11 +10,11 @@ from edgeps.cli.common import address, broker_args, stop_on_signals
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    from edge_client.backend import make_trainer
     from edge_client.config import DeviceConfig
     from edge_client.core import DeviceCore
     from edge_client.mqtt import connect_device, run_device
     from edge_client.profile import DeviceProfile
-    from edge_client.trainer import make_trainer
     from edgeps.options import model_values
     from edgeps.task import load_task
     from learning.data import load_npz

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_client.backend import make_trainer, tflite_trainer
 from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import DeviceCore
-from edge_client.trainer import NumpyTrainer, make_trainer, tflite_trainer
+from edge_client.trainer import NumpyTrainer
 from learning.model import init_mlp
 from schemas.artifact import ArtifactError
 from schemas.messages import Control, DeviceStatus

@@ -3,8 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_client.backend import make_trainer
 from edge_client.core import DeviceCore
-from edge_client.trainer import NumpyTrainer, make_trainer
+from edge_client.trainer import NumpyTrainer
 from learning.data import Dataset
 from learning.model import init_mlp
 from schemas.frame import FrameKind, decode_frame

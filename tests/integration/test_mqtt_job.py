@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from broker.client import BrokerAddress, MqttTransport
+from edge_client.backend import make_trainer
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
-from edge_client.trainer import NumpyTrainer, make_trainer
+from edge_client.trainer import NumpyTrainer
 from edgeps.demo import DemoSettings, run_demo
 from edgeps.report import read_metrics
 from learning.data import Dataset, load_digits
