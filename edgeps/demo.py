@@ -98,7 +98,7 @@ class JobResult:
         return idle / total if total else 0.0
 
 
-def spawn(args: list[str], log_path: Path, program: Path | None = None) -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path, program: Path | None = None) -> subprocess.Popen[bytes]:
     """``edgeps ARGS`` (or ``program ARGS``) as a child process, its output to ``log_path``."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     command = [str(program)] if program is not None else [sys.executable, "-m", "edgeps.cli"]
@@ -112,7 +112,9 @@ def last_error(log: Path) -> str:
     return lines[-1].split(" ERROR ", 1)[-1] if lines else "no output"
 
 
-def _wait_for_fresh_start(watcher: MqttTransport, topics: Topics, server: subprocess.Popen, deadline: float) -> None:
+def _wait_for_fresh_start(
+    watcher: MqttTransport, topics: Topics, server: subprocess.Popen[bytes], deadline: float
+) -> None:
     """Wait for the new server's first metrics (version 0). Until then the broker may still hold
     the retained messages of an earlier job of the same name, and a device that read its
     ``finished`` barrier would stop at once."""
@@ -201,9 +203,9 @@ def run_local_job(
     watcher = MqttTransport(
         address, f"edgeps-watch-{job}-{os.getpid()}", [topics.metrics, topics.all_status], persistent=False
     )
-    processes: list[subprocess.Popen] = []
+    processes: list[subprocess.Popen[bytes]] = []
     progress = JobProgress(settings.server.rounds, settings.devices, quiet=quiet)
-    devices: dict[str, subprocess.Popen] = {}
+    devices: dict[str, subprocess.Popen[bytes]] = {}
     statuses: dict[str, DeviceStatus] = {}
     try:
         watcher.wait_connected(10)

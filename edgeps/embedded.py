@@ -296,7 +296,7 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     from learning.model import init_mlp
     from schemas.frame import Frame, FrameKind, encode_frame
 
-    def control(**fields: object) -> bytes:
+    def control(**fields: object) -> str:
         body = {
             "device": "d",
             "run": CORPUS_RUN,
@@ -312,7 +312,7 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
             "one_commit_per_version": False,
             "staleness_bound": None,
         } | fields
-        return "{" + ",".join(f'"{k}":{_json(v)}' for k, v in body.items()) + "}"  # type: ignore[return-value]
+        return "{" + ",".join(f'"{k}":{_json(v)}' for k, v in body.items()) + "}"
 
     params = encode_frame(
         Frame(kind=FrameKind.PARAMS, base_version=0, seq=CORPUS_RUN, tensors=init_mlp([8, 4, 3], seed=0))

@@ -33,7 +33,8 @@ def _convert(action: argparse.Action, raw: Any, where: str) -> Any:
         if str(raw).lower() in ("0", "false", "no", "off", ""):
             return False
         raise ValueError(f"{where}: expected true or false, got {raw!r}")
-    value = action.type(raw) if action.type is not None and isinstance(raw, str) else raw
+    convert = action.type if callable(action.type) else None  # argparse also allows a registered name
+    value = convert(raw) if convert is not None and isinstance(raw, str) else raw
     if action.choices is not None and value not in action.choices:
         raise ValueError(f"{where}: {value!r} is not one of {list(action.choices)}")
     return value

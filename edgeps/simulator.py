@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,7 @@ class RunResult:
         reached = self.time_to_target
         return None if reached is None else min(a for t, a in self.curve if t >= reached)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         low = self.lowest_after_target
         return {
             "pace": self.pace,
@@ -197,14 +198,15 @@ class Simulation:
         config = ServerConfig.model_validate({**scenario.server.model_dump(), **changes})
         loss = get_loss(config.loss)
         sizes = [holdout.x.shape[1], *scenario.hidden, loss.outputs(holdout.classes if loss.classification else 1)]
-        task = {"loss": config.loss, "metrics": config.metric_names}
         self.server = ServerCore(
             config,
             init_mlp(sizes, scenario.seed),
-            Evaluator(holdout, clock=time.perf_counter, **task),
+            Evaluator(holdout, clock=time.perf_counter, loss=config.loss, metrics=config.metric_names),
             run=scenario.seed + 1,
         )
-        self.judge = Evaluator(holdout, **task)  # the bench's own measurement, apart from the server's
+        self.judge = Evaluator(
+            holdout, loss=config.loss, metrics=config.metric_names
+        )  # the bench's own measurement, apart from the server's
         self.profiles = scenario.profiles()
         self.devices = [
             DeviceCore(
@@ -252,7 +254,7 @@ class Simulation:
                     self._send_down(i, message)
             for k in range(len(self.aggregators)):
                 if self._site_wants(k, message.topic):
-                    self._at(self.now + self.scenario.site_latency_s, lambda k=k, m=message: self._site_receives(k, m))
+                    self._at(self.now + self.scenario.site_latency_s, partial(self._site_receives, k, message))
 
     def _send_down(self, i: int, message: Publish) -> None:
         profile = self.profiles[i]
@@ -268,11 +270,11 @@ class Simulation:
             arrives = self._up_free[i] + profile.latency_s
             kind, _ = self.server.topics.parse(message.topic)
             if self.aggregators and kind in ("grad", "status"):  # to the site broker, which the aggregator reads
-                self._at(arrives, lambda m=message: self._site_receives(i % len(self.aggregators), m))
+                self._at(arrives, partial(self._site_receives, i % len(self.aggregators), message))
             if not self.aggregators or kind != "grad":  # commits cross to the core only as site commits
                 self._at(
                     arrives + (self.scenario.site_latency_s if self.aggregators else 0.0),
-                    lambda m=message: self._server_receives(m),
+                    partial(self._server_receives, message),
                 )
 
     @staticmethod
@@ -302,7 +304,7 @@ class Simulation:
             if message.topic == self.server.topics.part(aggregator.config.site):
                 start = max(self.now, self._site_free[k])
                 self._site_free[k] = start + len(message.payload) * 8 / self.scenario.site_up_bps
-                self._at(self._site_free[k] + self.scenario.site_latency_s, lambda m=message: self._server_receives(m))
+                self._at(self._site_free[k] + self.scenario.site_latency_s, partial(self._server_receives, message))
             else:  # a notice to one of its devices
                 _, device = self.server.topics.parse(message.topic)
                 assert device is not None
@@ -342,11 +344,11 @@ class Simulation:
         if device.ready and not self._stepping[i]:
             self._stepping[i] = True
             self._at(self.now + self.profiles[i].step_time(), lambda: self._step_done(i))
-        idle = not self._stepping[i] and not device.finished
-        if idle and self._idle_since[i] is None:
+        idle, since = not self._stepping[i] and not device.finished, self._idle_since[i]
+        if idle and since is None:
             self._idle_since[i] = self.now
-        elif not idle and self._idle_since[i] is not None:
-            self._idle[i] += self.now - self._idle_since[i]
+        elif not idle and since is not None:
+            self._idle[i] += self.now - since
             self._idle_since[i] = None
 
     def _step_done(self, i: int) -> None:

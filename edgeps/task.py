@@ -60,7 +60,8 @@ def as_dataset(value: DataLike, classification: bool | None, where: str) -> tupl
         if classification is False and value.classes:
             wrong = f"the loss is a regression's but load_csv read the labels as {len(value.classes)} classes"
             raise TaskError(f"{where}: {wrong}: pass regression=True to load_csv")
-        value, devices = value.data, value.devices
+        devices = value.devices
+        value = value.data
     if isinstance(value, tuple) and len(value) == 2:
         x, y = np.asarray(value[0]), np.asarray(value[1])
     elif isinstance(value, Dataset):
@@ -163,13 +164,15 @@ class Task:
     def _data_value(self) -> DataLike:
         """What ``data()`` gives, read once per process (the roles ask for it several times)."""
         assert self.data is not None
-        return self._run(self.data, "data")
+        value: DataLike = self._run(self.data, "data")
+        return value
 
     @functools.cached_property
     def _server_value(self) -> DataLike:
         """What ``server_data()`` gives, read once per process."""
         assert self.server_data is not None
-        return self._run(self.server_data, "server_data")
+        value: DataLike = self._run(self.server_data, "server_data")
+        return value
 
     def _table(self) -> CsvData | None:
         """The job's CSV data (``data()``'s, else ``server_data()``'s), or None where it is no CsvData."""
@@ -253,7 +256,7 @@ class Task:
         if isinstance(self.model, ModelSpec):
             return self.model.init(features, outputs, seed)
         if isinstance(self.model, Trainer):
-            params = self._run(self.model.init, "init", features, outputs, seed)
+            params: Params = self._run(self.model.init, "init", features, outputs, seed)
         else:
             from learning.keras import KerasError, from_keras
 
@@ -300,7 +303,7 @@ class Task:
         edgeps/deploy.py), and for a Keras task also the Keras model (``.keras``) and a TFLite
         inference model (``.tflite``) beside it."""
         path = Path(path)
-        np.savez(path, **params)
+        np.savez(path, **params)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
         written = [path, save_card(card, path)]
         model = self.keras_model
         if model is not None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from edgeps.bench.common import Say
 
-def _best_times(fns: list, repeats: int) -> list[float]:
+
+def _best_times(fns: list[Callable[[], object]], repeats: int) -> list[float]:
     """The fastest of ``repeats`` runs of each function, in seconds, the functions taking turns
     so that a shared machine's slow spells hit them all alike."""
     best = [float("inf")] * len(fns)
@@ -19,7 +22,9 @@ def _best_times(fns: list, repeats: int) -> list[float]:
     return best
 
 
-def bench_codecs(specs: list[str], sizes: list[int], repeats: int = 5, seed: int = 0, say=print) -> dict[str, Any]:
+def bench_codecs(
+    specs: list[str], sizes: list[int], repeats: int = 5, seed: int = 0, say: Say = print
+) -> dict[str, Any]:
     """Per codec and tensor size: compression ratio against fp32, relative error, and encode
     and decode throughput as a ratio to numpy's copy of the same array, timed in the same run."""
     import numpy as np

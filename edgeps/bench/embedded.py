@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.launcher import BrokerProcess
+from edgeps.bench.common import Say
 from edgeps.embedded import (
     BATCH,
     CODECS,
@@ -46,6 +48,7 @@ from edgeps.embedded import (
 from edgeps.firmware import BOARDS, build_image, ram_part_bytes
 from edgeps.report import read_report
 from edgeps.tables import Table
+from learning.prepare import ShardPaths
 
 #: the firmware jobs' last devices: two images per board, as the CI job
 FIRMWARE_BOARDS = ("mps2-an386", "riscv32-virt", "mps2-an386", "riscv32-virt")
@@ -68,8 +71,8 @@ def _hwm_kib(pid: int) -> int | None:
 def real_job(
     kind: str,
     device_bin: Path | None,
-    broker,
-    shards,
+    broker: BrokerProcess,
+    shards: ShardPaths,
     workdir: Path,
     rounds: int,
     codecs: tuple[str, str],
@@ -154,7 +157,7 @@ def real_job(
     }
 
 
-def bench_embedded(rounds: int = 100, devices: int = 8, say=print, firmware_rounds: int = 40) -> dict[str, Any]:
+def bench_embedded(rounds: int = 100, devices: int = 8, say: Say = print, firmware_rounds: int = 40) -> dict[str, Any]:
     from broker.launcher import start_broker
     from learning.data import Dataset, load_digits
     from learning.prepare import prepare_shards
@@ -165,7 +168,8 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print, firmware_roun
         say("building the host tools, edgeps-device and the Cortex-M4F image for each model ...")
         make(root / "host", "all", "edgeps-device")
         forbidden = heap_forbidden(root / "heap", root / "heap-check")
-        models, image = {}, {}
+        models: dict[str, Any] = {}
+        image: dict[str, Any] = {}
         for model in MODELS:
             models[model] = {}
             for codecs in CODECS:
@@ -220,7 +224,8 @@ def bench_embedded(rounds: int = 100, devices: int = 8, say=print, firmware_roun
             broker.stop()
         holdout = Dataset.load(shards.holdout)
         sizes = [holdout.x.shape[1], 64, holdout.classes]
-        fw_jobs, fw_images = {}, {}
+        fw_jobs: dict[str, Any] = {}
+        fw_images: dict[str, Any] = {}
         for pace, codec, pull in FIRMWARE_JOBS:
             name = f"firmware {pace} {codec}/{pull}"
             say(
@@ -302,7 +307,7 @@ def firmware_entry(
     python, python_st = jobs["python fp32/fp32"], jobs["python acbsp sign/ternary"]
 
     def python_best(job: dict[str, Any], versions: int) -> float:  # over as many versions as the firmware job
-        return max(accuracy for version, accuracy in job["accuracy_by_version"] if version <= versions)
+        return float(max(accuracy for version, accuracy in job["accuracy_by_version"] if version <= versions))
 
     return {
         "versions": fp32["versions"],

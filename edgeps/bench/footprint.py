@@ -15,6 +15,7 @@ import venv
 from pathlib import Path
 from typing import Any
 
+from edgeps.bench.common import Say
 from edgeps.tables import Table
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -47,7 +48,7 @@ def _distributions(env: Path) -> set[str]:
     return {d["name"].lower() for d in json.loads(out)}
 
 
-def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -> dict[str, Any]:
+def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say: Say) -> dict[str, Any]:
     """Run one device from ``env`` through a ``rounds``-version job served from this process."""
     from broker.client import BrokerAddress
     from broker.launcher import start_broker
@@ -101,13 +102,13 @@ def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say) -
         transport.close()
     if done.returncode != 0 or not rss_file.exists():
         raise RuntimeError(f"the {backend} client failed: {done.stderr[-2000:]}")
-    best = max(m.accuracy for m in core.history)
+    best = max(m.accuracy for m in core.history if m.accuracy is not None)
     peak_mib = int(rss_file.read_text()) / 1024
     say(f"  {backend}: {core.store.version} versions, best accuracy {best:.4f}, peak RSS {peak_mib:.1f} MiB")
     return {"backend": backend, "peak_rss_mib": round(peak_mib, 1), "best_accuracy": round(best, 4)}
 
 
-def bench_footprint(rounds: int = 20, say=print) -> dict[str, Any]:
+def bench_footprint(rounds: int = 20, say: Say = print) -> dict[str, Any]:
     """Install the device package fresh, measure it, run a client per backend; return the report."""
     with tempfile.TemporaryDirectory(prefix="edgeps-footprint-") as tmp:
         work = Path(tmp)

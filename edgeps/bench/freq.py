@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgeps.bench.common import fmt_time, replace_scenario
+from edgeps.bench.common import Say, fmt_time, replace_scenario
 from edgeps.simulator import Scenario, Simulation, scenario_data
 from edgeps.tables import Table
 
@@ -26,7 +26,9 @@ FREQ_RUNS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def bench_freq(scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] = FREQ_RUNS, say=print) -> dict:
+def bench_freq(
+    scenario: Scenario, runs: tuple[tuple[str, dict[str, Any]], ...] = FREQ_RUNS, say: Say = print
+) -> dict[str, Any]:
     """Each push_every policy on the same scenario (acbsp), simulated; return the report."""
     data = scenario_data(scenario)
     rows, curves, push_every = [], {}, {}

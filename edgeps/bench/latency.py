@@ -91,13 +91,10 @@ def bench_latency(rounds: int = 100, devices: int = 8, pace: str = "bsp", say: A
         job = "latency"
         observer = Observer(broker.host, broker.port, job)
         observer.start()
-        settings = DemoSettings(
-            out=Path(tmp) / "demo",
-            broker=f"{broker.host}:{broker.port}",
-            devices=devices,
-            rounds=rounds,
-            pace=pace,
-            job=job,
+        fields = {"rounds": rounds, "pace": pace, "job": job}  # the job's, nested by the model
+        address = f"{broker.host}:{broker.port}"
+        settings = DemoSettings.model_validate(
+            {"out": Path(tmp) / "demo", "broker": address, "devices": devices, **fields}
         )
         say(f"{pace}, {devices} devices, {rounds} rounds of the demo's job, with an observer on grad/+ and params ...")
         try:

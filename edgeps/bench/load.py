@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeps.bench.common import rss_mib
+from edgeps.bench.common import Say, rss_mib
 from edgeps.report import read_report
 from edgeps.tables import Table
 
@@ -70,7 +70,7 @@ class BenchServer:
         """The metrics records received (``schemas.messages.Metrics``), waiting up to ``timeout`` for the first."""
         from schemas.messages import Metrics
 
-        out = []
+        out: list[Metrics] = []
         while (message := self.watcher.receive(timeout=0.0 if out else timeout)) is not None:
             out.append(Metrics.from_bytes(message.payload))
         if out:
@@ -121,7 +121,15 @@ def patch(body: bytearray, seq: int) -> bytearray:
 
 
 def _sender(
-    names: list[str], host: str, port: int, job: str, rate: float, seconds: float, flood: bool, go, results
+    names: list[str],
+    host: str,
+    port: int,
+    job: str,
+    rate: float,
+    seconds: float,
+    flood: bool,
+    go: Any,
+    results: Any,
 ) -> None:
     """One load process: a client per device in ``names``, each sending ``rate`` valid commits a
     second for ``seconds`` once ``go`` is set (the first device 250 a second with ``flood``); puts
@@ -167,7 +175,7 @@ def _sender(
 
 
 def bench_load(
-    devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say=print, senders: int = 4
+    devices: int, seconds: float, rate: float = 1.0, flood: bool = False, say: Say = print, senders: int = 4
 ) -> dict[str, Any]:
     """Run the load; return the report."""
     from broker.client import BrokerAddress
@@ -282,7 +290,7 @@ def format_load(report: dict[str, Any]) -> Table:
     return table
 
 
-def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict:
+def run_bench_load(devices: int, seconds: float, rate: float, flood: bool, json_path: str | None) -> dict[str, Any]:
     report = bench_load(devices, seconds, rate, flood)
     from edgeps.bench.common import show
 

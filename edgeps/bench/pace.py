@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeps.bench.common import fmt_time, indent, replace_scenario
+from edgeps.bench.common import Say, fmt_time, indent, replace_scenario
 from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
 from edgeps.tables import Table
 
@@ -76,7 +76,9 @@ def plot_pace(curves: dict[str, list[tuple[float, float]]], target: float, path:
     plt.close(fig)
 
 
-def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | None = None, say=print) -> dict[str, Any]:
+def bench_pace_sim(
+    scenario: Scenario, paces: list[str], codecs: list[str] | None = None, say: Say = print
+) -> dict[str, Any]:
     """Simulate each pace (for each commit codec) on the same data, seed and fleet; return the report."""
     data = scenario_data(scenario)
     runs, curves, results = [], {}, []
@@ -102,11 +104,12 @@ def bench_pace_sim(scenario: Scenario, paces: list[str], codecs: list[str] | Non
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
-def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say=print) -> dict[str, Any]:
+def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say: Say = print) -> dict[str, Any]:
     """Each pace on ``seeds`` consecutive seeds from the scenario's (simulated). One seed's best
     accuracy differs between paces by a few held-out images; means over seeds show which
     differences hold. Returns every run and, per pace, the means and the mean curve."""
-    runs, curves = [], {}
+    runs: list[dict[str, Any]] = []
+    curves: dict[str, Any] = {}  # per pace: its seeds' curves, then their mean
     for k in range(seeds):
         seeded = replace_scenario(scenario, seed=scenario.seed + k)
         say(f"seed {seeded.seed} ({k + 1}/{seeds}):")
@@ -166,7 +169,9 @@ def format_seeds_table(means: list[dict[str, Any]]) -> Table:
     return table
 
 
-def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print, links: bool = False) -> dict[str, Any]:
+def bench_pace_real(
+    scenario: Scenario, paces: list[str], out: Path, say: Say = print, links: bool = False
+) -> dict[str, Any]:
     """Run each pace as a real job (server + device processes) over a Mosquitto it starts. With
     ``links``, the devices connect through a relay that gives each of them the scenario's link (its
     bandwidth each way and latency, as the simulator models it) instead of loopback's."""
@@ -181,7 +186,8 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print, 
     shards = prepare_shards(load_digits(), out / "data", scenario.devices, scenario.alpha, scenario.seed)
     slow = scenario.slow_devices()
     slowdowns = tuple(scenario.slowdown if i in slow else 1.0 for i in range(scenario.devices))
-    runs, curves = [], {}
+    runs: list[dict[str, Any]] = []
+    curves: dict[str, Any] = {}  # per pace: its seeds' curves, then their mean
     with start_broker(workdir=out / "broker") as broker:
         address = BrokerAddress(broker.host, broker.port)
         say(f"broker: {broker.kind} on {broker.host}:{broker.port}; slow devices: {sorted(slow)}")
@@ -220,7 +226,7 @@ def bench_pace_real(scenario: Scenario, paces: list[str], out: Path, say=print, 
                 bytes_down=last.bytes_down,
                 run_s=last.elapsed_s,
                 target=scenario.target,
-                curve=[(m.elapsed_s, m.accuracy) for m in job.history],
+                curve=[(m.elapsed_s, m.accuracy) for m in job.history if m.accuracy is not None],
             )
             summary = result.summary()
             runs.append(summary)

@@ -22,11 +22,19 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from edgeps.bench.common import Say
 from edgeps.report import read_report
 from edgeps.tables import Table
+
+if TYPE_CHECKING:
+    from broker.client import BrokerAddress
+    from broker.launcher import BrokerProcess
+    from learning.prepare import ShardPaths
+    from schemas.messages import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 DEVICES = 3
@@ -36,7 +44,7 @@ JOB = "restart"
 class _Watcher:
     """The job's metrics and every commit published, seen from a subscriber."""
 
-    def __init__(self, address, job: str) -> None:
+    def __init__(self, address: BrokerAddress, job: str) -> None:
         from broker.client import MqttTransport
         from schemas.topics import Topics
 
@@ -50,7 +58,7 @@ class _Watcher:
         self.transport.wait_connected(10)
         self.version = -1
         self.published = 0
-        self.last = None
+        self.last: Metrics | None = None
         self.started = time.monotonic()
         self.curve: list[tuple[float, int]] = []  # (seconds since the watcher started, version)
 
@@ -84,7 +92,7 @@ class _Watcher:
                 last = time.monotonic()
         return self.version
 
-    def until(self, reached, timeout: float, what: str) -> float:
+    def until(self, reached: Callable[[], bool], timeout: float, what: str) -> float:
         """Read until ``reached()``; the time it took. TimeoutError naming ``what``."""
         started = time.monotonic()
         while not reached():
@@ -98,7 +106,15 @@ class _Watcher:
 
 
 def _job(
-    workdir: Path, shards, broker, trials: int, target: str, how: str, deadline: float, rounds: int, say
+    workdir: Path,
+    shards: ShardPaths,
+    broker: BrokerProcess,
+    trials: int,
+    target: str,
+    how: str,
+    deadline: float,
+    rounds: int,
+    say: Say,
 ) -> dict[str, Any]:
     """One job; ``target`` is ``server`` or ``device``: what is restarted ``trials`` times."""
     from broker.client import BrokerAddress
@@ -127,11 +143,11 @@ def _job(
     ]
     started = {"ps": 0, **{f"dev-{i}": 0 for i in range(DEVICES)}}
 
-    def spawn(name: str, args: list[str]) -> subprocess.Popen:
+    def spawn(name: str, args: list[str]) -> subprocess.Popen[bytes]:
         started[name] += 1  # each process its own log
         return spawn_edgeps(args, workdir / f"{name}-{started[name]}.log")
 
-    def client(i: int) -> subprocess.Popen:
+    def client(i: int) -> subprocess.Popen[bytes]:
         return spawn(
             f"dev-{i}",
             [
@@ -148,7 +164,10 @@ def _job(
             ],
         )
 
-    def server() -> subprocess.Popen:
+    def past(version: int) -> Callable[[], bool]:
+        return lambda: watcher.version > version
+
+    def server() -> subprocess.Popen[bytes]:
         return spawn("ps", ps)
 
     watcher = _Watcher(address, JOB)
@@ -169,12 +188,12 @@ def _job(
                 clients[1].kill()
                 clients[1].wait(timeout=30)
                 clients[1] = client(1)
-            resume = watcher.until(lambda at=at: watcher.version > at, 120, f"version after restart {trial + 1}")
+            resume = watcher.until(past(at), 120, f"version after restart {trial + 1}")
             restarts.append(
                 {"trial": trial + 1, "version": at, "stopped_at_s": round(stopped_at, 3), "resume_s": round(resume, 3)}
             )
             say(f"  {target} restart {trial + 1}/{trials} at version {at}: next version after {resume:.2f} s")
-            watcher.until(lambda at=at: watcher.version >= at + step, 120, "versions between restarts")
+            watcher.until(past(at + step - 1), 120, "versions between restarts")
         watcher.until(lambda: ps_process.poll() is not None, 300, "the job's end")  # reading as it goes
         if ps_process.returncode != 0:
             raise RuntimeError(f"the server failed; see {workdir}/ps-*.log")
@@ -218,8 +237,8 @@ def bench_restart(
     deadline: float = 10.0,
     rounds: int = 0,
     targets: tuple[str, ...] = ("server", "device"),
-    say=print,
-) -> dict:
+    say: Say = print,
+) -> dict[str, Any]:
     """The server job and the device job (see the module's docstring; ``targets`` picks), each on a
     fresh broker; ``rounds`` 0: enough for ``trials`` restarts."""
     from broker.launcher import start_broker

@@ -57,7 +57,8 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
     from edgeps.simulator import Scenario, Simulation, scenario_data
     from ps_service.checkpoint import save
 
-    scenario = Scenario(devices=devices, hidden=hidden, alpha=100.0, rounds=rounds, duration_s=1e6, seed=seed)
+    job = {"rounds": rounds, "duration_s": 1e6}  # ServerConfig's fields, nested by the model
+    scenario = Scenario.model_validate({"devices": devices, "hidden": hidden, "alpha": 100.0, "seed": seed, **job})
     sim = Simulation(scenario, "bsp", scenario_data(scenario, _data(devices, seed)))
     server = sim.server
     cpu = {"commits": 0.0, "statuses": 0.0}  # the server core's CPU, by what it handled, and nothing else's

@@ -23,9 +23,8 @@ def measure(devices: int, sites: int, rounds: int, seed: int = 0) -> dict[str, A
     """One bsp job of ``rounds`` versions over ``sites`` sites (0: every device on the core)."""
     from edgeps.simulator import Scenario, Simulation, scenario_data
 
-    scenario = Scenario(
-        devices=devices, sites=sites, alpha=100.0, rounds=rounds, duration_s=1e6, seed=seed, round_deadline_s=600.0
-    )
+    job = {"rounds": rounds, "duration_s": 1e6, "round_deadline_s": 600.0}  # ServerConfig's, nested by the model
+    scenario = Scenario.model_validate({"devices": devices, "sites": sites, "alpha": 100.0, "seed": seed, **job})
     sim = Simulation(scenario, "bsp", scenario_data(scenario, _data(devices, seed)))
     cpu = {"server": 0.0, "sites": 0.0}
     counts = {"messages": 0}

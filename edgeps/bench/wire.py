@@ -216,12 +216,9 @@ def bench_wire(codec: str = "sign", pull_codec: str = "ternary", rounds: int = 1
 
     with tempfile.TemporaryDirectory(prefix="edgeps-wire-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         relay = CountingRelay((broker.host, broker.port))
-        settings = DemoSettings(
-            out=Path(tmp) / "demo",
-            broker=f"{broker.host}:{broker.port}",
-            rounds=rounds,
-            codec=codec,
-            pull_codec=pull_codec,
+        fields = {"rounds": rounds, "codec": codec, "pull_codec": pull_codec}  # the job's, nested by the model
+        settings = DemoSettings.model_validate(
+            {"out": Path(tmp) / "demo", "broker": f"{broker.host}:{broker.port}", **fields}
         )
         say(
             f"the demo's job ({settings.devices} devices, {codec} commits, {pull_codec} pulls, {rounds} rounds), "

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-NO_DEFAULT = (None, False, [], "", argparse.SUPPRESS)
+NO_DEFAULT: tuple[object, ...] = (None, False, [], "", argparse.SUPPRESS)
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     log = logging.getLogger("edgeps")
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except KeyboardInterrupt:
         log.error("interrupted (after %.1f s)", time.monotonic() - started)
         return 130

@@ -153,7 +153,9 @@ def cmd_bench_embedded(args: argparse.Namespace) -> int:
     return 0 if report["qemu_ok"] else 1
 
 
-def _shown(args: argparse.Namespace, run: Callable[[], dict], table: Callable[[dict], Any]) -> dict:
+def _shown(
+    args: argparse.Namespace, run: Callable[[], dict[str, Any]], table: Callable[[dict[str, Any]], Any]
+) -> dict[str, Any]:
     """A bench's run with edgeps' own logs at warnings (unless -v), then its table and, with --json, its report."""
     from edgeps.bench.common import show
 

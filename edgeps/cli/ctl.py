@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -26,7 +27,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
                 flush=True,
             )
         return 0
-    fields: dict = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
+    fields: dict[str, Any] = {"cmd": args.action.replace("-", "_"), "reason": args.reason}
     if args.action in ("set-codec", "set-pace", "evict"):
         if not args.value:
             raise ValueError(f"{args.action} needs a value: edgeps ctl {args.action} VALUE")

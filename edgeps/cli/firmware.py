@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def add(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     firmware = sub.add_parser("firmware", help="a firmware image of the C SDK that joins a job, run under QEMU")
     actions = firmware.add_subparsers(dest="action", required=True)
     build = actions.add_parser("build", help="the image of one device: ELF, raw .bin and its size (firmware.json)")
