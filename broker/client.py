@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
@@ -23,21 +24,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from schemas.topics import Publish
+from schemas.topics import Inbound, Publish
 
 log = logging.getLogger("edgeps.transport")
-
-
-@dataclass(frozen=True)
-class Inbound:
-    topic: str
-    payload: bytes
-    mid: int
-    qos: int
-    response_topic: str | None = None  # MQTT 5: where the sender wants an answer
-    correlation: bytes | None = None  # MQTT 5: echoed with the answer
-    retain: bool = False  # the broker delivered a retained message (not one published live)
-    duplicate: bool = False  # the broker delivers it again (MQTT DUP): it may have been received before
 
 
 class Inbox:
@@ -93,7 +82,9 @@ READ_BURST = 32
 class _FlowControlledClient(mqtt.Client):
     """paho's client, reading at most ``READ_BURST`` packets at a time and none while ``inbox`` is
     full. (paho reads as many packets in a row as it has messages in flight, and has no way to
-    stop reading: a blocked callback would also stop its writes, acknowledgements included.)"""
+    stop reading: a blocked callback would also stop its writes, acknowledgements included.) Only
+    paho's public calls: ``loop_read`` reads one packet where nothing of ours is in flight (a few
+    more where some is: the inbox may exceed its bound by those), ``socket`` says whether more waits."""
 
     def __init__(self, *args: Any, inbox: Inbox, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,14 +94,21 @@ class _FlowControlledClient(mqtt.Client):
         for _ in range(READ_BURST):
             if not self._edgeps_inbox.wait_for_room(0.005):
                 return MQTTErrorCode.MQTT_ERR_SUCCESS  # full: leave the rest in the socket for now
-            if self._sock is None:
-                return MQTTErrorCode.MQTT_ERR_NO_CONN
-            rc = self._packet_read()
-            if rc > 0:
-                return self._loop_rc_handle(rc)
-            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            rc = super().loop_read()
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or not _readable(self.socket()):
+                return rc
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+def _readable(sock: Any) -> bool:
+    """Whether ``sock`` (a client's socket, None when disconnected) has bytes to read now: bytes TLS
+    decrypted already, or bytes in the kernel's buffer."""
+    if sock is None:
+        return False
+    pending = getattr(sock, "pending", None)
+    if pending is not None and pending() > 0:
+        return True
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 @dataclass(frozen=True)
@@ -160,6 +158,10 @@ class Transport(ABC):
     @abstractmethod
     def ack(self, message: Inbound) -> None:
         """Acknowledge ``message`` to the broker: call once it has been processed."""
+
+    @abstractmethod
+    def wait_acknowledged(self, timeout: float) -> bool:
+        """Wait until the broker acknowledged every QoS 1 message published so far (False: not within ``timeout``)."""
 
     @abstractmethod
     def close(self, last: Publish | None = None, end_session: bool = False) -> None:

@@ -1,9 +1,9 @@
 """The sans-IO device: parameters and control in, commit frames out.
 
 The driver feeds it inbound messages and, whenever ``ready`` is true, calls ``step()``
-for one local SGD step; a step that completes ``push_every`` steps returns a commit. When
-``resync`` is set, the driver subscribes to ``params`` again (a new run of the job began: the
-retained snapshot is its newest version) and clears it.
+for one local SGD step; a step that completes ``push_every`` steps returns a commit. Time comes
+in as ``now``: ``on_tick`` resends a commit that brought nothing, ``account`` counts busy and idle
+time, and ``resubscriptions`` names the snapshot topic to read again when a new run began.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from schemas.messages import (
     as_reason,
 )
 from schemas.topics import Publish, TopicError, Topics
+
+#: A commit that brought no new version in this long goes out again (``DeviceCore.on_tick``).
+RESEND_S = 30.0
 
 
 def new_incarnation() -> int:
@@ -114,8 +117,11 @@ class DeviceCore:
         self.notices: list[Notice] = []
         self.fatal: str | None = None  # why this device cannot take part in the job
         self._fits: tuple[object, ...] | None = None  # (trainer, loss, model shapes) judged fit (_unfit)
-        self.busy_s = 0.0
-        self.idle_s = 0.0
+        self.busy_s = 0.0  # time the device could train (``account``)
+        self.idle_s = 0.0  # time it could not: waiting for parameters, a Control, the staleness bound
+        self._mark: tuple[float, bool] | None = None  # (when ``account`` last counted, whether it was ready)
+        self._progress = (self.server_version, self.seq)  # a new version or commit restarts the resend clock
+        self._progress_at: float | None = None  # when ``_progress`` last changed
         self.speed = SpeedMeter()  # step times, and the one last reported to the server
 
     @property
@@ -409,6 +415,44 @@ class DeviceCore:
         self.waiting = self.control.wait_for_params
         return message
 
+    # ------------------------------------------------------------------ time
+    def on_tick(self, now: float, resend_s: float = RESEND_S) -> list[Publish]:
+        """Time passes: the newest commit goes out again (``resend``) when it brought no new version
+        and no commit followed it in ``resend_s`` seconds."""
+        progress = (self.server_version, self.seq)
+        if progress != self._progress or self._progress_at is None:
+            self._progress, self._progress_at = progress, now
+            return []
+        if now - self._progress_at < resend_s:
+            return []
+        again = self.resend()
+        if again:
+            self._progress_at = now
+            self.events.info("commit %d brought no new version in %g s: sending it again", self.seq, resend_s)
+        return again
+
+    def next_deadline(self, resend_s: float = RESEND_S) -> float | None:
+        """When ``on_tick`` may next resend (None: no commit waited on)."""
+        return None if self._progress_at is None or self.sent is None else self._progress_at + resend_s
+
+    def resubscriptions(self) -> list[str]:
+        """The snapshot topic, once, when a new run began (``resync``): its retained message is the
+        run's newest version."""
+        if not self.resync:
+            return []
+        self.resync = False
+        return [self.topics.params]
+
+    def account(self, now: float) -> None:
+        """Count the time since the last call as busy (the device could train then) or idle."""
+        if self._mark is not None:
+            at, ready = self._mark
+            if ready:
+                self.busy_s += now - at
+            else:
+                self.idle_s += now - at
+        self._mark = (now, self.ready)
+
     def resend(self) -> list[Publish]:
         """The newest commit again, the same bytes, while the device waits on it (for parameters,
         or, under one commit per version, for the next version, or, under ssp, for the slowest clock to
@@ -416,7 +460,7 @@ class DeviceCore:
         (dropped by the broker while the server was not listening to this device, say) would
         otherwise hold the device for good, and a job it is alone in. A copy of a commit the server
         holds is counted as ``replayed`` and not noticed (docs/PROTOCOL.md §6): sending it twice
-        applies it once. The driver calls this after ``RESEND_S`` without news."""
+        applies it once. ``on_tick`` calls this after ``RESEND_S`` without news."""
         if self.sent is None or self.finished or not (self.waiting or self.holding or self.blocked):
             return []
         return [self.sent.message]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerAddress, MqttTransport, Transport, reachable
+from broker.driver import drive
 from edge_client.cache import cached_artifacts, save_artifact
-from edge_client.core import DeviceCore
+from edge_client.core import RESEND_S, DeviceCore
 from edge_client.profile import DeviceProfile
+from schemas.topics import Inbound, Publish
 
 log = logging.getLogger("edgeps.device")
 
@@ -31,7 +34,7 @@ def connect_device(core: DeviceCore, broker: BrokerAddress, timeout: float = 10.
 
 
 WAIT_NOTE_S = 15.0  # while the device cannot train, say what it waits for this often
-RESEND_S = 30.0  # a commit that brought no new version in this long goes out again (DeviceCore.resend)
+DEVICE_IDLE_S = 0.05  # the longest wait for a message while the device cannot train
 
 
 def awaited(core: DeviceCore) -> str:
@@ -59,6 +62,65 @@ def awaited(core: DeviceCore) -> str:
     return f"version {barrier.version + 1}: the pace waits for this round's commits (this device holds its own)"
 
 
+class Gateway:
+    """A device's core for ``broker.driver.drive`` on this machine's clock: the DeviceCore, the
+    emulated step time of its ``profile``, and its artifact ``cache``."""
+
+    def __init__(
+        self, core: DeviceCore, profile: DeviceProfile, cache: Path | None, resend_s: float, clock: Callable[[], float]
+    ) -> None:
+        self.core, self.profile, self.cache, self.resend_s, self.clock = core, profile, cache, resend_s, clock
+        self.events = core.events
+        self.cached = core.backend.artifact
+        self.noted = clock()
+
+    @property
+    def done(self) -> bool:
+        return self.core.finished
+
+    def receive(self, message: Inbound, now: float) -> list[Publish]:
+        core = self.core
+        core.on_message(message.topic, message.payload)
+        if self.cache is not None and core.backend.artifact is not None and core.backend.artifact is not self.cached:
+            save_artifact(self.cache, core.backend.artifact)
+            self.cached = core.backend.artifact
+        return []
+
+    def on_tick(self, now: float) -> list[Publish]:
+        if self.core.ready:
+            self.noted = now
+        elif now - self.noted >= WAIT_NOTE_S:  # a silent wait looks like a hang: say what is awaited
+            self.noted = now
+            log.info("waiting for %s", awaited(self.core))
+        return self.core.on_tick(now, self.resend_s)
+
+    def after_batch(self, now: float) -> list[Publish]:
+        """A local step when the device is ready, taking the time its profile says."""
+        core, out = self.core, []
+        if core.ready:
+            started = self.clock()
+            out += core.step()
+            elapsed = self.clock() - started
+            pause = self.profile.step_time(elapsed) - elapsed if core.trained else 0.0  # a step at the cap only commits
+            if pause > 0:  # never sleep(0): on a busy machine it gives the CPU away for a whole time slice
+                time.sleep(pause)
+            out += core.timed_step(self.clock() - started) if core.trained else []
+        core.account(self.clock())
+        return out
+
+    def next_deadline(self) -> float | None:
+        return self.clock() if self.core.ready else self.core.next_deadline(self.resend_s)
+
+    def subscriptions(self) -> list[str]:
+        return self.core.subscriptions()
+
+    def resubscriptions(self) -> list[str]:
+        return self.core.resubscriptions()
+
+    def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
+        return batch
+
+
 def run_device(
     core: DeviceCore,
     transport: Transport,
@@ -76,56 +138,11 @@ def run_device(
     artifacts are kept there and the newest one that still verifies is used at start. A commit the
     device waits on that brought no new version within ``resend_s`` is sent again, the same bytes.
     """
-    profile = profile or DeviceProfile()
     if cache is not None and core.use_artifact:
         for payload in cached_artifacts(cache):
             if core.load_artifact(payload):
                 break
-    cached = core.backend.artifact
     clock = time.perf_counter
-    mark = noted = since = clock()
-    progress = (core.server_version, core.seq)  # a new version or a new commit restarts the resend clock
-    while not core.finished and not (stop is not None and stop.is_set()):
-        if (core.server_version, core.seq) != progress:
-            progress, since = (core.server_version, core.seq), clock()
-        elif clock() - since >= resend_s and (again := core.resend()):
-            since = clock()
-            log.info("commit %d brought no new version in %g s: sending it again", core.seq, resend_s)
-            for message in again:
-                transport.publish(message)
-        training = core.ready  # the time until the next mark counts as busy or idle by this
-        if training:
-            noted = clock()
-        elif clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang: say what is awaited
-            noted = clock()
-            log.info("waiting for %s", awaited(core))
-        inbound = transport.receive(timeout=0.0 if training else 0.05)
-        if inbound is not None:
-            core.on_message(inbound.topic, inbound.payload)
-            transport.ack(inbound)
-            transport.subscribe_only(core.subscriptions())  # e.g. read the snapshot once, then deltas
-            if core.resync:  # a new run of the job: its newest snapshot is the retained one
-                core.resync = False
-                transport.resubscribe([core.topics.params])
-            if cache is not None and core.backend.artifact is not None and core.backend.artifact is not cached:
-                save_artifact(cache, core.backend.artifact)
-                cached = core.backend.artifact
-        elif core.ready:
-            started = clock()
-            for message in core.step():
-                transport.publish(message)
-            elapsed = clock() - started
-            pause = profile.step_time(elapsed) - elapsed if core.trained else 0.0  # a step at the cap only commits
-            if pause > 0:  # never sleep(0): on a busy machine it gives the CPU away for a whole time slice
-                time.sleep(pause)
-            for message in core.timed_step(clock() - started) if core.trained else []:
-                transport.publish(message)
-        now = clock()
-        if training:
-            core.busy_s += now - mark
-        else:
-            core.idle_s += now - mark
-        mark = now
-        for event in core.events.take():  # what the core had to say
-            log.log(event.level, event.message)
+    gateway = Gateway(core, profile or DeviceProfile(), cache, resend_s, clock)
+    drive(gateway, transport, clock, stop, idle_s=DEVICE_IDLE_S, log=log)
     transport.close(last=core.status("offline"), end_session=core.finished and core.fatal is None)  # job over

@@ -32,7 +32,7 @@ from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
 from schemas.messages import Metrics
-from schemas.topics import Publish
+from schemas.topics import Inbound, Publish
 
 SERVER_LOG, DEVICE_LOG = logging.getLogger("edgeps.ps"), logging.getLogger("edgeps.device")
 
@@ -292,14 +292,14 @@ class Simulation:
 
     def _site_receives(self, k: int, message: Publish) -> None:
         aggregator = self.aggregators[k]
-        out = aggregator.on_message(message.topic, message.payload, self.now)
-        self._site_publishes(k, [*out, *aggregator.flush(self.now)])
+        out = aggregator.receive(Inbound(message.topic, message.payload), self.now)
+        self._site_publishes(k, [*out, *aggregator.after_batch(self.now)])
 
     def _site_publishes(self, k: int, messages: list[Publish]) -> None:
         aggregator = self.aggregators[k]
         for event in aggregator.events.take():
             SERVER_LOG.log(event.level, event.message)
-        aggregator.settled()
+        aggregator.acknowledge([])  # (nothing to acknowledge on a simulated link)
         for message in messages:
             if message.topic == self.server.topics.part(aggregator.config.site):
                 start = max(self.now, self._site_free[k])
@@ -317,10 +317,10 @@ class Simulation:
     def _site_tick(self, k: int) -> None:
         self._site_timer[k] = None
         aggregator = self.aggregators[k]
-        self._site_publishes(k, [*aggregator.on_tick(self.now), *aggregator.flush(self.now)])
+        self._site_publishes(k, [*aggregator.on_tick(self.now), *aggregator.after_batch(self.now)])
 
     def _server_receives(self, message: Publish) -> None:
-        self._server_publishes(self.server.on_message(message.topic, message.payload, self.now))
+        self._server_publishes(self.server.receive(Inbound(message.topic, message.payload), self.now))
 
     def _device_receives(self, i: int, message: Publish) -> None:
         if message.topic not in self._subscribed[i]:
@@ -328,8 +328,7 @@ class Simulation:
         device = self.devices[i]
         device.on_message(message.topic, message.payload)
         wanted = set(device.subscriptions())
-        again = {device.topics.params} if device.resync else set()
-        device.resync = False
+        again = set(device.resubscriptions())
         for topic in (wanted - self._subscribed[i]) | again:  # a (re)subscription gets the retained message
             if topic in self._retained:
                 self._send_down(i, self._retained[topic])

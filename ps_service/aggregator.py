@@ -62,7 +62,7 @@ from schemas.messages import (
     SiteEntry,
 )
 from schemas.sitecommit import encode_site_commit
-from schemas.topics import Publish, Topics
+from schemas.topics import Inbound, Publish, Topics
 
 #: How long a commit waits for what it is checked against (the parameters of its base version, its
 #: device's status and control): after an aggregator's restart the broker may deliver commits first.
@@ -459,6 +459,26 @@ class SiteAggregator:
         )
         weighted = {name: np.asarray(values, np.float32) for name, values in part.weighted.items()}
         return encode_site_commit(header, weighted)
+
+    # ------------------------------------------------- the driver's call shape (broker.driver.Core)
+    @property
+    def done(self) -> bool:
+        return False  # an aggregator runs until it is stopped
+
+    def receive(self, message: Inbound, now: float) -> list[Publish]:
+        """``on_message`` for a message as a transport received it (the message is its token)."""
+        return self.on_message(message.topic, message.payload, now, message, message.duplicate, message.retain)
+
+    def after_batch(self, now: float) -> list[Publish]:
+        return self.flush(now)
+
+    def resubscriptions(self) -> list[str]:
+        return []
+
+    def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
+        """The messages settled so far (a commit once the site commit holding it went out, or it
+        was refused), whatever turn they came in."""
+        return list(self.settled())
 
     def settled(self) -> list[Any]:
         """The tokens settled since the last call (to acknowledge, once what was published with

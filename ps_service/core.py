@@ -18,7 +18,7 @@ from ps_service.round import JobState
 from ps_service.validation import Rejection
 from schemas.frame import peek_seq
 from schemas.messages import Metrics, RejectReason
-from schemas.topics import Publish
+from schemas.topics import Inbound, Publish
 
 __all__ = ["BARRIER_DETAIL_S", "ServerCore", "new_run"]
 
@@ -92,6 +92,25 @@ class ServerCore(Job):
             sender = device if kind in ("grad", "status") else None
             return self.count(rejection) if sender is None else self.reject(sender, rejection)
         return []
+
+    # ------------------------------------------------- the driver's call shape (broker.driver.Core)
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    def receive(self, message: Inbound, now: float) -> list[Publish]:
+        """``on_message`` for a message as a transport received it."""
+        m = message
+        return self.on_message(m.topic, m.payload, now, m.response_topic, m.correlation, m.retain)
+
+    def after_batch(self, now: float) -> list[Publish]:
+        return []  # everything happens as messages come (on_message) or time passes (on_tick)
+
+    def resubscriptions(self) -> list[str]:
+        return []
+
+    def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
+        return batch  # every message is processed within its turn
 
     def subscriptions(self) -> list[str]:
         """The topics the server listens to now: statuses, commands, the site commits of its

@@ -8,19 +8,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import BrokerAddress, Inbound, Inbox, MqttTransport, Transport, connect
+from broker.client import BrokerAddress, Inbox, MqttTransport, Transport, connect
+from broker.driver import drive
 from ps_service.aggregator import SiteAggregator
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint
 from schemas.messages import MessageError, Metrics
-from schemas.topics import Publish
+from schemas.topics import Inbound, Publish
 
 log = logging.getLogger("edgeps.ps")
 
 
-BATCH = 64  # inbound messages processed per checkpoint
-IDLE_S = 0.25  # the longest wait for a message: how soon a stop request is seen
+LINGER_IDLE_S = 0.1  # after the job's end, the longest wait for a late message
 WAIT_NOTE_S = 15.0  # while the job waits for its start quorum, say so this often
 #: The server's inbox: at most this many messages (and bytes) received and not yet processed; the
 #: rest waits in the broker (MQTT 5 Receive Maximum, and TCP flow control under MQTT 3.1.1).
@@ -30,15 +30,6 @@ INBOX_BYTES = 64 << 20
 
 def default_key_path(checkpoint: Path) -> Path:
     return checkpoint.with_name(checkpoint.name + ".key")
-
-
-def coalesce(messages: list[Publish]) -> list[Publish]:
-    """``messages`` with only the last of each retained topic, where it stands: a retained message
-    is state (the barrier, a device's control, the newest snapshot), and a subscriber that sees only
-    a batch's last one is where one that subscribes after the batch would be. Under load a batch
-    of 64 commits makes one barrier message instead of 64."""
-    last = {m.topic: i for i, m in enumerate(messages) if m.retain}
-    return [m for i, m in enumerate(messages) if not m.retain or last[m.topic] == i]
 
 
 def serve(
@@ -62,7 +53,7 @@ def serve(
     way. ``endpoint`` (Prometheus) shows the newest metrics record published.
     """
     clock = time.monotonic
-    seen = 0
+    seen, noted = 0, clock()
     key = checkpoint_key
     if checkpoint is not None and key is None:
         key = load_key(default_key_path(checkpoint), create=not checkpoint.exists())
@@ -83,43 +74,42 @@ def serve(
         transport.subscribe_only(core.subscriptions())
 
     def publish(messages: list[Publish]) -> None:
-        for event in core.events.take():  # what the core had to say about the batch
+        for event in core.events.take():  # what the core had to say
             log.log(event.level, event.message)
         for message in messages:
             transport.publish(message)
+        show(messages)
+
+    def show(messages: list[Publish]) -> None:  # the newest metrics record on /metrics
+        for message in messages:
             if endpoint is not None and message.topic == core.topics.metrics:
                 try:
                     endpoint.update(Metrics.from_bytes(message.payload))
                 except MessageError as exc:  # never: metrics are built finite; but not worth a crash
                     log.error("metrics record not shown on /metrics: %s", exc)
 
-    def process(timeout: float) -> None:
-        """One batch: receive, process, checkpoint, publish, acknowledge."""
-        nonlocal seen
-        batch = []
-        inbound = transport.receive(timeout=timeout)
-        while inbound is not None:
-            batch.append(inbound)
-            inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
-        outgoing = core.on_tick(clock())
-        for message in batch:
-            outgoing += core.on_message(
-                message.topic, message.payload, clock(), message.response_topic, message.correlation, message.retain
-            )
-        if checkpoint is not None and (batch or outgoing):
+    def before_publish(batch: list[Inbound], out: list[Publish]) -> None:
+        """The state a turn led to is on disk before its results leave and its messages are acknowledged."""
+        if checkpoint is not None and (batch or out):
             assert key is not None
             save(core, checkpoint, clock(), key)
-        listen()
-        publish(coalesce(outgoing))
-        for message in batch:
-            transport.ack(message)
+        show(out)
+
+    def after_turn() -> None:
+        nonlocal seen, noted
         if on_metrics is not None:
             for metrics in core.history[seen:]:
                 on_metrics(metrics)
             seen = len(core.history)
-
-    def stopped() -> bool:
-        return stop is not None and stop.is_set()
+        if not core.round.quorum and clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
+            noted = clock()
+            job = core.config
+            log.info(
+                "waiting for %d devices to start job %s (%d online)",
+                job.min_devices,
+                job.job,
+                len(core.registry.active()),
+            )
 
     # The persistent session may hold an earlier process's subscriptions (a muted device's commit
     # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
@@ -130,24 +120,22 @@ def serve(
         transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
     listen()
     publish(outgoing)
-    noted = clock()
-    while not core.finished and not stopped():
-        due = core.next_deadline()  # sleep until the core has something timed to do, or a message comes
-        process(IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
-        if not core.round.quorum and clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
-            noted = clock()
-            log.info(
-                "waiting for %d devices to start job %s (%d online)",
-                core.config.min_devices,
-                core.config.job,
-                len(core.registry.active()),
-            )
-    if stopped():
+    drive(core, transport, clock, stop, before_publish=before_publish, after_turn=after_turn, log=log)
+    if stop is not None and stop.is_set():
         return
     # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
-    deadline = clock() + linger_s
-    while clock() < deadline and not stopped():
-        process(min(0.1, max(0.0, deadline - clock())))
+    until, idle = clock() + linger_s, LINGER_IDLE_S
+    drive(
+        core,
+        transport,
+        clock,
+        stop,
+        until=until,
+        idle_s=idle,
+        before_publish=before_publish,
+        after_turn=after_turn,
+        log=log,
+    )
 
 
 def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:
@@ -164,45 +152,26 @@ SITE_REPORT_S = 30.0
 
 
 def serve_site(
-    aggregator: SiteAggregator, transport: MqttTransport, stop: threading.Event, report_s: float = SITE_REPORT_S
+    aggregator: SiteAggregator, transport: Transport, stop: threading.Event, report_s: float = SITE_REPORT_S
 ) -> None:
     """Drive a site aggregator until ``stop``. A device's commit is acknowledged to the site broker
     only once the site commit holding it is acknowledged by the broker (or it was refused): an
     aggregator that dies loses nothing, and the broker delivers what it held to the next one. Its
-    subscriptions follow ``SiteAggregator.subscriptions`` after every batch (the commit topics of
+    subscriptions follow ``SiteAggregator.subscriptions`` after every turn (the commit topics of
     its devices, none of a muted one)."""
     clock = time.monotonic
-    unacked: list[Inbound] = []  # settled, waiting for the broker to take what was published with them
     reported = clock()
-    # the persistent session may hold an earlier process's commit subscriptions (grad/+, a muted device's)
-    transport.unsubscribe(aggregator.all_commit_topics())
-    transport.subscribe_only(aggregator.subscriptions())
-    while not stop.is_set():
-        due = aggregator.next_deadline()
-        inbound = transport.receive(timeout=IDLE_S if due is None else min(IDLE_S, max(0.0, due - clock())))
-        batch = []
-        while inbound is not None:
-            batch.append(inbound)
-            inbound = transport.receive(timeout=0.0) if len(batch) < BATCH else None
-        out = aggregator.on_tick(clock())
-        for message in batch:
-            out += aggregator.on_message(
-                message.topic, message.payload, clock(), message, message.duplicate, message.retain
-            )
-        out += aggregator.flush(clock())
-        for event in aggregator.events.take():
-            log.log(event.level, event.message)
-        transport.subscribe_only(aggregator.subscriptions())
-        for publish in out:
-            transport.publish(publish)
-        unacked += aggregator.settled()
-        if unacked and transport.wait_acknowledged(IDLE_S if out and not stop.is_set() else 0.0):
-            for message in unacked:
-                transport.ack(message)
-            unacked = []
+
+    def after_turn() -> None:
+        nonlocal reported
         if clock() - reported >= report_s:
             reported = clock()
             log.info("site %s: %s", aggregator.config.site, site_report(aggregator))
+
+    # the persistent session may hold an earlier process's commit subscriptions (grad/+, a muted device's)
+    transport.unsubscribe(aggregator.all_commit_topics())
+    transport.subscribe_only(aggregator.subscriptions())
+    drive(aggregator, transport, clock, stop, confirmed=True, after_turn=after_turn, log=log)
     log.info("site %s: %s", aggregator.config.site, site_report(aggregator))
 
 

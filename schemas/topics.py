@@ -133,6 +133,20 @@ class Topics:
 
 
 @dataclass(frozen=True)
+class Inbound:
+    """A message a transport received, handed to a core (acknowledged to the broker once processed)."""
+
+    topic: str
+    payload: bytes
+    mid: int = 0
+    qos: int = 0
+    response_topic: str | None = None  # MQTT 5: where the sender wants an answer
+    correlation: bytes | None = None  # MQTT 5: echoed with the answer
+    retain: bool = False  # the broker delivered a retained message (not one published live)
+    duplicate: bool = False  # the broker delivers it again (MQTT DUP): it may have been received before
+
+
+@dataclass(frozen=True)
 class Publish:
     """A message a sans-IO core wants sent; a driver hands it to its transport."""
 

@@ -1,0 +1,132 @@
+"""One driver for every role: a sans-IO core run over a transport on a real clock.
+
+The server, a site aggregator and a device each have a core that never touches a socket or the
+clock; ``drive`` is the one loop that feeds it. A turn: sleep until the core's next deadline or
+a message (``receive_batch``), let time pass (``on_tick``), hand over each message of the batch
+(``receive``), let the core work (``after_batch``), make its subscriptions what it says, publish
+what it returned, and acknowledge what it is done with (``acknowledge``). Each role's adapter
+(``ps_service.mqtt``, ``edge_client.mqtt``) supplies what only it does around a turn: the
+server's checkpoint before publishing, a device's emulated step time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from broker.client import Transport
+from schemas.events import Events
+from schemas.topics import Inbound, Publish
+
+#: Inbound messages handled in one turn (the server checkpoints once per turn).
+BATCH = 64
+#: The longest sleep of a turn: how soon a stop request is seen.
+IDLE_S = 0.25
+
+
+class Core(Protocol):
+    """What a driver runs: a role's core behind one call shape."""
+
+    events: Events  # what happened, for the driver to log
+
+    @property
+    def done(self) -> bool:
+        """Whether the role's work is over (its job finished)."""
+
+    def receive(self, message: Inbound, now: float) -> list[Publish]:
+        """One inbound message; never raises."""
+
+    def on_tick(self, now: float) -> list[Publish]:
+        """Time passes (before a turn's messages): timers, deadlines, resends."""
+
+    def after_batch(self, now: float) -> list[Publish]:
+        """After a turn's messages: what is due once they are in (a site commit, a device's step)."""
+
+    def next_deadline(self) -> float | None:
+        """When ``on_tick`` or ``after_batch`` next has something to do (None: only a message)."""
+
+    def subscriptions(self) -> list[str]:
+        """The topics the core listens to now."""
+
+    def resubscriptions(self) -> list[str]:
+        """Topics whose retained message the core needs again (subscribed to afresh)."""
+
+    def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
+        """Of this turn's ``batch`` and earlier ones, the messages the core is done with: to be
+        acknowledged to the broker."""
+
+
+def coalesce(messages: list[Publish]) -> list[Publish]:
+    """``messages`` with only the last of each retained topic, where it stands: a retained message
+    is state (the barrier, a device's control, the newest snapshot), and a subscriber that sees only
+    a turn's last one is where one that subscribes after the turn would be. Under load a batch
+    of 64 commits makes one barrier message instead of 64."""
+    last = {m.topic: i for i, m in enumerate(messages) if m.retain}
+    return [m for i, m in enumerate(messages) if not m.retain or last[m.topic] == i]
+
+
+def receive_batch(transport: Transport, timeout: float, limit: int = BATCH) -> list[Inbound]:
+    """The messages that came within ``timeout`` (waiting only for the first), at most ``limit``."""
+    batch: list[Inbound] = []
+    inbound = transport.receive(timeout=timeout)
+    while inbound is not None:
+        batch.append(inbound)
+        inbound = transport.receive(timeout=0.0) if len(batch) < limit else None
+    return batch
+
+
+def drive(
+    core: Core,
+    transport: Transport,
+    clock: Callable[[], float],
+    stop: threading.Event | None = None,
+    *,
+    until: float | None = None,
+    idle_s: float = IDLE_S,
+    confirmed: bool = False,
+    before_publish: Callable[[list[Inbound], list[Publish]], None] | None = None,
+    after_turn: Callable[[], None] | None = None,
+    log: logging.Logger,
+) -> None:
+    """Run ``core`` until it is ``done`` (or ``stop`` is set, or ``clock()`` reaches ``until``).
+
+    ``confirmed``: a settled message is acknowledged only once the broker acknowledged what was
+    published with it (a site aggregator: a device's commit is let go only once the site commit
+    holding it is with the broker). ``before_publish(batch, out)``: what the role does before a
+    turn's results leave (the server's checkpoint). ``after_turn``: what it does after."""
+    unacked: list[Inbound] = []
+
+    def running() -> bool:
+        if stop is not None and stop.is_set():
+            return False
+        return not core.done if until is None else clock() < until
+
+    while running():
+        due = core.next_deadline()
+        wait = idle_s if due is None else min(idle_s, max(0.0, due - clock()))
+        if until is not None:
+            wait = min(wait, max(0.0, until - clock()))
+        batch = receive_batch(transport, wait)
+        out = core.on_tick(clock())
+        for message in batch:
+            out += core.receive(message, clock())
+        out += core.after_batch(clock())
+        for event in core.events.take():  # what the core had to say about the turn
+            log.log(event.level, event.message)
+        if before_publish is not None:
+            before_publish(batch, out)
+        transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
+        again = core.resubscriptions()
+        if again:
+            transport.resubscribe(again)
+        for publish in coalesce(out):
+            transport.publish(publish)
+        unacked += core.acknowledge(batch)
+        if unacked and (not confirmed or transport.wait_acknowledged(idle_s if out and running() else 0.0)):
+            for message in unacked:
+                transport.ack(message)
+            unacked = []
+        if after_turn is not None:
+            after_turn()
