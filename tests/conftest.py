@@ -46,6 +46,12 @@ def sdk(tmp_path_factory) -> Path:
     return build
 
 
+@pytest.fixture
+def epsd(sdk) -> Path:
+    """The C device core's harness (edge_client/embedded/tools), built with the sanitizers."""
+    return sdk / "epsd"
+
+
 @pytest.fixture(scope="session")
 def sdk32(tmp_path_factory) -> Path:
     """The SDK's host tools built for a 32-bit target (``-m32``: size_t of 32 bits, as on a 32-bit
