@@ -27,10 +27,11 @@ from edgeps.options import nest_fields
 from learning.data import Dataset, dirichlet_partition, load_digits, stratified_split
 from learning.losses import get_loss
 from learning.model import init_mlp
-from ps_service.aggregator import SiteAggregator, SiteConfig
 from ps_service.config import ServerConfig
 from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
+from ps_service.site.aggregator import SiteAggregator
+from ps_service.site.config import SiteConfig
 from schemas.messages import Metrics
 from schemas.topics import Inbound, Publish
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ps_service.door import Refusal, SiteRefusal
 from ps_service.validation import Rejection
-from schemas.messages import DeviceStatus, MessageError, RejectReason
+from schemas.messages import DeviceStatus, RejectReason
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
@@ -19,17 +19,11 @@ if TYPE_CHECKING:
 
 def on_status(job: Job, device: str, payload: bytes, now: float) -> list[Publish]:
     """A device's hello (online) or last will (offline); an empty (cleared) status is offline."""
-    refused = job.door.status(device, now)
-    if refused is not None:
-        return job.reject(device, refused, now)
-    if not payload:
+    status = job.door.read_status(device, payload, now)
+    if isinstance(status, Rejection):
+        return job.reject(device, status, now)
+    if status is None:  # cleared: offline
         return job.device_left(device, now)
-    try:
-        status = DeviceStatus.from_bytes(payload)
-    except MessageError as exc:
-        return job.reject(device, Rejection(RejectReason.MALFORMED, str(exc)))
-    if status.device != device:
-        return job.reject(device, Rejection(RejectReason.DEVICE_MISMATCH, f"status body names {status.device!r}"))
     if status.state == "offline":
         return job.device_left(device, now, status.incarnation)
     if not job.registry.permits(device):

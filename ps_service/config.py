@@ -7,10 +7,38 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from ps_service.door import DoorConfig
 from schemas.codecs import make_codec
 from schemas.messages import Name
 from schemas.topics import check_name
+
+
+class DoorConfig(BaseModel):
+    """The bounds of the door (``Door``): one schema for the server, site aggregators and ingest
+    workers, nested in each role's options (``ServerConfig``, ``SiteConfig``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_commit_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
+    )
+    max_commit_rate: float | None = Field(
+        1000.0,
+        gt=0,
+        description="commits per second a device (or a site) may send, sustained (0: no limit); in bytes, as many "
+        "as that many of the largest accepted commits",
+    )
+    max_commit_burst: int = Field(50, ge=1, description="commits a device (or a site) may send at once")
+    max_held_commits: int = Field(
+        16,
+        ge=1,
+        description="commits of one device held at once (accepted, not yet aggregated); more are refused "
+        "as rate_limited (their work carries into the device's next commit)",
+    )
+    max_held_mib: float = Field(
+        256.0, gt=0, description="MiB of commits held at once, all devices together (the same refusal beyond)"
+    )
 
 
 def nested_model(info: FieldInfo) -> type[BaseModel] | None:

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
+from ps_service.config import DoorConfig
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Partial, SiteUpdate, Update
 from ps_service.validation import Rejection, validate_commit
 from schemas.frame import FrameError, fp32_commit_size, peek_seq
-from schemas.messages import MAX_JSON_BYTES, MessageError, RejectReason, SiteCommit, SiteEntry
+from schemas.messages import MAX_JSON_BYTES, DeviceStatus, MessageError, RejectReason, SiteCommit, SiteEntry
 from schemas.sitecommit import parse_site_commit
 
 R = RejectReason
@@ -50,35 +50,6 @@ SUM_TOLERANCE = 1e-3
 def finished(seq: int | None) -> Rejection:
     """Why every commit of a finished job is refused, by every receiver: no version will take it."""
     return Rejection(R.FINISHED, "the job has finished", seq)
-
-
-class DoorConfig(BaseModel):
-    """The bounds of the door (``Door``): one schema for the server, site aggregators and ingest
-    workers, nested in each role's options (``ServerConfig``, ``SiteConfig``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_commit_bytes: int | None = Field(
-        None,
-        ge=1024,
-        description="largest commit accepted, bytes (default: the model's fp32 commit, the largest valid one)",
-    )
-    max_commit_rate: float | None = Field(
-        1000.0,
-        gt=0,
-        description="commits per second a device (or a site) may send, sustained (0: no limit); in bytes, as many "
-        "as that many of the largest accepted commits",
-    )
-    max_commit_burst: int = Field(50, ge=1, description="commits a device (or a site) may send at once")
-    max_held_commits: int = Field(
-        16,
-        ge=1,
-        description="commits of one device held at once (accepted, not yet aggregated); more are refused "
-        "as rate_limited (their work carries into the device's next commit)",
-    )
-    max_held_mib: float = Field(
-        256.0, gt=0, description="MiB of commits held at once, all devices together (the same refusal beyond)"
-    )
 
 
 @dataclass(frozen=True)
@@ -220,6 +191,22 @@ class Door:
         """Whether a refused commit is a copy of one the receiver holds (its work is in hand): counted,
         no notice (the device would send that work again)."""
         return rejection.reason is R.REPLAYED and self.registry.redelivered(device, rejection.seq)
+
+    def read_status(self, device: str, payload: bytes, now: float) -> DeviceStatus | Rejection | None:
+        """A device's status on ``status/{device}`` as every receiver reads it: why it is refused (too
+        often, malformed, naming another device), None for a cleared (empty) one, else the status."""
+        refused = self.status(device, now)
+        if refused is not None:
+            return refused
+        if not payload:
+            return None
+        try:
+            status = DeviceStatus.from_bytes(payload)
+        except MessageError as exc:
+            return Rejection(R.MALFORMED, str(exc))
+        if status.device != device:
+            return Rejection(R.DEVICE_MISMATCH, f"status body names {status.device!r}")
+        return status
 
     def status(self, device: str, now: float) -> Rejection | None:
         """A device's status (hello, will, speed report; an empty one is offline) on arrival: None, or

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from broker.client import BrokerAddress, Inbox, MqttTransport, Transport, connect
 from broker.driver import drive
-from ps_service.aggregator import SiteAggregator
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint
+from ps_service.site.aggregator import SiteAggregator
 from schemas.messages import MessageError, Metrics
 from schemas.topics import Inbound, Publish
 

@@ -13,8 +13,9 @@ log = logging.getLogger("edgeps.aggregator")
 def cmd_aggregator(args: argparse.Namespace) -> int:
     from broker.client import connect
     from edgeps.options import model_values
-    from ps_service.aggregator import SiteAggregator, SiteConfig
     from ps_service.mqtt import serve_site
+    from ps_service.site.aggregator import SiteAggregator
+    from ps_service.site.config import SiteConfig
 
     config = SiteConfig(**model_values(SiteConfig, args))  # refused before anything connects
     aggregator = SiteAggregator(config)
@@ -40,7 +41,7 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
 def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     from edgeps.options import add_model_options
-    from ps_service.aggregator import SiteConfig
+    from ps_service.site.config import SiteConfig
 
     parser = sub.add_parser("aggregator", help="sum a site's commits into site commits (beside its site broker)")
     broker_args(parser)

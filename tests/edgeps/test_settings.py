@@ -56,7 +56,7 @@ def test_config_show_prints_the_effective_values_and_hides_passwords(tmp_path, c
 def test_an_aggregators_required_site_may_come_from_its_file_or_the_environment(tmp_path, monkeypatch) -> None:
     """--site is required of the model, not of argparse: a TOML file or EDGEPS_SITE may give it."""
     from edgeps.options import model_values
-    from ps_service.aggregator import SiteConfig
+    from ps_service.site.config import SiteConfig
 
     aggregator = _roles(build_parser())["aggregator"]
     config = tmp_path / "aggregator.toml"

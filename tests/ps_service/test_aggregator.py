@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgeps.simulator import Scenario, Simulation
-from ps_service.aggregator import WAIT_S, SiteAggregator, SiteConfig
+from ps_service.site.aggregator import WAIT_S, SiteAggregator
+from ps_service.site.config import SiteConfig
 from ps_service.update import SiteUpdate
 from schemas.frame import decode_frame
 from schemas.messages import DeviceStatus, Notice, RejectReason
@@ -87,9 +88,9 @@ def test_a_site_commit_goes_out_after_flush_s_without_a_straggler() -> None:
 
 
 def test_a_round_bigger_than_one_site_commit_goes_up_as_soon_as_every_device_committed(monkeypatch) -> None:
-    import ps_service.aggregator
+    import ps_service.site.aggregator
 
-    monkeypatch.setattr(ps_service.aggregator, "MAX_SITE_COMMITS", 2)
+    monkeypatch.setattr(ps_service.site.aggregator, "MAX_SITE_COMMITS", 2)
     server = site_server()
     aggregator = site_of(server, devices=("a", "b", "c"))
     for device in ("a", "b"):
@@ -276,13 +277,13 @@ def test_the_aggregator_follows_a_new_run_and_ignores_what_an_earlier_one_left()
             aggregator.on_message(old.topics.grad(device), commit_bytes(old, device, version), float(version))
         for message in deliver(old, aggregator.flush(float(version)), float(version)):  # its broadcasts
             aggregator.on_message(message.topic, message.payload, float(version))
-    assert old.store.version == aggregator.version == 15
+    assert old.store.version == aggregator.job.version == 15
     new = site_server(run=6)
     for message in new.start(20.0):  # the new run's snapshot and barrier
         aggregator.on_message(message.topic, message.payload, 20.0)
     for message in old.last_broadcast:  # the earlier run's, delivered again (a resubscription)
         aggregator.on_message(message.topic, message.payload, 20.0)
-    assert (aggregator.run, aggregator.version) == (6, 0)
+    assert (aggregator.job.run, aggregator.job.version) == (6, 0)
     for device in ("a", "b"):
         hello(new, device, now=20.0)
         aggregator.on_message(new.topics.grad(device), commit_bytes(new, device, 20), 21.0)
@@ -311,4 +312,4 @@ def test_params_frame_is_read_for_shapes_and_version() -> None:
     server = site_server()
     aggregator = site_of(server)
     frame = decode_frame(server.last_broadcast[0].payload)
-    assert aggregator.shapes == {n: v.shape for n, v in frame.tensors.items()} and aggregator.version == 0
+    assert aggregator.job.shapes == {n: v.shape for n, v in frame.tensors.items()} and aggregator.job.version == 0

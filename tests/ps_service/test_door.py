@@ -9,9 +9,10 @@ import math
 
 import numpy as np
 
-from ps_service.aggregator import WAIT_S
-from ps_service.door import Door, DoorConfig, Refusal
+from ps_service.config import DoorConfig
+from ps_service.door import Door, Refusal
 from ps_service.registry import DeviceRegistry
+from ps_service.site.aggregator import WAIT_S
 from ps_service.update import Update
 from schemas.messages import MAX_SAFE_INT, MAX_U32, Barrier, RejectReason
 from schemas.sitecommit import encode_site_commit, parse_site_commit
@@ -58,7 +59,7 @@ def test_the_server_and_a_site_aggregator_give_the_same_verdict_on_the_same_host
         now += WAIT_S + 1
     assert aggregator.report.traffic.rejected == direct.traffic.rejected
     assert [u.seq for u, _ in aggregator.held] == [22, 23]  # what the server took, the aggregator holds
-    assert aggregator.version == 0  # a base version from the future never became the aggregator's
+    assert aggregator.job.version == 0  # a base version from the future never became the aggregator's
 
 
 def test_no_commit_makes_the_aggregator_fail_and_every_site_commit_is_valid() -> None:
@@ -91,7 +92,7 @@ def test_a_base_version_from_the_future_never_becomes_the_aggregators() -> None:
     aggregator = site_of(server, devices=("a", "b"))
     aggregator.on_message(server.topics.grad("a"), commit_bytes(server, "a", 1, base=MAX_SAFE_INT), 1.0)
     [notice] = notices(aggregator.on_tick(1.0 + WAIT_S))
-    assert notice.reason is R.FUTURE_VERSION and aggregator.version == 0
+    assert notice.reason is R.FUTURE_VERSION and aggregator.job.version == 0
     retained = aggregator.on_message(server.topics.grad("b"), commit_bytes(server, "b", 1), 12.0, retained=True)
     assert verdict(retained) == ["retained"]
     for device in ("a", "b"):

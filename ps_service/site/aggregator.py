@@ -18,89 +18,35 @@ took that site commit, so an aggregator that dies loses nothing, and what the br
 again (``duplicate``) goes up alone, one commit a site commit, so that the server can tell a
 copy of what it holds (dropped) from work it never got (taken). No input makes it fail: a message
 it cannot process is refused (``unprocessable``), settled and counted.
-
-With ``shared`` it is an ingest worker beside the server instead: it reads a share of every
-device's commits from MQTT 5 shared subscriptions on the core broker and sends a site commit per
-batch, one commit a device in each (the server then checks sequence numbers in a window: a
-worker's site commit may pass another's), and alone any commit whose device the barrier already
-lists as committed for its round (a resend whose first copy another worker had).
-
-Either way it subscribes to the commit topic of each device of its ``--devices`` or whose status
-it saw (the server's rule), not to ``grad/+``, and leaves a flooding device's out for a while, as
-the server does: the broker then drops the flood (for an ingest worker, once every worker left it).
 """
 
 from __future__ import annotations
 
-import math
 import traceback
 from collections import Counter
 from typing import Any, NamedTuple
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
-
-from ps_service.aggregate import Clip, partial
-from ps_service.config import nest_fields
-from ps_service.door import Checks, Door, DoorConfig, Refusal, finished
+from ps_service.door import Checks, Door, Refusal, finished
 from ps_service.registry import DeviceRegistry
 from ps_service.reporting import Report
-from ps_service.robust import MODEL_FRACTION, bounded_sizes, claimed_sizes, per_device
+from ps_service.site.config import SiteConfig
+from ps_service.site.sums import site_commit
+from ps_service.site.view import JobView
 from ps_service.update import Update
 from ps_service.validation import Rejection
 from schemas.events import Events
-from schemas.frame import FrameKind, decode_frame, parse_frame, peek_base_version, peek_seq
+from schemas.frame import peek_base_version, peek_seq
 from schemas.messages import (
     MAX_SITE_COMMITS,
-    MAX_U32,
     Barrier,
     Control,
-    DeviceStatus,
-    Name,
     RejectReason,
-    SiteCommit,
-    SiteEntry,
 )
-from schemas.sitecommit import encode_site_commit
 from schemas.topics import Inbound, Publish, Topics
 
 #: How long a commit waits for what it is checked against (the parameters of its base version, its
 #: device's status and control): after an aggregator's restart the broker may deliver commits first.
 WAIT_S = 10.0
-
-
-class SiteConfig(BaseModel):
-    """A site aggregator's or ingest worker's options (``edgeps aggregator``); the door's bounds
-    (``door``: rate limits, commit size, memory) are the server's options of the same names."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job: Name = Field("demo", description="the job's name")
-    site: Name = Field(description="the site's name (its site commits go to edgeps/{job}/part/{site})")
-    flush_s: float = Field(
-        1.0, gt=0, description="a site commit goes out at the latest this many seconds after its first commit came"
-    )
-    shared: bool = Field(
-        False,
-        description="an ingest worker beside the server: read the job's commits from shared subscriptions "
-        "$share/edgeps-{job}/edgeps/{job}/grad/{device} on the core broker, a site commit per batch",
-    )
-    allowed_devices: frozenset[str] | None = Field(
-        None,
-        description="comma-separated devices whose commits it reads from the start, as the server's --devices "
-        "(default: each once its status came; a device's first commit can race its status)",
-        json_schema_extra={"flag": "devices"},
-    )
-    door: DoorConfig = Field(DoorConfig(), description="the bounds of the door every commit comes through")
-
-    @field_serializer("allowed_devices")
-    def _sorted(self, devices: frozenset[str] | None) -> list[str] | None:
-        return None if devices is None else sorted(devices)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _door_fields(cls, data: Any) -> Any:
-        return nest_fields(data, cls, "door", DoorConfig, DoorConfig())
 
 
 class Waiting(NamedTuple):
@@ -124,17 +70,7 @@ class SiteAggregator:
         self.registry = DeviceRegistry(config.allowed_devices)
         self.door = Door(config.door, self.registry)
         self.events = Events()
-        self.version = 0
-        self.run: int | None = None  # the job's run the version belongs to (its parameters' and barrier's)
-        self.ended_runs: set[int] = set()  # runs a newer one replaced: their retained messages are ignored
-        self.shapes: dict[str, tuple[int, ...]] | None = None
-        self.snapshot: bytes | None = None  # the newest parameters (their norm: the bound before the barrier's)
-        self.codecs: dict[str, frozenset[str]] = {}  # each device's accepted codecs, from its control
-        self.left: frozenset[str] = frozenset()
-        self.finished = False  # the barrier said the job has finished: commits are refused here
-        self.committed: tuple[int, frozenset[str]] = (-1, frozenset())  # the barrier's version and committed
-        self.max_norm: float | None = None  # the server's bounds, from the barrier
-        self.max_weight: float | None = None
+        self.job = JobView()  # what it knows of the job, from the server's broadcasts
         self.sent: dict[str, int] = {}  # each device's newest base version sent up
         self.held: list[tuple[Update, Any]] = []  # accepted, not yet sent up
         self.alone: list[tuple[Update, Any]] = []  # delivered again: each goes up in a site commit of its own
@@ -184,12 +120,11 @@ class SiteAggregator:
             if kind == "status" and device is not None:
                 self._on_status(device, payload, now)
             elif kind == "ctrl" and device is not None and payload:
-                control = Control.from_bytes(payload, tolerant=True)
-                self.codecs[device] = frozenset({control.codec, *self.codecs.get(device, ())})
+                self.job.on_control(device, Control.from_bytes(payload, tolerant=True))
             elif kind == "barrier" and payload:
-                self._on_barrier(Barrier.from_bytes(payload, tolerant=True))
+                self._news(self.job.on_barrier(Barrier.from_bytes(payload, tolerant=True)))
             elif kind in ("params", "delta") and payload:
-                self._on_params(payload)
+                self._news(self.job.on_params(payload))
         except Exception as exc:  # a message it cannot read is ignored (a bug: logged), never a crash
             self.events.warning("ignored message on %s: %s: %s", topic, type(exc).__name__, exc)
         self._settled.append(token)
@@ -227,60 +162,35 @@ class SiteAggregator:
         return self._safely(self._admit, now)
 
     def _on_status(self, device: str, payload: bytes, now: float) -> None:
-        if self.door.status(device, now) is not None:  # as the server: too often (the server notices it)
-            return
-        if not payload:
-            self.registry.set_offline(device)
-            return
-        status = DeviceStatus.from_bytes(payload)
-        if status.device != device:
-            raise ValueError(f"status on {device!r} names {status.device!r}")
-        if status.state == "offline":
-            self.registry.set_offline(device, status.incarnation)
-            return
-        assert status.incarnation is not None
-        self.registry.set_online(device, status.samples, status.incarnation)
+        status = self.door.read_status(device, payload, now)  # as the server reads it (which notices a refusal)
+        if isinstance(status, Rejection):
+            if status.reason is not RejectReason.RATE_LIMITED:
+                self.events.warning("ignored status of %s: %s", device, status.detail)
+        elif status is None or status.state == "offline":
+            self.registry.set_offline(device, None if status is None else status.incarnation)
+        else:
+            assert status.incarnation is not None
+            self.registry.set_online(device, status.samples, status.incarnation)
 
-    def _on_barrier(self, barrier: Barrier) -> None:
-        if self._follow(barrier.run, barrier.version):
-            self.left, self.finished = frozenset(barrier.left), barrier.state == "finished"
-            self.committed = (barrier.version, frozenset(barrier.committed))
-            self.max_norm, self.max_weight = barrier.max_norm, barrier.max_weight
-
-    def _on_params(self, payload: bytes) -> None:
-        raw = parse_frame(payload)
-        if raw.kind == FrameKind.PARAMS and self._follow(raw.seq, raw.base_version):  # a snapshot's seq: its run
-            self.shapes, self.snapshot = raw.shapes, payload
-        elif raw.kind == FrameKind.DELTA and self.run is not None:  # deltas follow the run's snapshot
-            self.version = max(self.version, raw.base_version)
-
-    def _follow(self, run: int, version: int) -> bool:
-        """Take ``version`` of ``run`` as known; False for a run that ended (a retained message a site
-        broker kept from an earlier run of the job). A new run starts again from its own version."""
-        if run in self.ended_runs:
-            return False
-        if run != self.run:
-            if self.run is not None:
-                self.ended_runs.add(self.run)
-                self.sent.clear()
-                self.events.info("run %d of job %s began: site commits follow it", run, self.config.job)
-            self.run, self.version = run, version
-        self.version = max(self.version, version)
-        return True
+    def _news(self, new_run: int | None) -> None:
+        """A new run of the job began (``JobView``): what was sent up for the last one is forgotten."""
+        if new_run is not None:
+            self.sent.clear()
+            self.events.info("run %d of job %s began: site commits follow it", new_run, self.config.job)
 
     def _checks(self) -> Checks:
-        return Checks(self.version, self.shapes or {}, frozenset(), self.finished)
+        return Checks(self.job.version, self.job.shapes or {}, frozenset(), self.job.finished)
 
     def _ready(self, waiting: Waiting) -> bool:
         """Whether what ``waiting`` is checked against has come: the model, its device's status and
         control, and the version it is based on (a commit is never based on a version not yet
         published, so its parameters are on their way to this aggregator too)."""
         base = peek_base_version(waiting.payload)
-        return self._known(waiting.device) and (base is None or base <= self.version)
+        return self._known(waiting.device) and (base is None or base <= self.job.version)
 
     def _known(self, device: str) -> bool:
         """Whether the model, ``device``'s status and its control have come."""
-        return self.shapes is not None and self.registry.known(device) and device in self.codecs
+        return self.job.shapes is not None and self.registry.known(device) and device in self.job.codecs
 
     def _admit(self, now: float) -> list[Publish]:
         """Check the commits that can be checked now; refuse those that waited too long."""
@@ -293,13 +203,13 @@ class SiteAggregator:
                 continue
             device, payload = waiting.device, waiting.payload
             self.door.release(device, len(payload))
-            if self.finished:  # as the server would: no bytes up for work no version will take
+            if self.job.finished:  # as the server would: no bytes up for work no version will take
                 out += self._refused(device, Refusal(finished(waiting.seq)), now, waiting.token)
                 continue
             if not ready and not self._known(device):
                 out += self._refused(device, Refusal(self._never_came(waiting)), now, waiting.token)
                 continue
-            checks = Checks(self.version, self.shapes or {}, self.codecs[device], self.finished)
+            checks = Checks(self.job.version, self.job.shapes or {}, self.job.codecs[device], self.job.finished)
             update = self.door.check(device, payload, checks, waiting.seq)
             if isinstance(update, Refusal):
                 out += self._refused(device, update, now, waiting.token)
@@ -338,7 +248,7 @@ class SiteAggregator:
         docs/PROTOCOL.md: the same bytes after 30 s without a version), which this ingest worker
         did not see: its device is among the barrier's ``committed`` for its round. It then goes up
         alone: a copy is dropped as such, and takes no other device's commit with it."""
-        version, committed = self.committed
+        version, committed = self.job.committed
         return self.config.shared and update.device in committed and update.base_version <= version
 
     # ----------------------------------------------------------------- flushing
@@ -354,8 +264,8 @@ class SiteAggregator:
             return True
         # who has committed on the newest version: what is held, and what already went up (a site of more
         # than MAX_SITE_COMMITS devices sends a round in several site commits)
-        sent = {device for device, version in self.sent.items() if version >= self.version}
-        expected = self.registry.active() - self.left
+        sent = {device for device, version in self.sent.items() if version >= self.job.version}
+        expected = self.registry.active() - self.job.left
         late = self.first_at is not None and now >= self.first_at + self.config.flush_s
         return expected <= held | sent or late
 
@@ -396,7 +306,10 @@ class SiteAggregator:
         self.door.release_updates(updates)
         self._settled += [token for _, token in held]
         try:
-            payload = self._sum(updates)
+            max_norm, max_weight = self.job.bounds()
+            sizes, refused = self.registry.sizes(), dict(self.report.traffic.rejected)
+            at = (self.config.site, self.seq + 1, self.job.version)
+            payload = site_commit(*at, updates, sizes, max_norm, max_weight, refused)
         except Exception as exc:
             self.events.error("site commit of %d commits failed: %s", len(updates), traceback.format_exc())
             out: list[Publish] = []
@@ -404,61 +317,13 @@ class SiteAggregator:
                 why = Rejection(RejectReason.UNPROCESSABLE, f"the aggregator failed: {type(exc).__name__}", u.seq)
                 out += self.report.reject(u.device, why, None, None)
             return out
+        self.seq += 1
         self.stats["site_commits"] += 1
         self.stats["forwarded"] += len(updates)
         self.stats["bytes_up"] += len(payload)
         for update in updates:
             self.sent[update.device] = max(update.base_version, self.sent.get(update.device, -1))
         return [Publish(self.topics.part(self.config.site), payload, qos=1)]
-
-    def bounds(self) -> tuple[float, float]:
-        """(the per-step norm each device's update is clipped to, the most data size it is weighted
-        by): the barrier's, else, before the server said, half the model's norm and no cap."""
-        return self.max_norm if self.max_norm is not None else self._first_bound(), self.max_weight or math.inf
-
-    def _first_bound(self) -> float:
-        """Half the norm of the newest parameters (read only until the barrier says a bound)."""
-        if self.snapshot is None:
-            return math.inf
-        tensors = decode_frame(self.snapshot).tensors
-        return MODEL_FRACTION * math.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in tensors.values()))
-
-    def _sum(self, updates: list[Update]) -> bytes:
-        """The site commit of ``updates``: each device's update per step clipped to the server's
-        bound and weighted by its bounded data size, with its stated weight and norm."""
-        max_norm, max_weight = self.bounds()
-        weights = bounded_sizes(claimed_sizes(updates, self.registry.sizes()), min(max_weight, MAX_U32))
-        norms = per_device(updates, self.version)
-        clips = {d: Clip(max_norm / norm if norm > max_norm else 1.0, steps) for d, (norm, steps) in norms.items()}
-        part = partial(updates, self.version, weights, clips)
-        entries = []
-        for device in dict.fromkeys(u.device for u in updates):
-            mine = [u for u in updates if u.device == device]
-            norm = norms[device][0] * clips[device].scale
-            entries.append(
-                SiteEntry(
-                    device=device,
-                    seq=max(u.seq for u in mine),
-                    base_version=min(u.base_version for u in mine),
-                    samples=min(MAX_U32, sum(u.samples for u in mine)),
-                    steps=min(MAX_U32, sum(u.steps for u in mine)),
-                    weight=float(weights[device]),
-                    norm=norm,
-                )
-            )
-        self.seq += 1
-        spread = sum(e.weight * e.norm**2 for e in entries)  # in double precision, as the server checks it
-        header = SiteCommit(
-            site=self.config.site,
-            seq=self.seq,
-            version=self.version,
-            data=part.data,
-            spread=spread,
-            commits=entries,
-            refused=dict(self.report.traffic.rejected),
-        )
-        weighted = {name: np.asarray(values, np.float32) for name, values in part.weighted.items()}
-        return encode_site_commit(header, weighted)
 
     # ------------------------------------------------- the driver's call shape (broker.driver.Core)
     @property
@@ -476,12 +341,10 @@ class SiteAggregator:
         return []
 
     def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
-        """The messages settled so far (a commit once the site commit holding it went out, or it
-        was refused), whatever turn they came in."""
-        return list(self.settled())
+        return list(self.settled())  # whatever turn they came in
 
     def settled(self) -> list[Any]:
-        """The tokens settled since the last call (to acknowledge, once what was published with
-        them is acknowledged by the broker)."""
+        """The tokens settled since the last call (a commit once the site commit holding it went out,
+        or it was refused): to acknowledge once the broker took what was published with them."""
         taken, self._settled = self._settled, []
         return taken
