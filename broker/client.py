@@ -8,107 +8,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import socket
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.client import ConnectFlags, DisconnectFlags
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from broker.inbox import FlowControlledClient, Inbox
+from broker.transport import Transport
 from schemas.topics import Inbound, Publish
 
 log = logging.getLogger("edgeps.transport")
-
-
-class Inbox:
-    """The messages received and not yet taken, bounded in count and bytes (``0``: no bound).
-
-    The bound holds by not reading: while the inbox is full the network thread reads nothing
-    from the socket (``wait_for_room``), so TCP flow control keeps the backlog in the broker,
-    bounded by the broker's own limits, instead of in this process's memory. It goes on writing
-    meanwhile (acknowledgements, publishes). At least one message always fits.
-    """
-
-    def __init__(self, max_messages: int = 0, max_bytes: int = 0) -> None:
-        self.max_messages, self.max_bytes = max_messages, max_bytes
-        self._items: deque[Inbound] = deque()
-        self._bytes = 0
-        self._changed = threading.Condition()
-
-    def full(self) -> bool:
-        if not self._items:
-            return False
-        return (0 < self.max_messages <= len(self._items)) or (0 < self.max_bytes <= self._bytes)
-
-    def wait_for_room(self, timeout: float) -> bool:
-        """Whether another message may be read, waiting up to ``timeout`` seconds for room."""
-        with self._changed:
-            return self._changed.wait_for(lambda: not self.full(), timeout=timeout)
-
-    def put(self, message: Inbound) -> None:
-        with self._changed:
-            self._items.append(message)
-            self._bytes += len(message.payload)
-            self._changed.notify_all()
-
-    def get(self, timeout: float) -> Inbound | None:
-        with self._changed:
-            if timeout > 0:
-                self._changed.wait_for(lambda: bool(self._items), timeout=timeout)
-            if not self._items:
-                return None
-            message = self._items.popleft()
-            self._bytes -= len(message.payload)
-            self._changed.notify_all()
-            return message
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-#: Packets the network thread reads in a row before it writes again.
-READ_BURST = 32
-
-
-class _FlowControlledClient(mqtt.Client):
-    """paho's client, reading at most ``READ_BURST`` packets at a time and none while ``inbox`` is
-    full. (paho reads as many packets in a row as it has messages in flight, and has no way to
-    stop reading: a blocked callback would also stop its writes, acknowledgements included.) Only
-    paho's public calls: ``loop_read`` reads one packet where nothing of ours is in flight (a few
-    more where some is: the inbox may exceed its bound by those), ``socket`` says whether more waits."""
-
-    def __init__(self, *args: Any, inbox: Inbox, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._edgeps_inbox = inbox
-
-    def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:
-        for _ in range(READ_BURST):
-            if not self._edgeps_inbox.wait_for_room(0.005):
-                return MQTTErrorCode.MQTT_ERR_SUCCESS  # full: leave the rest in the socket for now
-            rc = super().loop_read()
-            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or not _readable(self.socket()):
-                return rc
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
-
-
-def _readable(sock: Any) -> bool:
-    """Whether ``sock`` (a client's socket, None when disconnected) has bytes to read now: bytes TLS
-    decrypted already, or bytes in the kernel's buffer."""
-    if sock is None:
-        return False
-    pending = getattr(sock, "pending", None)
-    if pending is not None and pending() > 0:
-        return True
-    return bool(select.select([sock], [], [], 0)[0])
 
 
 @dataclass(frozen=True)
@@ -130,43 +47,6 @@ class BrokerAddress:
         if not host or not port.isdigit():
             raise ValueError(f"broker address must be HOST:PORT, got {text!r}")
         return BrokerAddress(host, int(port), username, password, **tls)
-
-
-class Transport(ABC):
-    """Publish, receive (with acknowledgement after processing), close."""
-
-    @abstractmethod
-    def publish(self, message: Publish) -> None:
-        """Queue ``message`` for delivery (QoS and retain as it says)."""
-
-    @abstractmethod
-    def subscribe_only(self, topics: list[str]) -> None:
-        """Make ``topics`` the subscriptions (QoS 1), now and after every reconnect."""
-
-    @abstractmethod
-    def unsubscribe(self, topics: list[str]) -> None:
-        """Drop ``topics`` (also one a persistent session holds from an earlier process) without subscribing."""
-
-    @abstractmethod
-    def resubscribe(self, topics: list[str]) -> None:
-        """Subscribe to ``topics`` again, so that the broker sends their retained messages again."""
-
-    @abstractmethod
-    def receive(self, timeout: float) -> Inbound | None:
-        """The next inbound message, or None after ``timeout`` seconds."""
-
-    @abstractmethod
-    def ack(self, message: Inbound) -> None:
-        """Acknowledge ``message`` to the broker: call once it has been processed."""
-
-    @abstractmethod
-    def wait_acknowledged(self, timeout: float) -> bool:
-        """Wait until the broker acknowledged every QoS 1 message published so far (False: not within ``timeout``)."""
-
-    @abstractmethod
-    def close(self, last: Publish | None = None, end_session: bool = False) -> None:
-        """Publish ``last`` (if any), wait for it, and disconnect; ``end_session``: for good, the
-        broker keeps nothing of this client (its job finished)."""
 
 
 class MqttTransport(Transport):
@@ -203,7 +83,7 @@ class MqttTransport(Transport):
         self.connected = threading.Event()
         self.mqtt5 = mqtt5
         if mqtt5:  # a persistent session is clean_start False plus a session that does not expire
-            client = _FlowControlledClient(
+            client = FlowControlledClient(
                 CallbackAPIVersion.VERSION2,
                 client_id=client_id,
                 protocol=mqtt.MQTTv5,
@@ -216,7 +96,7 @@ class MqttTransport(Transport):
                 connect_properties.ReceiveMaximum = min(self._inbox.max_messages, 65535)
             connect_options: dict[str, Any] = {"clean_start": not persistent, "properties": connect_properties}
         else:
-            client = _FlowControlledClient(
+            client = FlowControlledClient(
                 CallbackAPIVersion.VERSION2,
                 client_id=client_id,
                 clean_session=not persistent,

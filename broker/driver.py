@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from broker.client import Transport
+from broker.transport import Transport
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
 

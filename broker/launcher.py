@@ -177,7 +177,7 @@ def start_broker(
             "subscribers). Install Debian's 'mosquitto' package for real use.",
             why,
         )
-        cmd = [sys.executable, "-m", "broker.embedded", "--host", host, "--port", str(port)]
+        cmd = [sys.executable, "-m", "broker.fallback", "--host", host, "--port", str(port)]
         kind = "amqtt"
     else:
         assert mosquitto is not None  # embedded otherwise

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import BrokerAddress, MqttTransport, Transport, reachable
+from broker.client import BrokerAddress, MqttTransport, reachable
 from broker.driver import drive
+from broker.transport import Transport
 from edge_client.cache import cached_artifacts, save_artifact
 from edge_client.core import RESEND_S, DeviceCore
 from edge_client.profile import DeviceProfile

@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.client import BrokerAddress, Inbox, MqttTransport, Transport, connect
+from broker.client import BrokerAddress, MqttTransport, connect
 from broker.driver import drive
+from broker.inbox import Inbox
+from broker.transport import Transport
 from ps_service.checkpoint import load_key, restore, save
 from ps_service.core import ServerCore
 from ps_service.prometheus import MetricsEndpoint

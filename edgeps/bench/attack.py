@@ -64,7 +64,7 @@ class Deployment:
     """One path's brokers and the accounts ``edgeps broker init`` made for it."""
 
     path: str
-    setup: Any  # broker.secure.SecureSetup
+    setup: Any  # broker.deploy.secure.SecureSetup
     core: Any  # broker.launcher.BrokerProcess
     sites: dict[str, Any] = field(default_factory=dict)  # site -> its broker
 
@@ -110,7 +110,7 @@ class Deployment:
         """The aggregator and worker processes of the path: name -> command."""
         edgeps = [sys.executable, "-m", "edgeps.cli"]
         if self.path == "sites":
-            from broker.sites import aggregator_account
+            from broker.deploy.sites import aggregator_account
 
             account = aggregator_account("s1")
             members = ",".join(self.setup.sites["s1"])
@@ -145,8 +145,8 @@ class Deployment:
 @contextlib.contextmanager
 def deploy(path: str, root: Path) -> Iterator[Deployment]:
     """``path``'s setup (``edgeps broker init``) and brokers, each bridge up; stopped after."""
+    from broker.deploy.secure import init_secure_broker
     from broker.launcher import free_port, start_broker
-    from broker.secure import init_secure_broker
 
     core_port = free_port()
     options: dict[str, Any] = {"devices": list(DEVICES)}
@@ -238,7 +238,7 @@ class Hostile:
         self.sent = 0
         self.done = threading.Event()
         if attack == "site_flood":
-            from broker.sites import aggregator_account
+            from broker.deploy.sites import aggregator_account
 
             account = aggregator_account("s2")
             broker = deployment.sites["s2"]
@@ -477,7 +477,7 @@ def _forget_sessions(deployment: Deployment) -> None:
     """End the persistent sessions of the job's server, aggregator and workers, so that what they
     left unacknowledged (a hostile device's last commits) is not handed to the next job's."""
     from broker.client import MqttTransport
-    from broker.sites import aggregator_account
+    from broker.deploy.sites import aggregator_account
 
     accounts = [(deployment.core, "ps"), *((deployment.core, w) for w in deployment.setup.workers)]
     accounts += [(deployment.sites[s], aggregator_account(s)) for s in deployment.sites]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from edgeps.cli.common import stop_on_signals
 
 if TYPE_CHECKING:
-    from broker.secure import SecureSetup
+    from broker.deploy.secure import SecureSetup
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -37,8 +37,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_broker_init(args: argparse.Namespace) -> int:
-    from broker.secure import init_secure_broker
-    from broker.sites import aggregator_account, bridge_account
+    from broker.deploy.secure import init_secure_broker
+    from broker.deploy.sites import aggregator_account, bridge_account
 
     sites = parse_sites(args.site or [])
     if not args.directory or not (args.devices or sites):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from broker.client import BrokerAddress, Inbox, MqttTransport
+from broker.client import BrokerAddress, MqttTransport
+from broker.inbox import Inbox
 from schemas.topics import Publish
 from tests.helpers import wait_until
 

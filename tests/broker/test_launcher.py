@@ -143,7 +143,7 @@ def test_edgeps_broker_refuses_a_port_in_use_and_keeps_its_data(mosquitto, tmp_p
 def test_every_profile_expires_offline_persistent_sessions(tmp_path) -> None:
     """Without it the database grows with every job's sessions (804 MB over 25 demo jobs); the
     running brokers of the other tests show that Mosquitto takes the line."""
-    from broker.secure import init_secure_broker
+    from broker.deploy.secure import init_secure_broker
 
     setup = init_secure_broker(tmp_path / "setup", "j", devices=["d"])
     root = Path(__file__).parents[2] / "broker"

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from broker.client import BrokerAddress, MqttTransport
+from broker.deploy.certs import make_ca
+from broker.deploy.secure import acl_rules, hash_password, init_secure_broker
 from broker.launcher import start_broker
-from broker.secure import acl_rules, hash_password, init_secure_broker, make_ca
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
@@ -161,7 +162,7 @@ def test_client_certificates_when_required(tmp_path) -> None:
         other.mkdir()
         for name in ("ca.crt", "ca.key"):
             (other / name).write_bytes((tmp_path / name).read_bytes())
-        from broker.secure import make_certificate
+        from broker.deploy.certs import make_certificate
 
         make_certificate(other, "dev-a")
         forged = BrokerAddress(

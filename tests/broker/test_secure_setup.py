@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from broker.client import BrokerAddress, MqttTransport
+from broker.deploy.secure import init_secure_broker
 from broker.launcher import start_broker
-from broker.secure import init_secure_broker
 from tests.broker.test_secure import JOB
 
 
@@ -67,7 +67,7 @@ def _start_as_root_and_as_mosquitto(setup, port: int) -> None:
 def test_bad_hostnames_are_refused_with_one_line_and_ip_addresses_become_ip_names(tmp_path, bad) -> None:
     import subprocess
 
-    from broker.secure import subject_alt_names
+    from broker.deploy.certs import subject_alt_names
 
     assert subject_alt_names(["::1", "10.0.0.5", "broker.example.org"]) == [
         "IP:::1",
@@ -118,7 +118,7 @@ def test_the_password_file_works_with_or_without_mosquitto_passwd(tmp_path, monk
     takes both (a real login each)."""
     import shutil as shutil_module
 
-    from broker.secure import write_password_file
+    from broker.deploy.secure import write_password_file
 
     assert write_password_file(tmp_path / "with", {"a": "pw"}) == "mosquitto_passwd"
     assert (tmp_path / "with").read_text().startswith("a:$7$")

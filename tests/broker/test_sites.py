@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from broker.secure import init_secure_broker
-from broker.sites import bridge_account
+from broker.deploy.secure import init_secure_broker
+from broker.deploy.sites import bridge_account
 from edgeps.cli.broker import parse_sites
 from schemas.topics import Topics
 

@@ -140,8 +140,8 @@ def test_against_a_secure_broker_the_page_asks_for_the_account_and_keeps_it_out_
     from selenium.webdriver.common.by import By
 
     from broker.client import MqttTransport
+    from broker.deploy.secure import init_secure_broker
     from broker.launcher import start_broker
-    from broker.secure import init_secure_broker
     from schemas.topics import Publish, Topics
 
     setup = init_secure_broker(tmp_path / "setup", "dash", devices=["dev-0"], operators=["op"])

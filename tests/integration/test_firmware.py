@@ -210,8 +210,8 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
     import subprocess
     import sys
 
+    from broker.deploy.secure import init_secure_broker
     from broker.launcher import start_broker
-    from broker.secure import init_secure_broker
     from edgeps.cli import main
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore

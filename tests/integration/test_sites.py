@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from broker.client import BrokerAddress, MqttTransport
+from broker.deploy.secure import SecureSetup, init_secure_broker
+from broker.deploy.sites import aggregator_account, bridge_account, core_acl
 from broker.launcher import BrokerProcess, free_port, start_broker
-from broker.secure import SecureSetup, init_secure_broker
-from broker.sites import aggregator_account, bridge_account, core_acl
 from edge_client.core import DeviceCore
 from edgeps.bench.attack import wait_for_bridges
 from ps_service.core import ServerCore

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from broker.secure import make_ca, make_certificate
+from broker.deploy.certs import make_ca, make_certificate
 from ps_service.prometheus import MetricsEndpoint
 
 

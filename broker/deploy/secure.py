@@ -17,7 +17,7 @@ Writes, under DIR, three folders for three owners:
 * ``credentials/``: what each account is provisioned with: ``{account}.password`` (mode 600),
   ``ca.crt``, and with ``client_certs`` ``{account}.crt`` and ``{account}.key``;
 * with ``sites``, ``sites/{site}/broker/``: each site's broker, bridged to this one
-  (broker.sites); its devices' accounts live there, the core holds the site's bridge account.
+  (broker.deploy.sites); its devices' accounts live there, the core holds the site's bridge account.
 
 Files holding secrets are mode 600, folders 700.
 """
@@ -25,9 +25,7 @@ Files holding secrets are mode 600, folders 700.
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
-import ipaddress
 import os
 import pwd
 import re
@@ -37,12 +35,15 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
-from broker.sites import aggregator_account, aggregator_acl, bridge_account, bridge_config, core_acl, split_address
+from broker.deploy.certs import make_ca, make_certificate, subject_alt_names, write_private
+from broker.deploy.sites import (
+    aggregator_account,
+    aggregator_acl,
+    bridge_account,
+    bridge_config,
+    core_acl,
+    split_address,
+)
 from schemas.topics import NAME_PATTERN, Topics
 
 PBKDF2_ITERATIONS = 101  # what mosquitto_passwd writes for $7$
@@ -151,118 +152,19 @@ log_type notice
 """
 
 
-_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-
-
-def subject_alt_names(hostnames: list[str]) -> list[str]:
-    """``IP:`` or ``DNS:`` entries for a certificate; ValueError, naming it, for a value that is
-    neither an IP address nor a DNS name (a newline in one used to make the broker's certificate a
-    sub-CA; ``::1`` became ``DNS:::1``)."""
-    out = []
-    for name in hostnames:
-        try:
-            out.append(f"IP:{ipaddress.ip_address(name)}")
-            continue
-        except ValueError:
-            pass
-        labels = name.rstrip(".").split(".")
-        if not name or len(name) > 253 or not all(_DNS_LABEL.match(label) for label in labels):
-            raise ValueError(f"--hostnames: {name!r} is neither an IP address nor a DNS name")
-        out.append(f"DNS:{name}")
-    return out
-
-
-def _names(hostnames: list[str]) -> list[x509.GeneralName]:
-    """``subject_alt_names`` as the cryptography library's names."""
-    return [
-        x509.IPAddress(ipaddress.ip_address(n[3:])) if n.startswith("IP:") else x509.DNSName(n[4:])
-        for n in subject_alt_names(hostnames)
-    ]
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    _private(path, pem.decode())
-
-
-def _sign(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    signer: ec.EllipticCurvePrivateKey,
-    days: int,
-    ca: bool,
-    names: list[x509.GeneralName],
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
-    if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    return builder.sign(signer, hashes.SHA256())
-
-
-def make_ca(directory: Path) -> None:
-    """``ca.key`` and ``ca.crt`` in ``directory`` (EC P-256, ten years), with the cryptography library."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgeps CA")])
-    cert = _sign("edgeps CA", key, name, key, 3650, ca=True, names=[])
-    _write_key(directory / "ca.key", key)
-    (directory / "ca.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
-def make_certificate(directory: Path, name: str, hosts: list[str] | None = None, ca: Path | None = None) -> None:
-    """``{name}.crt`` and ``{name}.key`` in ``directory``, signed by the CA in ``ca`` (default:
-    ``directory``); ``hosts`` (validated) become subjectAltNames. Never a CA itself."""
-    ca = ca or directory
-    names = _names(hosts or [])  # a bad name is refused before anything is written
-    ca_cert = x509.load_pem_x509_certificate((ca / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((ca / "ca.key").read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"{ca / 'ca.key'}: not the EC key `edgeps broker init` writes")
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = _sign(name, key, ca_cert.subject, ca_key, 825, ca=False, names=names)
-    _write_key(directory / f"{name}.key", key)
-    (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
 def write_password_file(path: Path, passwords: dict[str, str]) -> str:
     """Mosquitto's password file for ``passwords`` (account -> password), private: hashed by
     ``mosquitto_passwd -U`` where it is installed, else by ``hash_password`` (the same ``$7$`` format).
     Returns which one hashed it."""
     tool = shutil.which("mosquitto_passwd") or shutil.which("mosquitto_passwd", path="/usr/bin:/usr/local/bin")
     if tool is None:
-        _private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
+        write_private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
         return "hashlib"
-    _private(path, "".join(f"{a}:{p}\n" for a, p in passwords.items()))
+    write_private(path, "".join(f"{a}:{p}\n" for a, p in passwords.items()))
     try:
         subprocess.run([tool, "-U", str(path)], check=True, capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):  # never leave the passwords in clear
-        _private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
+        write_private(path, "".join(f"{a}:{hash_password(p)}\n" for a, p in passwords.items()))
         return "hashlib"
     return "mosquitto_passwd"
 
@@ -283,7 +185,7 @@ class SecureSetup:
     workers: list[str] = field(default_factory=list)  # ingest workers' accounts on this broker
 
     def site_config(self, site: str) -> Path:
-        """The site broker's config (broker.sites)."""
+        """The site broker's config (broker.deploy.sites)."""
         return self.directory / "sites" / site / "broker" / "mosquitto.conf"
 
     @property
@@ -301,13 +203,6 @@ class SecureSetup:
 
     def credentials(self, account: str) -> tuple[str, str]:
         return account, self.passwords[account]
-
-
-def _private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file of mode 600."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
 
 
 def hand_to_broker_account(folder: Path, account: str = "mosquitto") -> bool:
@@ -373,7 +268,7 @@ def init_secure_broker(
     core_accounts = [server, *operators, *devices, *bridges, *workers]
     write_password_file(broker / "passwd", {a: passwords[a] for a in core_accounts})
     for account in provisioned:
-        _private(creds / f"{account}.password", passwords[account] + "\n")
+        write_private(creds / f"{account}.password", passwords[account] + "\n")
     rules = acl_rules(job, server, devices, list(operators))  # a site's devices have their accounts there
     blocks = [core_acl(job, site, members, aggregators) for site, members in sites.items()]
     blocks += [aggregator_acl(job, worker, account=worker) for worker in workers]
@@ -401,7 +296,7 @@ def init_secure_broker(
         make_certificate(place, "server", list(hostnames), ca=ca)
         shutil.copyfile(ca / "ca.crt", place / "ca.crt")
         bridge = bridge_config(job, site, members, core, passwords[bridge_account(site)], place / "ca.crt", aggregators)
-        _private(place / "mosquitto.conf", broker_config(place, port, host, client_certs, max_packet) + bridge)
+        write_private(place / "mosquitto.conf", broker_config(place, port, host, client_certs, max_packet) + bridge)
         hand_to_broker_account(place)
     return SecureSetup(
         directory, config, job, server, [*devices, *sited], list(operators), passwords, sites, aggregators, workers

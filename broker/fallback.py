@@ -1,6 +1,6 @@
 """The embedded fallback broker (amqtt, MQTT 3.1.1), for machines without Mosquitto.
 
-Run as ``python -m broker.embedded --port N``; ``edgeps broker`` does so when needed.
+Run as ``python -m broker.fallback --port N``; ``edgeps broker`` does so when needed.
 """
 
 from __future__ import annotations
