@@ -74,6 +74,7 @@ class Gateway:
         self.events = core.events
         self.cached = core.backend.artifact
         self.noted = clock()
+        self.received = False  # a message came this turn: look for more before the next step
 
     @property
     def done(self) -> bool:
@@ -81,6 +82,7 @@ class Gateway:
 
     def receive(self, message: Inbound, now: float) -> list[Publish]:
         core = self.core
+        self.received = True
         core.on_message(message.topic, message.payload)
         if self.cache is not None and core.backend.artifact is not None and core.backend.artifact is not self.cached:
             save_artifact(self.cache, core.backend.artifact)
@@ -96,9 +98,11 @@ class Gateway:
         return self.core.on_tick(now, self.resend_s)
 
     def after_batch(self, now: float) -> list[Publish]:
-        """A local step when the device is ready, taking the time its profile says."""
+        """A local step when the device is ready and no message came this turn (the next turn reads
+        what followed it first: the barrier that says finished right behind the last version),
+        taking the time its profile says."""
         core, out = self.core, []
-        if core.ready:
+        if core.ready and not self.received:
             started = self.clock()
             out += core.step()
             elapsed = self.clock() - started
@@ -107,6 +111,7 @@ class Gateway:
                 time.sleep(pause)
             out += core.timed_step(self.clock() - started) if core.trained else []
         core.account(self.clock())
+        self.received = False
         return out
 
     def next_deadline(self) -> float | None:

@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from broker.client import BrokerAddress, MqttTransport
 from broker.launcher import BrokerProcess, start_broker
-from edgeps.embedded import C_LOSSES
 from edgeps.options import nest_fields, to_flags
 from edgeps.progress import JobProgress
 from edgeps.report import build_report, format_report, plot_curves, read_metrics, write_json
+from edgeps.sdk.build import C_LOSSES
 from edgeps.task import Task, builtin_task, load_task
 from learning.data import Dataset
 from learning.prepare import ShardPaths, prepare_device_shards, prepare_shards
@@ -378,7 +378,7 @@ def run_demo(
                 f"with an MLP (the built-in one, or Keras Dense layers) and loss {' or '.join(C_LOSSES)} "
                 "(the C trainer's)"
             )
-        from edgeps.embedded import build_device
+        from edgeps.sdk.build import build_device
 
         say("building edgeps-device, the C SDK's device ...")
         c_device = build_device(out / "sdk")

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from edgeps.embedded import _c_array, arena_bytes, image_size, make, receive_bytes
+from edgeps.sdk.build import arena_bytes, image_size, make, receive_bytes
+from edgeps.sdk.qemu import _c_array
 
 #: board -> (make target, QEMU and its machine flags, the status's backend name)
 BOARDS = {

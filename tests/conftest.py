@@ -36,7 +36,7 @@ settings.load_profile("edgeps")
 def sdk(tmp_path_factory) -> Path:
     """The C device SDK (edge_client/embedded) built once with AddressSanitizer and UBSan: the folder
     holding its host tools (epsf, epsd) and, where libmosquitto's headers are, edgeps-device."""
-    from edgeps.embedded import make
+    from edgeps.sdk.build import make
 
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.fail("the C SDK's tests need make and a C compiler (apt-get install gcc make)")
@@ -56,7 +56,7 @@ def epsd(sdk) -> Path:
 def sdk32(tmp_path_factory) -> Path:
     """The SDK's host tools built for a 32-bit target (``-m32``: size_t of 32 bits, as on a 32-bit
     Linux gateway or a microcontroller), with the sanitizers."""
-    from edgeps.embedded import make
+    from edgeps.sdk.build import make
 
     build = tmp_path_factory.mktemp("sdk32")
     try:

@@ -32,21 +32,21 @@ from typing import Any
 
 from broker.launcher import BrokerProcess
 from edgeps.bench.common import Say
-from edgeps.embedded import (
+from edgeps.firmware import BOARDS, build_image, ram_part_bytes
+from edgeps.report import read_report
+from edgeps.sdk.build import (
     BATCH,
     CODECS,
     MODELS,
     RAM_BYTES,
     STACK_BYTES,
     arena_bytes,
-    corpus_on_qemu,
     heap_forbidden,
     image_size,
     make,
-    scripted_exchange,
 )
-from edgeps.firmware import BOARDS, build_image, ram_part_bytes
-from edgeps.report import read_report
+from edgeps.sdk.corpus import corpus_on_qemu
+from edgeps.sdk.qemu import scripted_exchange
 from edgeps.tables import Table
 from learning.prepare import ShardPaths
 

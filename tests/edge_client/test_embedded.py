@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgeps.embedded import SDK, make
+from edgeps.sdk.build import SDK, make
 from schemas.codecs import typical_error
 from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edgeps.embedded import CORPUS_RUN, STACK_BYTES, corpus_on_qemu, hostile_corpus, wrapping_frame
+from edgeps.sdk.build import STACK_BYTES
+from edgeps.sdk.corpus import CORPUS_RUN, corpus_on_qemu, hostile_corpus, wrapping_frame
 from tests.edge_client.test_embedded_device import CDevice, data_frame
 from tests.helpers import blobs
 

@@ -1,6 +1,6 @@
 """The device core cross-compiled for a Cortex-M4F (arm-none-eabi-gcc, hard float, newlib-nano) and
 an RV32IMAC without an FPU (riscv64-unknown-elf-gcc, picolibc, soft float), run under QEMU
-(mps2-an386, riscv32 virt; semihosting, -icount): the scripted exchange of edgeps/embedded.py,
+(mps2-an386, riscv32 virt; semihosting, -icount): the scripted exchange of edgeps/sdk/qemu.py,
 checked step by step against learning.model, with its instruction counts and stack peak; and the
 image as a linker counts it: no heap, flash and RAM within a 128 KiB-RAM part's, a too-large arena
 a link error."""
@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from edgeps.embedded import RAM_BYTES, STACK_BYTES, arena_bytes, heap_forbidden, image_size, make, scripted_exchange
+from edgeps.sdk.build import RAM_BYTES, STACK_BYTES, arena_bytes, heap_forbidden, image_size, make
+from edgeps.sdk.qemu import scripted_exchange
 
 TOOLS = {
     "mps2-an386": ("arm-none-eabi-gcc", "qemu-system-arm"),
