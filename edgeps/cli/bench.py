@@ -127,7 +127,7 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_attack(args: argparse.Namespace) -> int:
-    from edgeps.bench.attack import run_bench_attack
+    from edgeps.bench.attack.audit import run_bench_attack
 
     paths = tuple(p for p in args.paths.split(",") if p)
     attacks = tuple(a for a in args.attacks.split(",") if a)
@@ -324,7 +324,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     load.add_argument("--json", help="write the report as JSON here")
     load.set_defaults(func=cmd_bench_load)
 
-    from edgeps.bench.attack import ATTACKS, PATHS
+    from edgeps.bench.attack.audit import ATTACKS, PATHS
 
     attack = bench.add_parser(
         "attack",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeps.bench.capacity import mqtt_length
+from edgeps.bench.rawload import mqtt_length
 from edgeps.bench.wire import PacketCounter
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeps.bench.attack import bench_attack
+from edgeps.bench.attack.audit import bench_attack
 
 CASES = {
     "flat": ("samples_flip", "flood"),
