@@ -87,7 +87,7 @@ def real_job(
     workdir.mkdir(parents=True, exist_ok=True)
     job, report = f"embedded-{kind}-{pace}-{codecs[0]}-{codecs[1]}", workdir / "metrics.json"
     common = ["--broker", f"{broker.host}:{broker.port}", "--job", job]
-    from edgeps.demo import spawn
+    from edgeps.localjob import spawn
 
     server = spawn(
         [

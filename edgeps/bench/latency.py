@@ -85,7 +85,8 @@ class Observer(threading.Thread):
 def bench_latency(rounds: int = 100, devices: int = 8, pace: str = "bsp", say: Any = print) -> dict[str, Any]:
     """Run the demo's job with an observer; return the medians and the demo's own timing."""
     from broker.launcher import start_broker
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     with tempfile.TemporaryDirectory(prefix="edgeps-latency-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         job = "latency"

@@ -177,7 +177,7 @@ def bench_pace_real(
     bandwidth each way and latency, as the simulator models it) instead of loopback's."""
     from broker.client import BrokerAddress
     from broker.launcher import start_broker
-    from edgeps.demo import DemoSettings, run_local_job
+    from edgeps.localjob import DemoSettings, run_local_job
     from learning.data import load_digits
     from learning.prepare import prepare_shards
     from learning.spec import ModelSpec

@@ -118,7 +118,7 @@ def _job(
 ) -> dict[str, Any]:
     """One job; ``target`` is ``server`` or ``device``: what is restarted ``trials`` times."""
     from broker.client import BrokerAddress
-    from edgeps.demo import spawn as spawn_edgeps
+    from edgeps.localjob import spawn as spawn_edgeps
 
     address = BrokerAddress(broker.host, broker.port)
     report, checkpoint = workdir / "metrics.json", workdir / "ps.ckpt"

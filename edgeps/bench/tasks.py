@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from edgeps.bench.common import Say
-from edgeps.demo import DemoSettings, run_demo
+from edgeps.demo import run_demo
+from edgeps.localjob import DemoSettings
 from edgeps.tables import Table
 from edgeps.task import Task, builtin_task, load_task
 from learning.data import stratified_split

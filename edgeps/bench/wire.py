@@ -212,7 +212,8 @@ class CountingRelay:
 def bench_wire(codec: str = "sign", pull_codec: str = "ternary", rounds: int = 100, say: Any = print) -> dict[str, Any]:
     """The demo's job with its devices behind a ``CountingRelay``; the bytes by topic and direction."""
     from broker.launcher import start_broker
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     with tempfile.TemporaryDirectory(prefix="edgeps-wire-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         relay = CountingRelay((broker.host, broker.port))

@@ -163,7 +163,7 @@ def _one_line(exc: BaseException) -> str:
 
     if isinstance(exc, ValidationError):
         from edge_client.config import DeviceConfig
-        from edgeps.demo import DemoSettings
+        from edgeps.localjob import DemoSettings
         from edgeps.options import validation_line
         from learning.spec import ModelSpec
         from ps_service.config import ServerConfig

@@ -10,7 +10,8 @@ from ps_service.config import PROCESS_DEFAULTS
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
     from edgeps.options import model_values
     from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
@@ -40,7 +41,7 @@ def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """The role's subcommand, its options and its function."""
     demo = sub.add_parser("demo", help="broker + server + N devices on loopback; prints a report")
     job_args(demo, skip=("allowed_devices", "min_devices"), **PROCESS_DEFAULTS)
-    from edgeps.demo import DemoSettings
+    from edgeps.localjob import DemoSettings
     from edgeps.options import add_model_options
 
     add_model_options(demo, DemoSettings, skip=DEMO_API_ONLY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgeps.cli import build_parser
-from edgeps.demo import DemoSettings
+from edgeps.localjob import DemoSettings
 from edgeps.options import model_values, to_flags
 from ps_service.config import PROCESS_DEFAULTS, ServerConfig, flat_names
 

@@ -71,7 +71,8 @@ def test_c_devices_over_mosquitto_train_as_the_python_ones(mosquitto, tmp_path, 
 
 
 def test_the_demo_runs_c_devices_beside_python_ones(tmp_path) -> None:
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     report = run_demo(DemoSettings(devices=3, rounds=15, out=tmp_path / "demo", embedded_devices=2), quiet=True)
     assert report["device_backends"] == {"numpy": 1, "c": 2}
@@ -79,7 +80,8 @@ def test_the_demo_runs_c_devices_beside_python_ones(tmp_path) -> None:
 
 
 def test_the_demo_refuses_c_devices_it_cannot_run(tmp_path) -> None:
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     with pytest.raises(ValueError, match="--embedded-devices 4: 1 to --devices"):
         run_demo(DemoSettings(devices=3, out=tmp_path / "demo", embedded_devices=4), quiet=True)

@@ -288,7 +288,8 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
 
 
 def test_the_demo_runs_firmware_devices_beside_python_ones(tmp_path) -> None:
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     needs_firmware_tools()
     report = run_demo(DemoSettings(devices=3, rounds=8, out=tmp_path / "demo", firmware_devices=2), quiet=True)
@@ -298,7 +299,8 @@ def test_the_demo_runs_firmware_devices_beside_python_ones(tmp_path) -> None:
 
 
 def test_the_demo_refuses_firmware_devices_it_cannot_run(tmp_path) -> None:
-    from edgeps.demo import DemoSettings, run_demo
+    from edgeps.demo import run_demo
+    from edgeps.localjob import DemoSettings
 
     with pytest.raises(ValueError, match="--firmware-devices 3: 1 to --devices"):
         run_demo(DemoSettings(devices=3, embedded_devices=1, out=tmp_path / "demo", firmware_devices=3), quiet=True)

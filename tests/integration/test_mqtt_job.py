@@ -14,7 +14,8 @@ from edge_client.backend import make_trainer
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
 from edge_client.trainer import NumpyTrainer
-from edgeps.demo import DemoSettings, run_demo
+from edgeps.demo import run_demo
+from edgeps.localjob import DemoSettings
 from edgeps.report import read_metrics
 from learning.data import Dataset, load_digits
 from learning.model import init_mlp
