@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeps.report import write_json
-from edgeps.simulator import Scenario
+from edgeps.scenario import Scenario
 from edgeps.tables import Table
 
 #: How a bench reports progress: print-like (``end`` and ``flush`` keywords).

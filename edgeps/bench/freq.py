@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeps.bench.common import Say, fmt_time, replace_scenario
-from edgeps.simulator import Scenario, Simulation, scenario_data
+from edgeps.scenario import Scenario
+from edgeps.simulator import Simulation, scenario_data
 from edgeps.tables import Table
 
 #: The frequency bench's runs: (label, scenario changes). fixed keeps the scenario's push_every;

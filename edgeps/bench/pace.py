@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from edgeps.bench.common import Say, fmt_time, indent, replace_scenario
-from edgeps.simulator import RunResult, Scenario, Simulation, scenario_data
+from edgeps.scenario import RunResult, Scenario
+from edgeps.simulator import Simulation, scenario_data
 from edgeps.tables import Table
 
 DEFAULT_PACES = ("bsp", "acbsp", "asp", "ssp:2")

@@ -54,7 +54,8 @@ def _data(devices: int, seed: int) -> Any:
 
 def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -> dict[str, Any]:
     """One bsp job of ``rounds`` versions in the simulator; its costs."""
-    from edgeps.simulator import Scenario, Simulation, scenario_data
+    from edgeps.scenario import Scenario
+    from edgeps.simulator import Simulation, scenario_data
     from ps_service.checkpoint import save
 
     job = {"rounds": rounds, "duration_s": 1e6}  # ServerConfig's fields, nested by the model

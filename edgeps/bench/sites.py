@@ -21,7 +21,8 @@ from edgeps.tables import Table
 
 def measure(devices: int, sites: int, rounds: int, seed: int = 0) -> dict[str, Any]:
     """One bsp job of ``rounds`` versions over ``sites`` sites (0: every device on the core)."""
-    from edgeps.simulator import Scenario, Simulation, scenario_data
+    from edgeps.scenario import Scenario
+    from edgeps.simulator import Simulation, scenario_data
 
     job = {"rounds": rounds, "duration_s": 1e6, "round_deadline_s": 600.0}  # ServerConfig's, nested by the model
     scenario = Scenario.model_validate({"devices": devices, "sites": sites, "alpha": 100.0, "seed": seed, **job})

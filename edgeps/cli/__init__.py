@@ -12,7 +12,7 @@ import sys
 import time
 
 from edgeps import __version__
-from edgeps.cli import aggregator, bench, broker, client, ctl, data, demo, firmware, predict, ps, report
+from edgeps.cli import aggregator, bench_args, broker, client, ctl, data, demo, firmware, predict, ps, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("role", help=f"one of {', '.join(LAYERED)}")
     config.add_argument("rest", nargs=argparse.REMAINDER, help="--config FILE and flags, as the role takes them")
     config.set_defaults(func=cmd_config)
-    bench.add(sub)
+    bench_args.add(sub)
     data.add(sub)
     firmware.add(sub)
     predict.add(sub)

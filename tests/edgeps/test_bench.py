@@ -4,7 +4,7 @@ import json
 
 from edgeps.bench.pace import format_pace_table, run_bench_pace
 from edgeps.cli import main
-from edgeps.simulator import Scenario
+from edgeps.scenario import Scenario
 
 
 def test_bench_pace_writes_table_plot_and_json(tmp_path, capsys) -> None:

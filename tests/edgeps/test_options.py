@@ -78,7 +78,7 @@ def test_demo_settings_hold_the_job_and_the_model() -> None:
 
 
 def test_flat_fields_go_to_the_job_unless_the_holder_has_them_itself() -> None:
-    from edgeps.simulator import Scenario
+    from edgeps.scenario import Scenario
 
     scenario = Scenario(duration_s=2.0, push_every=20, devices=4)
     assert scenario.duration_s == 2.0 and scenario.server.duration_s is None  # the run's length, not the job's

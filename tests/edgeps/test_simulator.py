@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgeps.simulator import Scenario, Simulation, scenario_data
+from edgeps.scenario import Scenario
+from edgeps.simulator import Simulation, scenario_data
 
 SMALL = Scenario(devices=6, slow_fraction=1 / 3, duration_s=4.0, hidden=(16,), sample_s=0.5)
 

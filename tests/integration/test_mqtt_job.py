@@ -217,7 +217,7 @@ def test_a_crashed_device_leaves_the_barrier_through_its_last_will(mosquitto) ->
 
 def test_real_bench_measures_paces_over_mosquitto(tmp_path) -> None:
     from edgeps.bench.pace import run_bench_pace
-    from edgeps.simulator import Scenario
+    from edgeps.scenario import Scenario
 
     scenario = Scenario(devices=3, slow_fraction=1 / 3, step_s=0.002, duration_s=2.0, hidden=(16,), target=0.5)
     report = run_bench_pace(

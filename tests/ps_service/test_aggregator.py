@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeps.simulator import Scenario, Simulation
+from edgeps.scenario import Scenario
+from edgeps.simulator import Simulation
 from ps_service.site.aggregator import WAIT_S, SiteAggregator
 from ps_service.site.config import SiteConfig
 from ps_service.update import SiteUpdate
