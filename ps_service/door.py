@@ -33,8 +33,8 @@ from ps_service.registry import DeviceRegistry
 from ps_service.update import Partial, SiteUpdate, Update
 from ps_service.validation import Rejection, validate_commit
 from schemas.frame import FrameError, fp32_commit_size, peek_seq
-from schemas.messages import MAX_JSON_BYTES, DeviceStatus, MessageError, RejectReason, SiteCommit, SiteEntry
-from schemas.sitecommit import parse_site_commit
+from schemas.messages import MAX_JSON_BYTES, DeviceStatus, MessageError, RejectReason
+from schemas.sitecommit import SiteCommit, SiteEntry, parse_site_commit
 
 R = RejectReason
 

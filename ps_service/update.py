@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from learning.model import Params
-from schemas.messages import SiteEntry
+from schemas.sitecommit import SiteEntry
 
 
 @dataclass(frozen=True)

@@ -222,57 +222,6 @@ class Notice(Message):
     detail: str
 
 
-#: The most commits one site commit carries (its JSON header stays under ``MAX_JSON_BYTES``).
-MAX_SITE_COMMITS = 256
-
-
-class SiteEntry(Message):
-    """A device's commits a site commit covers (those since the site's last site commit, summed):
-    ``seq`` the newest one's, ``base_version`` the oldest one's, ``samples`` and ``steps`` summed
-    (at most 2^32 - 1 each); ``weight`` the data size n_i the aggregator weighted its update by and
-    ``norm`` the length of that update per local step, |d_i|, after clipping (protocol 1.6)."""
-
-    device: DeviceId
-    seq: int = Field(ge=1, le=MAX_SAFE_INT)
-    base_version: int = Field(ge=0, le=MAX_SAFE_INT)
-    samples: int = Field(ge=1, le=MAX_U32)
-    steps: int = Field(ge=1, le=MAX_U32)
-    weight: float = Field(gt=0, le=MAX_U32, description="n_i: the data size its update is weighted by")
-    norm: float = Field(ge=0, description="|d_i|: its update's length per local step, after clipping")
-
-
-class SiteCommit(Message):
-    """The JSON header of a site commit (``part/{site}``, schemas/sitecommit.py): the commits its
-    aggregator summed, made at ``version``, and the two sums that travel beside the tensors.
-    ``data`` is the sum of the devices' data sizes n_i, ``spread`` the sum of n_i |d_i|^2 (d_i a
-    device's staleness-weighted update per local step; ps_service/aggregate.py ``Partial``)."""
-
-    site: Name
-    seq: int = Field(ge=1, le=MAX_SAFE_INT, description="the site's own count of its site commits")
-    version: int = Field(ge=0, le=MAX_SAFE_INT, description="the version the staleness weights were taken at")
-    data: float = Field(gt=0, description="sum of the devices' data sizes")
-    spread: float = Field(ge=0, description="sum of n_i |d_i|^2")
-    commits: list[SiteEntry] = Field(min_length=1, max_length=MAX_SITE_COMMITS)
-    refused: dict[str, int] = Field(
-        default_factory=dict, description="the commits the aggregator refused so far, by reason (protocol 1.6)"
-    )
-
-    @field_validator("refused")
-    @classmethod
-    def _reasons(cls, refused: dict[str, int]) -> dict[str, int]:
-        known = {r.value for r in RejectReason}
-        if not set(refused) <= known or not all(0 <= n <= MAX_SAFE_INT for n in refused.values()):
-            raise ValueError("refused: counts (0 .. 2^53 - 1) of the protocol's reasons")
-        return refused
-
-    @model_validator(mode="after")
-    def _one_commit_a_device(self) -> SiteCommit:
-        devices = [c.device for c in self.commits]
-        if len(set(devices)) != len(devices):
-            raise ValueError("a device appears twice: its commits are summed into one entry")
-        return self
-
-
 class Metrics(Message):
     """``metrics``: one record per new global version, for operators and reports."""
 

@@ -36,12 +36,8 @@ from ps_service.update import Update
 from ps_service.validation import Rejection
 from schemas.events import Events
 from schemas.frame import peek_base_version, peek_seq
-from schemas.messages import (
-    MAX_SITE_COMMITS,
-    Barrier,
-    Control,
-    RejectReason,
-)
+from schemas.messages import Barrier, Control, RejectReason
+from schemas.sitecommit import MAX_SITE_COMMITS
 from schemas.topics import Inbound, Publish, Topics
 
 #: How long a commit waits for what it is checked against (the parameters of its base version, its

@@ -12,8 +12,8 @@ from ps_service.aggregate import Clip, partial
 from ps_service.robust import MODEL_FRACTION, bounded_sizes, claimed_sizes, per_device
 from ps_service.update import Update
 from schemas.frame import decode_frame
-from schemas.messages import MAX_U32, SiteCommit, SiteEntry
-from schemas.sitecommit import encode_site_commit
+from schemas.messages import MAX_U32
+from schemas.sitecommit import SiteCommit, SiteEntry, encode_site_commit
 
 
 def first_bound(snapshot: bytes | None) -> float:

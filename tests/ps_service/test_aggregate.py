@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from ps_service.aggregate import aggregate, aggregate_all, combine, partial, site_part
 from ps_service.robust import per_device
 from ps_service.update import SiteUpdate, Update
-from schemas.messages import SiteEntry
+from schemas.sitecommit import SiteEntry
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 

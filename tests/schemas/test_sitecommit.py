@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.frame import FrameError
-from schemas.messages import MessageError, SiteCommit, SiteEntry
-from schemas.sitecommit import encode_site_commit, parse_site_commit
+from schemas.messages import MessageError
+from schemas.sitecommit import SiteCommit, SiteEntry, encode_site_commit, parse_site_commit
 
 SHAPES = {"w": (3, 2), "b": (2,)}
 TENSORS = {"w": np.arange(6, dtype=np.float32).reshape(3, 2), "b": np.array([0.5, -1.0], np.float32)}
