@@ -55,64 +55,11 @@ def serve(
     way. ``endpoint`` (Prometheus) shows the newest metrics record published.
     """
     clock = time.monotonic
-    seen, noted = 0, clock()
     key = checkpoint_key
     if checkpoint is not None and key is None:
         key = load_key(default_key_path(checkpoint), create=not checkpoint.exists())
-    if checkpoint is not None and checkpoint.exists():
-        assert key is not None
-        restore(core, checkpoint, clock(), key)
-        log.info(
-            "resumed job %s (run %d) from %s at version %d", core.config.job, core.run, checkpoint, core.store.version
-        )
-        outgoing = core.resume(clock())
-    else:
-        outgoing = core.start(clock())
-    if checkpoint is not None:
-        assert key is not None
-        save(core, checkpoint, clock(), key)
-
-    def listen() -> None:  # before publishing: a device's control goes out after its subscription
-        transport.subscribe_only(core.subscriptions())
-
-    def publish(messages: list[Publish]) -> None:
-        for event in core.events.take():  # what the core had to say
-            log.log(event.level, event.message)
-        for message in messages:
-            transport.publish(message)
-        show(messages)
-
-    def show(messages: list[Publish]) -> None:  # the newest metrics record on /metrics
-        for message in messages:
-            if endpoint is not None and message.topic == core.topics.metrics:
-                try:
-                    endpoint.update(Metrics.from_bytes(message.payload))
-                except MessageError as exc:  # never: metrics are built finite; but not worth a crash
-                    log.error("metrics record not shown on /metrics: %s", exc)
-
-    def before_publish(batch: list[Inbound], out: list[Publish]) -> None:
-        """The state a turn led to is on disk before its results leave and its messages are acknowledged."""
-        if checkpoint is not None and (batch or out):
-            assert key is not None
-            save(core, checkpoint, clock(), key)
-        show(out)
-
-    def after_turn() -> None:
-        nonlocal seen, noted
-        if on_metrics is not None:
-            for metrics in core.history[seen:]:
-                on_metrics(metrics)
-            seen = len(core.history)
-        if not core.round.quorum and clock() - noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
-            noted = clock()
-            job = core.config
-            log.info(
-                "waiting for %d devices to start job %s (%d online)",
-                job.min_devices,
-                job.job,
-                len(core.registry.active()),
-            )
-
+    turns = _Turns(core, clock, checkpoint, key, endpoint, on_metrics)
+    outgoing = turns.begin()
     # The persistent session may hold an earlier process's subscriptions (a muted device's commit
     # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
     known = [core.topics.grad(d) for d in sorted(core.registry.devices())]
@@ -120,24 +67,83 @@ def serve(
         transport.unsubscribe([core.topics.all_grad, *known])
     else:
         transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
-    listen()
-    publish(outgoing)
-    drive(core, transport, clock, stop, before_publish=before_publish, after_turn=after_turn, log=log)
+    transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
+    for event in core.events.take():
+        log.log(event.level, event.message)
+    for message in outgoing:
+        transport.publish(message)
+    turns.show(outgoing)
+    before, after = turns.before_publish, turns.after_turn
+    drive(core, transport, clock, stop, before_publish=before, after_turn=after, log=log)
     if stop is not None and stop.is_set():
         return
     # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
     until, idle = clock() + linger_s, LINGER_IDLE_S
-    drive(
-        core,
-        transport,
-        clock,
-        stop,
-        until=until,
-        idle_s=idle,
-        before_publish=before_publish,
-        after_turn=after_turn,
-        log=log,
-    )
+    drive(core, transport, clock, stop, until=until, idle_s=idle, before_publish=before, after_turn=after, log=log)
+
+
+class _Turns:
+    """What the server does around ``drive``'s turns: its checkpoint before a turn's results leave,
+    the newest metrics on ``/metrics``, each new metrics record to ``on_metrics``, and a note while
+    the job waits for its start quorum."""
+
+    def __init__(
+        self,
+        core: ServerCore,
+        clock: Callable[[], float],
+        checkpoint: Path | None,
+        key: bytes | None,
+        endpoint: MetricsEndpoint | None,
+        on_metrics: Callable[[Metrics], None] | None,
+    ) -> None:
+        self.core, self.clock, self.checkpoint, self.key = core, clock, checkpoint, key
+        self.endpoint, self.on_metrics = endpoint, on_metrics
+        self.seen, self.noted = 0, clock()
+
+    def begin(self) -> list[Publish]:
+        """Start the job, or resume it from its checkpoint; what goes out first."""
+        core, checkpoint, clock = self.core, self.checkpoint, self.clock
+        if checkpoint is not None and checkpoint.exists():
+            assert self.key is not None
+            restore(core, checkpoint, clock(), self.key)
+            job, run, version = core.config.job, core.run, core.store.version
+            log.info("resumed job %s (run %d) from %s at version %d", job, run, checkpoint, version)
+            outgoing = core.resume(clock())
+        else:
+            outgoing = core.start(clock())
+        self.save()
+        return outgoing
+
+    def save(self) -> None:
+        if self.checkpoint is not None:
+            assert self.key is not None
+            save(self.core, self.checkpoint, self.clock(), self.key)
+
+    def show(self, messages: list[Publish]) -> None:
+        """The newest metrics record on /metrics."""
+        for message in messages:
+            if self.endpoint is not None and message.topic == self.core.topics.metrics:
+                try:
+                    self.endpoint.update(Metrics.from_bytes(message.payload))
+                except MessageError as exc:  # never: metrics are built finite; but not worth a crash
+                    log.error("metrics record not shown on /metrics: %s", exc)
+
+    def before_publish(self, batch: list[Inbound], out: list[Publish]) -> None:
+        """The state a turn led to is on disk before its results leave and its messages are acknowledged."""
+        if batch or out:
+            self.save()
+        self.show(out)
+
+    def after_turn(self) -> None:
+        core = self.core
+        if self.on_metrics is not None:
+            for metrics in core.history[self.seen :]:
+                self.on_metrics(metrics)
+            self.seen = len(core.history)
+        if not core.round.quorum and self.clock() - self.noted >= WAIT_NOTE_S:  # a silent wait looks like a hang
+            self.noted = self.clock()
+            online, job = len(core.registry.active()), core.config
+            log.info("waiting for %d devices to start job %s (%d online)", job.min_devices, job.job, online)
 
 
 def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.0) -> MqttTransport:

@@ -16,100 +16,32 @@ from ps_service.config import PROCESS_DEFAULTS
 
 if TYPE_CHECKING:
     from edgeps.task import Task
-    from ps_service.core import ServerCore
-
-
-def cmd_ps(args: argparse.Namespace) -> int:
-    from edgeps.options import model_values
-    from edgeps.task import builtin_task, load_task
-    from learning.data import load_npz
-    from learning.losses import LOSSES
+    from learning.model import Params
     from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
     from ps_service.core import ServerCore
-    from ps_service.evaluator import Evaluator
+    from ps_service.prometheus import MetricsEndpoint
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """The composition root of the server: the job's options and task, its core, the checkpoint, the
+    metrics endpoint and the broker, served until the job ends; then the models and the report."""
     from ps_service.mqtt import connect_server, serve
-    from schemas.artifact import decode_artifact
 
     for path, flag in ((args.save_model, "--save-model"), (args.report, "--report"), (args.checkpoint, "--checkpoint")):
         writable(path, flag)  # a job's result is never lost to a missing folder after it trained
-    values = model_values(ServerConfig, args)
-    if args.task:
-        task = load_task(args.task)
-        values |= task.server_options()
-    elif values.get("loss", "cross_entropy") not in LOSSES:
-        raise ValueError(
-            f"--loss {values['loss']}: not a built-in loss ({', '.join(LOSSES)}); a task file brings its own"
-        )
-    config = ServerConfig(**values)  # refused before anything starts
-    model = ModelSpec(**model_values(ModelSpec, args))
-    if not args.task:
-        task = builtin_task(model, config.loss, config.metric_names)
-    holdout = load_npz(args.eval_data, task.classification) if args.eval_data else task.holdout(args.seed)
-    params = task.init(holdout, args.seed)
-    artifact = None
-    if args.artifact:
-        artifact = Path(args.artifact).read_bytes()
-        decode_artifact(artifact)  # refuse a broken file before any device sees it
-    elif args.export_tflite:
-        from edge_client.trainer import Trainer
-        from ps_service.export import build_artifact
-
-        if isinstance(task.model, Trainer):
-            raise ValueError(
-                "--export-tflite: a task's own trainer has no TFLite export (its devices run "
-                "edgeps client --task with the numpy backend; docs/TASKS.md)"
-            )
-
-        artifact = build_artifact(params, args.batch_size, loss=config.loss, features=holdout.x.shape[1])
-    evaluator = Evaluator(
-        holdout,
-        args.eval_sample,
-        args.seed,
-        clock=time.perf_counter,
-        loss=config.loss,
-        metrics=config.metric_names,
-        predict=task.predict,
-        loss_value=task.loss_value(),
-        target=task.target,
-    )
-    core = ServerCore(config, params, evaluator, artifact=artifact, columns=task.columns())
-    checkpoint = Path(args.checkpoint) if args.checkpoint else None
-    key = None
-    if checkpoint is not None:  # a damaged or forged checkpoint is refused before anything connects
-        from ps_service.checkpoint import decode
-
-        key = checkpoint_key(args.checkpoint_key_file, checkpoint, os.environ.get("EDGEPS_CHECKPOINT_KEY"))
-        if checkpoint.exists():
-            decode(checkpoint.read_bytes(), key)
+    task, config, model = _job(args)
+    core = _core(args, task, config)
+    checkpoint, key = _checkpoint(args)
     stop = stop_on_signals()
-    endpoint = None
-    if args.metrics_port is not None:
-        from ps_service.prometheus import MetricsEndpoint
-
-        try:
-            tls = (args.metrics_tls_cert, args.metrics_tls_key)
-            ws = args.dashboard_broker or f"ws://{address(args).host}:9001"  # `edgeps broker`'s default listener
-            page = {"job": config.job, "broker": ws}
-            endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, *tls, page=page)
-        except (OSError, OverflowError) as exc:  # in use, not ours to open, out of range
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ValueError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: {why}") from None
-        where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
-        page_url = f"{where}/?{urllib.parse.urlencode(page)}"
-        page_text = f"the dashboard on {page_url}" if endpoint.dashboard else "no dashboard (off loopback: HTTPS only)"
-        logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page_text)
+    endpoint = _endpoint(args, config.job)
     transport = connect_server(core, address(args))
-    shapes = {name: list(values.shape) for name, values in params.items()}
-    logging.getLogger("edgeps").info(
+    shapes = {name: list(values.shape) for name, values in core.store.params().items()}
+    where = f"task {args.task}" if args.task else "built-in model"
+    metrics, log = ",".join(config.metric_names), logging.getLogger("edgeps")
+    log.info(
         "parameter server for job %s on %s, %s, model %s, loss %s, metrics %s, pace %s",
-        args.job,
-        args.broker,
-        f"task {args.task}" if args.task else "built-in model",
-        shapes,
-        config.loss,
-        ",".join(config.metric_names),
-        config.pace,
+        *(args.job, args.broker, where, shapes, config.loss, metrics, config.pace),
     )
     started = time.monotonic()
     try:
@@ -121,14 +53,111 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if args.report:  # the same report as the demo's: edgeps report FILE shows it again
         from edgeps.report import build_report, write_json
 
-        settings = {
-            "server": config.model_dump(mode="json"),
-            "model": model.model_dump(),
-            "seed": args.seed,
-            "task": args.task,
-        }
+        settings = {"server": config.model_dump(mode="json"), "model": model.model_dump(), "seed": args.seed}
+        settings["task"] = args.task
         write_json(build_report(core.history, time.monotonic() - started, settings), args.report)
     return 0
+
+
+def _job(args: argparse.Namespace) -> tuple[Task, ServerConfig, ModelSpec]:
+    """The job's options, from flags, file and environment and the task file's, refused before
+    anything starts; the task (the built-in one without ``--task``) and the model's options."""
+    from edgeps.options import model_values
+    from edgeps.task import builtin_task, load_task
+    from learning.losses import LOSSES
+    from learning.spec import ModelSpec
+    from ps_service.config import ServerConfig
+
+    values = model_values(ServerConfig, args)
+    task = load_task(args.task) if args.task else None
+    if task is not None:
+        values |= task.server_options()
+    elif values.get("loss", "cross_entropy") not in LOSSES:
+        builtin = ", ".join(LOSSES)
+        raise ValueError(f"--loss {values['loss']}: not a built-in loss ({builtin}); a task file brings its own")
+    config = ServerConfig(**values)
+    model = ModelSpec(**model_values(ModelSpec, args))
+    return task or builtin_task(model, config.loss, config.metric_names), config, model
+
+
+def _core(args: argparse.Namespace, task: Task, config: ServerConfig) -> ServerCore:
+    """The server core: the held-out data and its evaluator, the model's first parameters and, with
+    ``--artifact`` or ``--export-tflite``, the devices' TFLite trainer."""
+    from learning.data import load_npz
+    from ps_service.core import ServerCore
+    from ps_service.evaluator import Evaluator
+
+    holdout = load_npz(args.eval_data, task.classification) if args.eval_data else task.holdout(args.seed)
+    params = task.init(holdout, args.seed)
+    artifact = _artifact(args, task, params, config.loss, holdout.x.shape[1])
+    evaluator = Evaluator(
+        holdout,
+        args.eval_sample,
+        args.seed,
+        clock=time.perf_counter,
+        loss=config.loss,
+        metrics=config.metric_names,
+        predict=task.predict,
+        loss_value=task.loss_value(),
+        target=task.target,
+    )
+    return ServerCore(config, params, evaluator, artifact=artifact, columns=task.columns())
+
+
+def _artifact(args: argparse.Namespace, task: Task, params: Params, loss: str, features: int) -> bytes | None:
+    """The devices' TFLite trainer: a prebuilt one (checked), or built from the model, or none."""
+    if args.artifact:
+        from schemas.artifact import decode_artifact
+
+        artifact = Path(args.artifact).read_bytes()
+        decode_artifact(artifact)  # refuse a broken file before any device sees it
+        return artifact
+    if not args.export_tflite:
+        return None
+    from edge_client.trainer import Trainer
+    from ps_service.export import build_artifact
+
+    if isinstance(task.model, Trainer):
+        raise ValueError(
+            "--export-tflite: a task's own trainer has no TFLite export (its devices run "
+            "edgeps client --task with the numpy backend; docs/TASKS.md)"
+        )
+    return build_artifact(params, args.batch_size, loss=loss, features=features)
+
+
+def _checkpoint(args: argparse.Namespace) -> tuple[Path | None, bytes | None]:
+    """The checkpoint's path and key (read once, here); a damaged or forged checkpoint is refused
+    before anything connects."""
+    if not args.checkpoint:
+        return None, None
+    from ps_service.checkpoint import decode
+
+    checkpoint = Path(args.checkpoint)
+    key = checkpoint_key(args.checkpoint_key_file, checkpoint, os.environ.get("EDGEPS_CHECKPOINT_KEY"))
+    if checkpoint.exists():
+        decode(checkpoint.read_bytes(), key)
+    return checkpoint, key
+
+
+def _endpoint(args: argparse.Namespace, job: str) -> MetricsEndpoint | None:
+    """``/metrics`` and the dashboard with ``--metrics-port``; its address logged."""
+    if args.metrics_port is None:
+        return None
+    from ps_service.prometheus import MetricsEndpoint
+
+    try:
+        tls = (args.metrics_tls_cert, args.metrics_tls_key)
+        ws = args.dashboard_broker or f"ws://{address(args).host}:9001"  # `edgeps broker`'s default listener
+        page = {"job": job, "broker": ws}
+        endpoint = MetricsEndpoint(args.metrics_port, args.metrics_host, *tls, page=page)
+    except (OSError, OverflowError) as exc:  # in use, not ours to open, out of range
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"--metrics-port {args.metrics_port} on {args.metrics_host}: {why}") from None
+    where = f"{endpoint.scheme}://{args.metrics_host}:{endpoint.port}"
+    page_url = f"{where}/?{urllib.parse.urlencode(page)}"
+    page_text = f"the dashboard on {page_url}" if endpoint.dashboard else "no dashboard (off loopback: HTTPS only)"
+    logging.getLogger("edgeps").info("Prometheus metrics on %s/metrics; %s", where, page_text)
+    return endpoint
 
 
 def save_models(task: Task, core: ServerCore, path: Path) -> None:
