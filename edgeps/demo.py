@@ -10,7 +10,7 @@ from typing import Any
 
 from broker.client import BrokerAddress
 from broker.launcher import BrokerProcess, start_broker
-from edgeps.localjob import DemoSettings, run_local_job
+from edgeps.localjob import DemoSettings, JobResult, run_local_job
 from edgeps.report import build_report, format_report, plot_curves, write_json
 from edgeps.sdk.build import C_LOSSES
 from edgeps.task import Task, builtin_task, load_task
@@ -75,21 +75,53 @@ def run_demo(
     ``device_broker``: where the devices connect, if not where the server does (a relay)."""
     started = time.monotonic()
     out = settings.out
-    logs = out / "logs"  # made once the settings are known to be good
     say = (lambda *a, **k: None) if quiet else print
+    settings, task = _checked(settings)  # refused before anything starts
+    c_device = None
+    if settings.embedded_devices:
+        from edgeps.sdk.build import build_device
+
+        say("building edgeps-device, the C SDK's device ...")
+        c_device = build_device(out / "sdk")
+    settings, shards = _shards(settings, task, say)
+    firmware = build_demo_firmware(settings, task, shards, out / "firmware", say) if settings.firmware_devices else {}
+    if c_device is not None:
+        _c_shards(settings, shards, say)
+    if firmware:
+        say(f"devices: {settings.firmware_devices} firmware images under QEMU, their UART on the broker")
+    broker, address, dashboard_broker = _broker(settings, say)
+    try:
+        devices_at = BrokerAddress.parse(device_broker) if device_broker else None
+        result = run_local_job(
+            settings,
+            address,
+            shards,
+            out / "logs",
+            quiet=quiet,
+            c_device=c_device,
+            dashboard_broker=dashboard_broker,
+            device_address=devices_at,
+            firmware=firmware,
+        )
+    finally:
+        if broker is not None:
+            broker.stop()
+    return _report(settings, result, time.monotonic() - started, json_path, quiet, say)
+
+
+def _checked(settings: DemoSettings) -> tuple[DemoSettings, Task]:
+    """The settings with the task's job options, and the task; ValueError for what cannot run."""
     if settings.metrics_port:  # the server's endpoint: a port in use is refused before anything starts
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", settings.metrics_port))
             except OSError as exc:
                 raise ValueError(f"--metrics-port {settings.metrics_port}: {exc.strerror or exc}") from None
-    if settings.task is not None:  # refused before anything starts
+    if settings.task is not None:
         task = load_task(settings.task)
         settings = settings.model_copy(update={"server": settings.server.model_copy(update=task.server_options())})
     else:  # the built-in job: examples/digits.py, with the model and job options of the flags
         task = builtin_task(settings.model, settings.server.loss, settings.server.metric_names)
-    c_device = None
-    firmware: dict[int, Path] = {}
     if settings.firmware_devices:
         mlp = isinstance(task.model, ModelSpec) and task.model.arch == "mlp"
         k = settings.firmware_devices
@@ -106,10 +138,13 @@ def run_demo(
                 f"with an MLP (the built-in one, or Keras Dense layers) and loss {' or '.join(C_LOSSES)} "
                 "(the C trainer's)"
             )
-        from edgeps.sdk.build import build_device
+    return settings, task
 
-        say("building edgeps-device, the C SDK's device ...")
-        c_device = build_device(out / "sdk")
+
+def _shards(settings: DemoSettings, task: Task, say: Any) -> tuple[DemoSettings, ShardPaths]:
+    """The task's data split into the held-out set and a shard per device (by the rows' device
+    column where it has one: the settings then count those devices)."""
+    out = settings.out
     data, devices = task.dataset()
     if devices is not None:  # split by the gateway each row came from
         shards = prepare_device_shards(data, devices, out / "data", settings.seed)
@@ -117,77 +152,59 @@ def run_demo(
     else:
         shards = prepare_shards(data, out / "data", settings.devices, settings.alpha, settings.seed)
     task.init(Dataset.load(shards.holdout), settings.seed)  # a model that does not fit: refused now
-    logs.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     how = "one shard per device column value" if devices is not None else f"Dirichlet alpha {settings.alpha}"
     say(f"data: {settings.task or 'digits'}, {len(data)} rows, {settings.devices} devices ({how}); files under {out}/")
-    if settings.firmware_devices:
-        firmware = build_demo_firmware(settings, task, shards, out / "firmware", say)
-    if c_device is not None:
-        from schemas.frame import encode_data_frame
+    return settings, shards
 
-        first_c = settings.devices - settings.embedded_devices - settings.firmware_devices
-        for shard in shards.devices[first_c : settings.devices - settings.firmware_devices]:
-            data = Dataset.load(shard)
-            shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
-        say(
-            f"devices: {settings.devices - settings.embedded_devices - settings.firmware_devices} edgeps client, "
-            f"{settings.embedded_devices} edgeps-device (C)"
-        )
-    if firmware:
-        say(f"devices: {settings.firmware_devices} firmware images under QEMU, their UART on the broker")
 
-    broker: BrokerProcess | None = None
-    dashboard_broker = None
+def _c_shards(settings: DemoSettings, shards: ShardPaths, say: Any) -> None:
+    """The C devices' shards as data frames (``.epsf``) beside their ``.npz``."""
+    from schemas.frame import encode_data_frame
+
+    first_c = settings.devices - settings.embedded_devices - settings.firmware_devices
+    for shard in shards.devices[first_c : settings.devices - settings.firmware_devices]:
+        data = Dataset.load(shard)
+        shard.with_suffix(".epsf").write_bytes(encode_data_frame(data.x, data.y))
+    say(f"devices: {first_c} edgeps client, {settings.embedded_devices} edgeps-device (C)")
+
+
+def _broker(settings: DemoSettings, say: Any) -> tuple[BrokerProcess | None, BrokerAddress, str | None]:
+    """The broker (started, unless ``--broker`` names one), its address, and the WebSockets address the
+    dashboard follows the job at (with ``--metrics-port``)."""
+    page = f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
     if settings.broker:
         address = BrokerAddress.parse(settings.broker)
-        if settings.metrics_port:
-            dashboard_broker = settings.dashboard_broker or f"ws://{address.host}:9001"
-            said = "" if settings.dashboard_broker else " (edgeps broker's WebSocket port; another: --dashboard-broker)"
-            say(
-                f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
-                f"&broker={dashboard_broker}{said}"
-            )
-    else:
-        broker = start_broker(workdir=out / "broker", embedded=True if settings.embedded_broker else None)
-        address = BrokerAddress(broker.host, broker.port)
-        how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
-        say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
-        if settings.metrics_port and broker.ws_port:
-            dashboard_broker = f"ws://{broker.host}:{broker.ws_port}"
-            say(
-                f"dashboard: http://127.0.0.1:{settings.metrics_port}/?job={settings.server.job}"
-                f"&broker={dashboard_broker}"
-            )
-    try:
-        devices_at = BrokerAddress.parse(device_broker) if device_broker else None
-        result = run_local_job(
-            settings,
-            address,
-            shards,
-            logs,
-            quiet=quiet,
-            c_device=c_device,
-            dashboard_broker=dashboard_broker,
-            device_address=devices_at,
-            firmware=firmware,
-        )
-    finally:
-        if broker is not None:
-            broker.stop()
+        if not settings.metrics_port:
+            return None, address, None
+        given = settings.dashboard_broker or f"ws://{address.host}:9001"
+        said = "" if settings.dashboard_broker else " (edgeps broker's WebSocket port; another: --dashboard-broker)"
+        say(f"{page}&broker={given}{said}")
+        return None, address, given
+    broker = start_broker(workdir=settings.out / "broker", embedded=True if settings.embedded_broker else None)
+    how = "with broker/mosquitto.conf" if broker.kind == "mosquitto" else "(embedded fallback)"
+    say(f"broker: {broker.kind} on {broker.host}:{broker.port} {how}")
+    ws = f"ws://{broker.host}:{broker.ws_port}" if settings.metrics_port and broker.ws_port else None
+    if ws is not None:
+        say(f"{page}&broker={ws}")
+    return broker, BrokerAddress(broker.host, broker.port), ws
 
-    settings_dict = settings.model_dump(mode="json")
-    report = build_report(result.history, time.monotonic() - started, settings_dict)
+
+def _report(
+    settings: DemoSettings, result: JobResult, seconds: float, json_path: str | None, quiet: bool, say: Any
+) -> dict[str, Any]:
+    """The job's report, written to OUT/report.json (and ``json_path``) with its plot, and shown."""
+    out = settings.out
+    report = build_report(result.history, seconds, settings.model_dump(mode="json"))
     report["idle_fraction"] = round(result.idle_fraction, 4)
-    report["device_backends"] = dict(
-        Counter(
-            s.backend if s.error is None else f"{s.backend} (could not take part)" for s in result.statuses.values()
-        )
+    backends = (
+        s.backend if s.error is None else f"{s.backend} (could not take part)" for s in result.statuses.values()
     )
+    report["device_backends"] = dict(Counter(backends))
     write_json(report, out / "report.json")
     if json_path:
         write_json(report, json_path)
-    title = f"edgeps demo: {settings.devices} devices, {settings.server.pace}"
-    plot_curves(report, out / "curves.png", title=title)
+    plot_curves(report, out / "curves.png", title=f"edgeps demo: {settings.devices} devices, {settings.server.pace}")
     say("")
     if not quiet:
         format_report(report).print()
