@@ -5,7 +5,7 @@ clock; ``drive`` is the one loop that feeds it. A turn: sleep until the core's n
 a message (``receive_batch``), let time pass (``on_tick``), hand over each message of the batch
 (``receive``), let the core work (``after_batch``), make its subscriptions what it says, publish
 what it returned, and acknowledge what it is done with (``acknowledge``). Each role's adapter
-(``ps_service.mqtt``, ``edge_client.mqtt``) supplies what only it does around a turn: the
+(``ps_service.io.mqtt``, ``edge_client.mqtt``) supplies what only it does around a turn: the
 server's checkpoint before publishing, a device's emulated step time.
 """
 

@@ -22,8 +22,8 @@ from learning.data import Dataset, dirichlet_partition, load_digits, stratified_
 from learning.losses import get_loss
 from learning.model import init_mlp
 from ps_service.config import ServerConfig
-from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
+from ps_service.server.core import ServerCore
 from ps_service.site.aggregator import SiteAggregator
 from ps_service.site.config import SiteConfig
 from schemas.messages import Metrics

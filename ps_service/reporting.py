@@ -1,6 +1,6 @@
 """What a job reports: traffic counts, rejection notices, the best version and the metrics history.
 
-``Report`` holds them; ``ps_service.readout`` builds the metrics and status a job publishes.
+``Report`` holds them; ``ps_service.server.readout`` builds the metrics and status a job publishes.
 """
 
 from __future__ import annotations

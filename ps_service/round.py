@@ -1,7 +1,7 @@
 """The job's lifecycle and its open round: state, quorum, clock, deadlines and the devices a
 round stops waiting for (late past its deadline, or released as much slower than the rest).
 
-``Round`` is pure state; ``ps_service.job`` and ``ps_service.core`` apply its rules to a job.
+``Round`` is pure state; ``ps_service.server.job`` and ``ps_service.server.core`` apply its rules to a job.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from edge_client.trainer import NumpyTrainer
 from learning.data import Dataset
 from learning.model import init_mlp
 from ps_service.config import ServerConfig
-from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
+from ps_service.server.core import ServerCore
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

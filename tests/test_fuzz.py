@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_client.backend import tflite_trainer
-from ps_service.checkpoint import CheckpointError, decode
+from ps_service.io.checkpoint import CheckpointError, decode
 from schemas.artifact import ArtifactError, decode_artifact
 from schemas.frame import FrameError, decode_frame
 from schemas.messages import Barrier, Command, Control, DeviceStatus, MessageError, Metrics, Notice
@@ -77,7 +77,7 @@ def test_parsers_raise_only_their_own_errors(payload) -> None:
 
 
 def _signed_checkpoint() -> bytes:
-    from ps_service.checkpoint import encode
+    from ps_service.io.checkpoint import encode
 
     server = small_server(pace="bsp", rounds=1000)
     server.start(0.0)
@@ -98,7 +98,7 @@ def test_a_damaged_checkpoint_signed_with_the_key_is_refused_or_read_never_a_cra
     import hashlib
     import hmac
 
-    from ps_service.checkpoint import MAGIC
+    from ps_service.io.checkpoint import MAGIC
 
     body = bytearray(SIGNED[len(MAGIC) + 32 :])
     for _ in range(data.draw(st.integers(1, 8))):

@@ -71,7 +71,7 @@ def test_prometheus_and_grafana_are_provisioned_for_what_the_server_exports() ->
 
     from prometheus_client import generate_latest
 
-    from ps_service.prometheus import MetricsEndpoint
+    from ps_service.io.prometheus import MetricsEndpoint
     from schemas.messages import Metrics
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]

@@ -56,9 +56,9 @@ def _client_peak_rss(env: Path, backend: str, workdir: Path, rounds: int, say: S
     from learning.model import init_mlp
     from learning.prepare import prepare_shards
     from ps_service.config import ServerConfig
-    from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
-    from ps_service.mqtt import connect_server, serve
+    from ps_service.io.mqtt import connect_server, serve
+    from ps_service.server.core import ServerCore
 
     shards = prepare_shards(load_digits(), workdir / "data", devices=2, alpha=0.5, seed=0)
     holdout = Dataset.load(shards.holdout)

@@ -56,7 +56,7 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
     """One bsp job of ``rounds`` versions in the simulator; its costs."""
     from edgeps.scenario import Scenario
     from edgeps.simulator import Simulation, scenario_data
-    from ps_service.checkpoint import save
+    from ps_service.io.checkpoint import save
 
     job = {"rounds": rounds, "duration_s": 1e6}  # ServerConfig's fields, nested by the model
     scenario = Scenario.model_validate({"devices": devices, "hidden": hidden, "alpha": 100.0, "seed": seed, **job})

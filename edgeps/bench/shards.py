@@ -39,8 +39,8 @@ def measure(hidden: tuple[int, ...], shards: int, devices: int, rounds: int, see
     from learning.data import Dataset
     from learning.model import init_mlp
     from ps_service.config import ServerConfig
-    from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
+    from ps_service.server.core import ServerCore
     from schemas.frame import Frame, FrameKind, encode_frame
     from schemas.messages import DeviceStatus
 

@@ -13,7 +13,7 @@ log = logging.getLogger("edgeps.aggregator")
 def cmd_aggregator(args: argparse.Namespace) -> int:
     from broker.client import connect
     from edgeps.options import model_values
-    from ps_service.mqtt import serve_site
+    from ps_service.io.mqtt import serve_site
     from ps_service.site.aggregator import SiteAggregator
     from ps_service.site.config import SiteConfig
 

@@ -19,14 +19,14 @@ if TYPE_CHECKING:
     from learning.model import Params
     from learning.spec import ModelSpec
     from ps_service.config import ServerConfig
-    from ps_service.core import ServerCore
-    from ps_service.prometheus import MetricsEndpoint
+    from ps_service.io.prometheus import MetricsEndpoint
+    from ps_service.server.core import ServerCore
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
     """The composition root of the server: the job's options and task, its core, the checkpoint, the
     metrics endpoint and the broker, served until the job ends; then the models and the report."""
-    from ps_service.mqtt import connect_server, serve
+    from ps_service.io.mqtt import connect_server, serve
 
     for path, flag in ((args.save_model, "--save-model"), (args.report, "--report"), (args.checkpoint, "--checkpoint")):
         writable(path, flag)  # a job's result is never lost to a missing folder after it trained
@@ -84,8 +84,8 @@ def _core(args: argparse.Namespace, task: Task, config: ServerConfig) -> ServerC
     """The server core: the held-out data and its evaluator, the model's first parameters and, with
     ``--artifact`` or ``--export-tflite``, the devices' TFLite trainer."""
     from learning.data import load_npz
-    from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
+    from ps_service.server.core import ServerCore
 
     holdout = load_npz(args.eval_data, task.classification) if args.eval_data else task.holdout(args.seed)
     params = task.init(holdout, args.seed)
@@ -130,7 +130,7 @@ def _checkpoint(args: argparse.Namespace) -> tuple[Path | None, bytes | None]:
     before anything connects."""
     if not args.checkpoint:
         return None, None
-    from ps_service.checkpoint import decode
+    from ps_service.io.checkpoint import decode
 
     checkpoint = Path(args.checkpoint)
     key = checkpoint_key(args.checkpoint_key_file, checkpoint, os.environ.get("EDGEPS_CHECKPOINT_KEY"))
@@ -143,7 +143,7 @@ def _endpoint(args: argparse.Namespace, job: str) -> MetricsEndpoint | None:
     """``/metrics`` and the dashboard with ``--metrics-port``; its address logged."""
     if args.metrics_port is None:
         return None
-    from ps_service.prometheus import MetricsEndpoint
+    from ps_service.io.prometheus import MetricsEndpoint
 
     try:
         tls = (args.metrics_tls_cert, args.metrics_tls_key)
@@ -178,8 +178,8 @@ def checkpoint_key(path: str | None, checkpoint: Path, environ_key: str | None) 
     """The checkpoint's key: from ``EDGEPS_CHECKPOINT_KEY`` (hex), else from its file (``path``, default
     CHECKPOINT.key, made on first use). A key given where a file is named is refused, unread: a command
     line is visible to every user of the machine."""
-    from ps_service.checkpoint import CheckpointError, load_key, parse_key
-    from ps_service.mqtt import default_key_path
+    from ps_service.io.checkpoint import CheckpointError, load_key, parse_key
+    from ps_service.io.mqtt import default_key_path
 
     if environ_key:
         return parse_key(environ_key, "EDGEPS_CHECKPOINT_KEY")

@@ -16,9 +16,9 @@ from learning.data import Dataset, load_digits
 from learning.model import init_mlp
 from learning.prepare import prepare_shards
 from ps_service.config import ServerConfig
-from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
-from ps_service.mqtt import connect_server, serve, serve_site
+from ps_service.io.mqtt import connect_server, serve, serve_site
+from ps_service.server.core import ServerCore
 from ps_service.site.aggregator import SiteAggregator
 from ps_service.site.config import SiteConfig
 from tests.helpers import wait_until

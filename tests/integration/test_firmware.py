@@ -214,9 +214,9 @@ def test_a_firmware_image_joins_a_broker_init_deployment_through_a_tls_modem(tmp
     from broker.launcher import start_broker
     from edgeps.cli import main
     from ps_service.config import ServerConfig
-    from ps_service.core import ServerCore
     from ps_service.evaluator import Evaluator
-    from ps_service.mqtt import connect_server, serve
+    from ps_service.io.mqtt import connect_server, serve
+    from ps_service.server.core import ServerCore
 
     needs_firmware_tools()
     devices = ["dev-0", "dev-1"]

@@ -12,7 +12,7 @@ import pytest
 from broker.client import BrokerAddress
 from broker.launcher import start_broker
 from edge_client.core import DeviceCore
-from ps_service.core import ServerCore
+from ps_service.server.core import ServerCore
 from tests.helpers import wait_until
 from tests.integration.jobs import DEVICES, JOB, ROUNDS, best, on_one_broker, run_job
 

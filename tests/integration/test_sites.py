@@ -17,7 +17,7 @@ from broker.deploy.sites import aggregator_account, bridge_account, core_acl
 from broker.launcher import BrokerProcess, free_port, start_broker
 from edge_client.core import DeviceCore
 from edgeps.bench.attack.deployments import wait_for_bridges
-from ps_service.core import ServerCore
+from ps_service.server.core import ServerCore
 from schemas.topics import Publish, Topics
 from tests.helpers import next_message, wait_until
 from tests.integration.jobs import DEVICES, JOB, ROUNDS, best, on_one_broker, run_job

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import edge_client.mqtt
-import ps_service.mqtt
+import ps_service.io.mqtt
 from broker.client import BrokerAddress, MqttTransport
 from edge_client.core import DeviceCore
 from edge_client.mqtt import connect_device, run_device
@@ -20,9 +20,9 @@ from edge_client.trainer import NumpyTrainer
 from edgeps.operator import watch
 from learning.model import init_mlp
 from ps_service.config import ServerConfig
-from ps_service.core import ServerCore
 from ps_service.evaluator import Evaluator
-from ps_service.mqtt import connect_server, serve
+from ps_service.io.mqtt import connect_server, serve
+from ps_service.server.core import ServerCore
 from schemas.messages import Barrier
 from schemas.topics import Publish, Topics
 from tests.helpers import blobs, wait_until
@@ -57,7 +57,7 @@ def test_a_device_without_a_server_says_what_it_waits_for(mosquitto, caplog, mon
 
 
 def test_a_server_without_devices_says_how_many_it_waits_for(mosquitto, caplog, monkeypatch) -> None:
-    monkeypatch.setattr(ps_service.mqtt, "WAIT_NOTE_S", 0.2)
+    monkeypatch.setattr(ps_service.io.mqtt, "WAIT_NOTE_S", 0.2)
     caplog.set_level(logging.INFO, logger="edgeps")  # (a bench run in-process earlier quiets "edgeps")
     core = ServerCore(ServerConfig(job="empty", min_devices=3), init_mlp([8, 8, 3], seed=0), Evaluator(blobs()))
     transport = connect_server(core, BrokerAddress(mosquitto.host, mosquitto.port))

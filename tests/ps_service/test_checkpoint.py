@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from ps_service.checkpoint import MAGIC, CheckpointError, load_key, restore, save
+from ps_service.io.checkpoint import MAGIC, CheckpointError, load_key, restore, save
 from schemas.messages import Notice
 from tests.helpers import commit_bytes, hello, small_server
 

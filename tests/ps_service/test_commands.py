@@ -141,7 +141,7 @@ def test_the_prometheus_endpoint_serves_the_newest_metrics() -> None:
     import urllib.error
     import urllib.request
 
-    from ps_service.prometheus import MetricsEndpoint
+    from ps_service.io.prometheus import MetricsEndpoint
 
     server = small_server(pace="asp", rounds=100)
     endpoint = MetricsEndpoint(0)

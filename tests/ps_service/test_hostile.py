@@ -10,9 +10,9 @@ import zlib
 
 import numpy as np
 
-from ps_service import versions
 from ps_service.evaluator import Evaluator
-from ps_service.prometheus import MetricsEndpoint
+from ps_service.io.prometheus import MetricsEndpoint
+from ps_service.server import versions
 from ps_service.update import Update
 from schemas.messages import Metrics, Notice
 from tests.helpers import Relay, blobs, commit_bytes, hello, small_device, small_server

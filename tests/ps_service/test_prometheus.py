@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from broker.deploy.certs import make_ca, make_certificate
-from ps_service.prometheus import MetricsEndpoint
+from ps_service.io.prometheus import MetricsEndpoint
 
 
 def fetch(url: str, context: ssl.SSLContext | None = None) -> int:
@@ -48,7 +48,7 @@ def test_off_loopback_the_dashboard_needs_https(tmp_path) -> None:
 
 
 def test_the_page_never_takes_a_password_from_its_address() -> None:
-    from ps_service.prometheus import DASHBOARD
+    from ps_service.io.prometheus import DASHBOARD
 
     script = (DASHBOARD / "app.js").read_text()
     assert 'params.get("password")' not in script and 'params.get("username")' not in script
@@ -57,7 +57,7 @@ def test_the_page_never_takes_a_password_from_its_address() -> None:
 def test_the_page_uses_the_vendored_mqtt_js_with_its_licence_and_version() -> None:
     import re
 
-    from ps_service.prometheus import DASHBOARD, PAGES
+    from ps_service.io.prometheus import DASHBOARD, PAGES
 
     vendor = DASHBOARD / "vendor"
     version = re.search(r"\| `mqtt\.min\.js` \|[^|]*\| (\d+\.\d+\.\d+) \| MIT", (vendor / "README.md").read_text())
@@ -91,7 +91,7 @@ def test_idle_connections_block_no_one_and_cannot_exhaust_the_threads(tmp_path, 
     a thread for ever (500 exhausted the threads)."""
     import socket
 
-    import ps_service.prometheus as prometheus
+    import ps_service.io.prometheus as prometheus
 
     monkeypatch.setattr(prometheus, "TIMEOUT_S", 1.0)
     make_ca(tmp_path)

@@ -11,7 +11,7 @@ from schemas.messages import Metrics
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
-    from ps_service.job import Job
+    from ps_service.server.job import Job
 
 
 def _push_every(job: Job) -> dict[str, int]:

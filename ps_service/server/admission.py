@@ -14,7 +14,7 @@ from schemas.messages import DeviceStatus, RejectReason
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
-    from ps_service.job import Job
+    from ps_service.server.job import Job
 
 
 def on_status(job: Job, device: str, payload: bytes, now: float) -> list[Publish]:
@@ -109,7 +109,7 @@ def on_site_commit(job: Job, site: str, payload: bytes, now: float, retained: bo
     """A site commit on ``part/{site}`` (its aggregator's sum of its devices' commits): through the
     door (ps_service.door ``admit_site``), taken whole or refused whole. Taken, each entry counts as
     its device's commit (its sequence number, the round, membership, speed); the server bounds the
-    site's sums with the fleet's bounds when it aggregates (ps_service.versions)."""
+    site's sums with the fleet's bounds when it aggregates (ps_service.server.versions)."""
     job.traffic.bytes_up += len(payload)
     update = job.door.admit_site(site, payload, now, job.checks(), job.config.site_members(site), retained)
     if isinstance(update, SiteRefusal):

@@ -1,7 +1,7 @@
 """What a checkpoint holds of a server job, and how a job becomes what one describes.
 
 Everything by name, in JSON values, numpy arrays (tensors) and bytes (payloads); times are
-ages in seconds, so that a restored server runs on any clock. ps_service/checkpoint.py
+ages in seconds, so that a restored server runs on any clock. ps_service/io/checkpoint.py
 writes and reads it; the metrics history travels apart (``Report.history_json``).
 """
 
@@ -24,7 +24,7 @@ from schemas.messages import Metrics
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
-    from ps_service.job import Job
+    from ps_service.server.job import Job
 
 
 def to_state(job: Job, now: float) -> dict[str, Any]:

@@ -12,13 +12,13 @@ import numpy as np
 
 from ps_service.frequency import make_policy
 from ps_service.paces import make_pace
-from ps_service.readout import status
 from ps_service.round import JobState
+from ps_service.server.readout import status
 from schemas.messages import Command, MessageError, Notice, RejectReason, Reply
 from schemas.topics import Publish, Topics
 
 if TYPE_CHECKING:
-    from ps_service.job import Job
+    from ps_service.server.job import Job
 
 
 class CommandError(ValueError):

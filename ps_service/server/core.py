@@ -2,8 +2,8 @@
 
 It never touches a socket or the clock: every event carries ``now`` (seconds, from any
 epoch), and every method returns the ``Publish`` list its driver must send. ``ServerCore`` is
-the job's record (ps_service.job) and the one place its follow-ups are carried out: it routes
-each message to its concern (admission, commands), and makes versions (ps_service.versions),
+the job's record (ps_service.server.job) and the one place its follow-ups are carried out: it routes
+each message to its concern (admission, commands), and makes versions (ps_service.server.versions),
 finishes the job, drops late devices and releases slow ones when a concern asks.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
-from ps_service import admission, commands, readout, state, versions
-from ps_service.job import BARRIER_DETAIL_S, Job, new_run
 from ps_service.round import JobState
+from ps_service.server import admission, commands, readout, state, versions
+from ps_service.server.job import BARRIER_DETAIL_S, Job, new_run
 from ps_service.validation import Rejection
 from schemas.frame import peek_seq
 from schemas.messages import Metrics, RejectReason
@@ -48,7 +48,7 @@ class ServerCore(Job):
         return [*model, *self.last_broadcast, *self.barrier(now, force=True), readout.metrics(self, now)]
 
     def to_state(self, now: float) -> dict[str, Any]:
-        """What a checkpoint holds (ps_service.state)."""
+        """What a checkpoint holds (ps_service.server.state)."""
         return state.to_state(self, now)
 
     def load_state(self, saved: dict[str, Any], history: list[Metrics], now: float) -> None:
@@ -172,11 +172,11 @@ class ServerCore(Job):
         return self.advance(now) or self.barrier(now)
 
     def advance(self, now: float) -> list[Publish]:
-        """Make versions while the pace is ready (ps_service.versions)."""
+        """Make versions while the pace is ready (ps_service.server.versions)."""
         return versions.advance(self, now)
 
     def broadcast_version(self, now: float) -> list[Publish]:
-        """Publish the newest version (ps_service.versions)."""
+        """Publish the newest version (ps_service.server.versions)."""
         return versions.broadcast(self, now)
 
     def release_slow(self, now: float) -> list[Publish]:

@@ -3,7 +3,7 @@
 The server's concern modules (admission, commands, versions, metrics, state) read and change a
 ``Job``; they never import the server core. What a concern needs done beyond its own part (a
 version made, a device gone, the job finished, slow devices released) it asks of the job's
-follow-ups, which ``ps_service.core.ServerCore`` carries out. The record's own methods only
+follow-ups, which ``ps_service.server.core.ServerCore`` carries out. The record's own methods only
 read it or build a message from it (a device's Control, the barrier, the bounds in force).
 """
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ps_service import readout
 from ps_service.aggregate import Clip, norm_kept, norms_hold
 from ps_service.robust import bounded_part, bounded_sizes, claimed_sizes, per_device
 from ps_service.round import JobState
+from ps_service.server import readout
 from ps_service.store import NonFinite
 from ps_service.update import Contribution, SiteUpdate, Update
 from ps_service.validation import Rejection
@@ -17,7 +17,7 @@ from schemas.messages import RejectReason
 from schemas.topics import Publish
 
 if TYPE_CHECKING:
-    from ps_service.job import Job
+    from ps_service.server.job import Job
 
 
 def steady(job: Job) -> bool:

@@ -12,9 +12,9 @@ from broker.client import BrokerAddress, MqttTransport, connect
 from broker.driver import drive
 from broker.inbox import Inbox
 from broker.transport import Transport
-from ps_service.checkpoint import load_key, restore, save
-from ps_service.core import ServerCore
-from ps_service.prometheus import MetricsEndpoint
+from ps_service.io.checkpoint import load_key, restore, save
+from ps_service.io.prometheus import MetricsEndpoint
+from ps_service.server.core import ServerCore
 from ps_service.site.aggregator import SiteAggregator
 from schemas.messages import MessageError, Metrics
 from schemas.topics import Inbound, Publish
