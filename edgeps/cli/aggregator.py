@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from edgeps.cli.common import address, broker_args, stop_on_signals
+from edgeps.cli.common import Subparsers, address, broker_args, stop_on_signals
 
 log = logging.getLogger("edgeps.aggregator")
 
@@ -38,7 +38,7 @@ def cmd_aggregator(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     from edgeps.options import add_model_options
     from ps_service.site.config import SiteConfig

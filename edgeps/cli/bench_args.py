@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 from edgeps.cli.bench import (
     cmd_bench_attack,
     cmd_bench_codec,
@@ -20,16 +18,17 @@ from edgeps.cli.bench import (
     cmd_bench_tasks,
     cmd_bench_wire,
 )
+from edgeps.cli.common import Subparsers
 
 
-def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     bench = sub.add_parser("bench", help="measurements").add_subparsers(dest="bench", required=True)
     for group in (_pace, _simulated, _load_and_attack, _real_jobs):
         group(bench)
 
 
-def _pace(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _pace(bench: Subparsers) -> None:
     """The pace comparison, simulated or over Mosquitto."""
     pace = bench.add_parser("pace", help="compare paces on one scenario (simulated, or --real over Mosquitto)")
     pace.add_argument("--real", action="store_true", help="real processes over a Mosquitto it starts (wall time)")
@@ -63,7 +62,7 @@ def _pace(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pace.set_defaults(func=cmd_bench_pace)
 
 
-def _simulated(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _simulated(bench: Subparsers) -> None:
     """The benches on the simulator or in one process: frequency policies, sites, shards, scale, codecs."""
     freq = bench.add_parser("freq", help="push_every policies fixed, adacomm and trend on the pace scenario (acbsp)")
     freq.add_argument("--seed", type=int, help="seed of data, model and devices, default 0")
@@ -109,7 +108,7 @@ def _simulated(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     codec.set_defaults(func=cmd_bench_codec)
 
 
-def _load_and_attack(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _load_and_attack(bench: Subparsers) -> None:
     """The server under load over Mosquitto, and the hostile-client audit."""
     load = bench.add_parser("load", help="N device clients over one Mosquitto against a real server, for S seconds")
     load.add_argument("--devices", type=int, default=200, help="simulated devices committing")
@@ -156,7 +155,7 @@ def _load_and_attack(bench: argparse._SubParsersAction[argparse.ArgumentParser])
     attack.set_defaults(func=cmd_bench_attack)
 
 
-def _real_jobs(bench: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _real_jobs(bench: Subparsers) -> None:
     """Real jobs measured: a device install, restarts, the C SDK, latency, bytes on the wire, tasks."""
     footprint = bench.add_parser("footprint", help="a fresh device install: size on disk, client peak RSS per backend")
     footprint.add_argument("--rounds", type=int, default=20, help="versions in each client's job")

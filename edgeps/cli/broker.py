@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgeps.cli.common import stop_on_signals
+from edgeps.cli.common import Subparsers, stop_on_signals
 
 if TYPE_CHECKING:
     from broker.deploy.secure import SecureSetup
@@ -147,7 +147,7 @@ def parse_sites(values: list[str]) -> dict[str, list[str]]:
     return sites
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     broker = sub.add_parser("broker", help="start Mosquitto with the project's config (or the embedded broker)")
     broker.add_argument("--host", help="address to listen on (run: 127.0.0.1; init: 0.0.0.0, both listeners)")

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from edgeps.cli.common import address, broker_args, stop_on_signals
+from edgeps.cli.common import Subparsers, address, broker_args, stop_on_signals
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -50,7 +50,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options (DeviceConfig's) and its function."""
     from edge_client.config import DeviceConfig
     from edgeps.options import add_model_options

@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 from pathlib import Path
+from typing import TypeAlias
 
 from broker.client import BrokerAddress
 
@@ -64,3 +65,7 @@ def writable(path: str | None, flag: str) -> None:
         raise ValueError(f"{flag} {path}: no folder {folder} to write it in (make it first)")
     if not os.access(folder, os.W_OK):
         raise ValueError(f"{flag} {path}: folder {folder} is not writable")
+
+
+#: What a role's ``add`` registers its subcommand on.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edgeps.cli.common import address, broker_args, stop_on_signals, writable
+from edgeps.cli.common import Subparsers, address, broker_args, stop_on_signals, writable
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
@@ -62,7 +62,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     return 0 if reply.ok else 1
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     ctl = sub.add_parser("ctl", help="operator: send a command to a job, or watch its metrics")
     broker_args(ctl)

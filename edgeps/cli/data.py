@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgeps.cli.common import Subparsers
+
 
 def cmd_data(args: argparse.Namespace) -> int:
     from learning.data import load_digits, load_idx
@@ -56,7 +58,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     data = sub.add_parser("data", help="write a held-out set and non-IID device shards")
     data.add_argument("--out", required=True, help="folder for holdout.npz and the device shards")

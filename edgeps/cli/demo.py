@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from edgeps.cli.common import job_args
+from edgeps.cli.common import Subparsers, job_args
 from ps_service.config import PROCESS_DEFAULTS
 
 
@@ -37,7 +37,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 DEMO_API_ONLY = ("server", "model", "timeout_s", "slowdowns", "step_time")
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     demo = sub.add_parser("demo", help="broker + server + N devices on loopback; prints a report")
     job_args(demo, skip=("allowed_devices", "min_devices"), **PROCESS_DEFAULTS)

@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from edgeps.cli.common import Subparsers
+
 BOARDS = ("mps2-an386", "riscv32-virt")  # edgeps.firmware.BOARDS
 
 
@@ -59,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def add(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add(sub: Subparsers) -> None:
     firmware = sub.add_parser("firmware", help="a firmware image of the C SDK that joins a job, run under QEMU")
     actions = firmware.add_subparsers(dest="action", required=True)
     build = actions.add_parser("build", help="the image of one device: ELF, raw .bin and its size (firmware.json)")

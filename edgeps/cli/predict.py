@@ -7,6 +7,8 @@ import csv
 import dataclasses
 import sys
 
+from edgeps.cli.common import Subparsers
+
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from edgeps.deploy import load_model
@@ -40,7 +42,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     predict = sub.add_parser("predict", help="predict with a saved model: one row per reading, and its metrics")
     predict.add_argument("--model", required=True, help="model.npz (or model-best.npz), or the folder holding it")

@@ -11,7 +11,7 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgeps.cli.common import address, broker_args, job_args, stop_on_signals, writable
+from edgeps.cli.common import Subparsers, address, broker_args, job_args, stop_on_signals, writable
 from ps_service.config import PROCESS_DEFAULTS
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def checkpoint_key(path: str | None, checkpoint: Path, environ_key: str | None) 
     return load_key(key_path, create=not checkpoint.exists())
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     ps = sub.add_parser("ps", help="run the parameter server against a broker")
     broker_args(ps)

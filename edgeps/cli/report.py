@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from edgeps.cli.common import Subparsers
+
 
 def cmd_report(args: argparse.Namespace) -> int:
     from edgeps.report import format_report, plot_curves, read_report
@@ -17,7 +19,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add(sub: Subparsers) -> None:
     """The role's subcommand, its options and its function."""
     report = sub.add_parser("report", help="print a job's report (edgeps ps --report, the demo's) and plot it")
     report.add_argument("file", help="the report's JSON file")
