@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from learning.model import Params
+from ps_service.door import Refusal
 from ps_service.evaluator import Evaluation
 from ps_service.registry import DeviceRecord
 from ps_service.validation import Rejection
@@ -88,6 +89,21 @@ class Report:
             return []
         notice = Notice(device=sender, seq=rejection.seq, reason=rejection.reason, detail=rejection.detail[:512])
         return [Publish(self.topics.notice(sender), notice.to_bytes(), qos=1)]
+
+    def refused(self, device: str, refusal: Refusal, record: DeviceRecord | None, now: float) -> list[Publish]:
+        """A commit the door refused, as every receiver reports it: a flood that muted its device logged,
+        then counted, and noticed unless it is a redelivered copy (``silent``)."""
+        rejection = refusal.rejection
+        if refusal.muted is not None:
+            self.events.warning(
+                "device %s floods (%s): not listening to its commits for %g s",
+                device,
+                rejection.detail.partition(":")[0],
+                refusal.muted,
+            )
+        if refusal.silent:
+            return self.count(rejection)
+        return self.reject(device, rejection, record, now if rejection.reason is RejectReason.RATE_LIMITED else None)
 
     def record(self, metrics: Metrics) -> None:
         """Keep ``metrics`` in the history: one record per version, and the final one."""

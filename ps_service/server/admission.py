@@ -90,18 +90,7 @@ def refused(job: Job, device: str, refusal: Refusal, now: float) -> list[Publish
     flood muted (the server stops listening to the device's commits: ``DeviceRegistry.mute``, so
     that the broker drops the flood instead of queueing it in front of the other devices'); a
     spent sequence number answered with the device's Control (``resequence``)."""
-    rejection = refusal.rejection
-    if refusal.muted is not None:
-        job.events.warning(
-            "device %s floods (%s): not listening to its commits for %g s",
-            device,
-            rejection.detail.partition(":")[0],
-            refusal.muted,
-        )
-    if refusal.silent:
-        out = job.count(rejection)
-    else:
-        out = job.reject(device, rejection, now if rejection.reason is RejectReason.RATE_LIMITED else None)
+    out = job.report.refused(device, refusal, job.registry.record(device), now)
     return out + resequence(job, device) if refusal.resequence else out
 
 

@@ -226,18 +226,7 @@ class SiteAggregator:
     def _refused(self, device: str, refusal: Refusal, now: float, token: Any) -> list[Publish]:
         """A refused commit: settled, counted, noticed (but a redelivered copy: counted only)."""
         self._settled.append(token)
-        rejection = refusal.rejection
-        if refusal.muted is not None:
-            self.events.warning(
-                "device %s floods (%s): not listening to its commits for %g s",
-                device,
-                rejection.detail.partition(":")[0],
-                refusal.muted,
-            )
-        if refusal.silent:
-            return self.report.count(rejection)
-        limited = rejection.reason is RejectReason.RATE_LIMITED
-        return self.report.reject(device, rejection, self.registry.record(device), now if limited else None)
+        return self.report.refused(device, refusal, self.registry.record(device), now)
 
     def _again(self, update: Update) -> bool:
         """Whether ``update`` may be a device's resend of a commit the server holds (§6 of
