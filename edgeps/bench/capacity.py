@@ -215,12 +215,14 @@ def bench_capacity(
     with tempfile.TemporaryDirectory(prefix="edgeps-capacity-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         payload = bytes(commit_template("cap-0000"))
         say(f"broker: {count} QoS 1 publishes of the {len(payload):,}-byte commit payload to one mosquitto_sub ...")
+        pid = broker.process.pid
+        before = cpu_s(pid)
         raw = broker_rate(broker.host, broker.port, payload, count)
-        say(f"  {raw:,.0f} messages/s; the same from mosquitto_pub --repeat ...")
+        broker_us = (cpu_s(pid) - before) / count * 1e6  # its CPU a message taken in and delivered
+        say(f"  {raw:,.0f} messages/s, {broker_us:.1f} µs of the broker's CPU each; from mosquitto_pub --repeat ...")
         pub = mosquitto_pub_rate(broker.host, broker.port, payload, count // 4, Path(tmp))
         say(f"  {pub:,.0f} messages/s")
         say("server: edgeps ps --pace asp under the same payloads as commits ...")
-        pid = broker.process.pid
         plain = apply_rate(
             broker.host,
             broker.port,
@@ -233,10 +235,17 @@ def bench_capacity(
             profile,
             broker_pid=pid,
         )
-        say(f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s)")
+        server_us = plain["cores"]["server"] / plain["apply_rate"] * 1e6
+        say(
+            f"  {plain['apply_rate']:,.0f} commits applied/s (offered {plain['offered_rate']:,.0f}/s),"
+            f" {server_us:.0f} µs of the server's CPU each: {server_us / broker_us:.1f}x the broker's a message"
+        )
         report: dict[str, Any] = {
             "payload_bytes": len(payload),
             "broker_rate": round(raw, 1),
+            "cpu_per_commit_us": round(server_us, 1),
+            "broker_cpu_per_message_us": round(broker_us, 1),
+            "cpu_ratio": round(server_us / broker_us, 2),
             "broker_rate_mosquitto_pub": round(pub, 1),
             "apply_rate": plain["apply_rate"],
             "ratio": round(plain["apply_rate"] / raw, 3),
@@ -296,6 +305,10 @@ def format_capacity(report: dict[str, Any]) -> Table:
             f"{rate / raw:.3f}",
             f"{rate / pub:.2f}",
         )
+    table.after.append(
+        f"CPU: the server {report['cpu_per_commit_us']:.0f} µs a commit applied, the broker"
+        f" {report['broker_cpu_per_message_us']:.1f} µs a message delivered: {report['cpu_ratio']:.1f}x"
+    )
     low, high = report["server"]["server_rss_mib"]
     table.after.append(f"server RSS under the load: {low}..{high} MiB")
     for count, shared in [(0, report["server"]), *report.get("workers", {}).items()]:

@@ -32,6 +32,10 @@ def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
         assert 0 < report[rate] <= report[server]["offered_rate"] * 1.5  # the server applied the load's commits
         assert report[rate] >= 0.9 * report[server]["receive_rate"]  # valid commits, none refused (rate limits)
         assert report[ratio] == pytest.approx(report[rate] / report["broker_rate"], abs=1e-3)
+    assert report["cpu_per_commit_us"] > report["broker_cpu_per_message_us"] > 0  # both from /proc, in one run
+    assert report["cpu_ratio"] == pytest.approx(
+        report["cpu_per_commit_us"] / report["broker_cpu_per_message_us"], rel=0.02
+    )
     shared = report["workers"][2]  # behind two ingest workers: each took a share, the server none directly
     assert shared["apply_rate"] > 0 and not shared["rejected"]
     assert shared["cores"]["ingest-0"] > 0 and shared["cores"]["ingest-1"] > 0
@@ -56,7 +60,9 @@ def test_the_cli_writes_the_json_keys_the_issue_names(tmp_path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert {"broker_rate", "apply_rate", "ratio"} <= set(report)
+    assert {"broker_rate", "apply_rate", "ratio", "cpu_per_commit_us", "broker_cpu_per_message_us", "cpu_ratio"} <= set(
+        report
+    )
     assert "server applies" in done.stdout
 
 
