@@ -102,12 +102,17 @@ class Door:
     sites: DeviceRegistry = field(default_factory=DeviceRegistry)  # each site's rate buckets and mute
     held: Counter[str] = field(default_factory=Counter)  # commits held, by device (a site commit: by site)
     held_bytes: int = 0
+    _limit: tuple[object, int] = (None, 0)  # (shapes, commit_limit): computed again for other shapes
 
     # ------------------------------------------------------------------ limits
     def commit_limit(self, shapes: dict[str, tuple[int, ...]]) -> int:
         """The largest commit accepted: the configured one, else the model's fp32 commit (before the
         model is known: ``UNKNOWN_MODEL_BYTES``)."""
-        return self.config.max_commit_bytes or (fp32_commit_size(shapes) if shapes else UNKNOWN_MODEL_BYTES)
+        if self.config.max_commit_bytes:
+            return self.config.max_commit_bytes
+        if shapes is not self._limit[0]:  # a model's shapes come as the same dict at every commit
+            self._limit = (shapes, fp32_commit_size(shapes) if shapes else UNKNOWN_MODEL_BYTES)
+        return self._limit[1]
 
     def site_limit(self, shapes: dict[str, tuple[int, ...]]) -> int:
         """The largest site commit accepted: the largest commit, its header and its length field."""

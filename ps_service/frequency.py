@@ -201,6 +201,7 @@ class FrequencyController:
         self.balancer = make_balancer(balance)
         self.frozen: int | None = None  # the base push_every an operator froze
         self.assigned: dict[str, int] = {}
+        self.changes = 0  # counts writes to ``assigned`` (for caches of what devices were told)
 
     def observe(self, now: float, score: float, loss: float) -> None:
         """An evaluation of the global model: the policy may move the base value."""
@@ -231,12 +232,16 @@ class FrequencyController:
 
     def tell(self, device: str) -> int:
         """The push_every to tell ``device`` in a control message, remembered as told."""
-        value = self.assigned[device] = self.push_every(device)
+        value = self.push_every(device)
+        if self.assigned.get(device) != value:
+            self.assigned[device] = value
+            self.changes += 1
         return value
 
     def assign(self, devices: list[str]) -> dict[str, int]:
         """push_every per device; also remembered in ``assigned``."""
         self.assigned = self.balancer.assign(devices, self.base, self.bounds)
+        self.changes += 1
         return dict(self.assigned)
 
     def released(self, devices: list[str]) -> set[str]:
@@ -246,7 +251,8 @@ class FrequencyController:
     def forget(self, device: str) -> None:
         """``device`` went offline: it starts afresh when it returns."""
         self.balancer.forget(device)
-        self.assigned.pop(device, None)
+        if self.assigned.pop(device, None) is not None:
+            self.changes += 1
 
     def to_state(self, now: float) -> dict[str, Any]:
         return {
@@ -265,4 +271,5 @@ class FrequencyController:
         self.bounds = Bounds(*(int(b) for b in state["bounds"]))
         self.frozen = state["frozen"]
         self.assigned = {str(d): int(p) for d, p in state["assigned"].items()}
+        self.changes += 1
         self.balancer.load_state(state["balancer"], now)

@@ -4,7 +4,9 @@ its rate limits."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 RECENT_SEQS = 256
@@ -107,6 +109,7 @@ class DeviceRegistry:
         self.unable: dict[str, str] = {}  # devices whose status says they cannot take part, and why (1.7)
         self._devices: dict[str, DeviceRecord] = {}
         self._active: frozenset[str] | None = None  # the online devices, until one comes or goes
+        self._sizes: tuple[int, Mapping[str, int]] = (-1, {})  # (generation, sizes): sizes()
         self.generation = 0  # counts changes of who is online and what sizes they declared (for caches)
 
     def permits(self, device: str) -> bool:
@@ -191,9 +194,11 @@ class DeviceRegistry:
         record = self._devices.get(device)
         return record is not None and record.incarnation is not None
 
-    def sizes(self) -> dict[str, int]:
-        """Training samples each device said it holds."""
-        return {d: r.samples for d, r in self._devices.items()}
+    def sizes(self) -> Mapping[str, int]:
+        """Training samples each device said it holds (read-only; kept until a device says another)."""
+        if self._sizes[0] != self.generation:
+            self._sizes = (self.generation, MappingProxyType({d: r.samples for d, r in self._devices.items()}))
+        return self._sizes[1]
 
     def slowest_clock(self, devices: frozenset[str]) -> int:
         """The lowest highest-sequence-number among ``devices`` (0 if none)."""

@@ -49,7 +49,7 @@ SMALL = 1 / 16
 MODEL_FRACTION = 0.5
 
 
-def size_cap(declared: dict[str, int], factor: float, ceiling: int | None = None) -> float:
+def size_cap(declared: Mapping[str, int], factor: float, ceiling: int | None = None) -> float:
     """The largest data size a device is weighted by: ``factor`` times the lower median of the
     sizes the job's devices ``declared`` (0: none declared; of two sizes the smaller, so that no
     device's claim sets its own cap), at most ``ceiling`` (inf with neither)."""
@@ -60,7 +60,7 @@ def size_cap(declared: dict[str, int], factor: float, ceiling: int | None = None
     return cap
 
 
-def claimed_sizes(updates: list[Update], declared: dict[str, int]) -> dict[str, int]:
+def claimed_sizes(updates: list[Update], declared: Mapping[str, int]) -> dict[str, int]:
     """Each device's data size as it says: what it ``declared``, else the samples its commits consumed."""
     claimed = {u.device: declared.get(u.device) or 0 for u in updates}
     for u in updates:

@@ -24,10 +24,12 @@ class ParameterStore:
         self._params = {name: np.array(values, dtype=np.float32) for name, values in params.items()}
         self.version = version
         self._frame: tuple[bytes, int] | None = None  # (frame, run)
+        self._shapes = {name: values.shape for name, values in self._params.items()}  # an apply keeps them
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: values.shape for name, values in self._params.items()}
+        """Each tensor's shape (the same dict every time: callers read it, never change it)."""
+        return self._shapes
 
     def params(self) -> Params:
         """A copy of the current parameters."""

@@ -72,6 +72,7 @@ class Job(ABC):
         # sequence numbers are checked against an anti-replay window
         self.door = Door(config.door, self.registry, ordered=not config.sites_only)
         self.weight_cap_cache: tuple[int, float] = (-1, math.inf)  # (registry generation, cap): weight_cap
+        self.ceiling_cache: tuple[tuple[int, int, int], float] = ((-1, -1, -1), 0.0)  # steps_ceiling's
         self.membership = Membership()  # who rounds wait for
         self.bounds = FleetBounds(config.clip_factor)  # each device's update against the fleet's
         self.evaluator = evaluator
@@ -166,9 +167,12 @@ class Job(ABC):
     def steps_ceiling(self) -> float:
         """The most local steps a device's update counts as: what the server lets any device hold
         uncommitted (``max_uncommitted_factor`` x the largest push_every in force)."""
-        config = self.config
-        push_every = max([self.frequency.push_every(d) for d in self.registry.active()], default=config.push_every)
-        return float(config.max_uncommitted_factor * max(push_every, config.push_every))
+        config, frequency = self.config, self.frequency
+        key = (self.registry.generation, frequency.changes, frequency.base)  # asked at every aggregate
+        if key != self.ceiling_cache[0]:
+            push_every = max([frequency.push_every(d) for d in self.registry.active()], default=config.push_every)
+            self.ceiling_cache = (key, float(config.max_uncommitted_factor * max(push_every, config.push_every)))
+        return self.ceiling_cache[1]
 
     def weight_cap(self) -> float:
         """The most data size a device is weighted by now (ps_service.robust ``size_cap``), computed again

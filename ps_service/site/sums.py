@@ -5,6 +5,7 @@ weighted by its bounded data size, summed, with each device's stated weight and 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def site_commit(
     seq: int,
     version: int,
     updates: list[Update],
-    sizes: dict[str, int],
+    sizes: Mapping[str, int],
     max_norm: float,
     max_weight: float,
     refused: dict[str, int],
