@@ -103,9 +103,12 @@ def _join(tree: Any, arrays: Any) -> Any:
     return tree
 
 
-def encode(core: Any, now: float, key: bytes) -> bytes:
+def encode(core: Any, now: float, key: bytes, journal: int = 0) -> bytes:
+    """``core``'s state at ``now``; ``journal``: the id of the journal that follows this snapshot
+    (ps_service.io.journal), written with the clock it was taken at."""
     arrays: dict[str, np.ndarray] = {}
-    state = {"format": FORMAT, "config": json.loads(core.config.model_dump_json()), "core": core.to_state(now)}
+    config = json.loads(core.config.model_dump_json())
+    state = {"format": FORMAT, "config": config, "journal": {"id": journal, "clock": now}, "core": core.to_state(now)}
     text = json.dumps(_split(state, arrays), separators=(",", ":")).encode()
     history = b"[" + b",".join(core.history_json) + b"]"
     archive = io.BytesIO()
@@ -164,16 +167,27 @@ def write_atomic(path: Path, blob: bytes) -> None:
         os.close(directory)
 
 
-def save(core: Any, path: Path, now: float, key: bytes) -> None:
-    write_atomic(path, encode(core, now, key))
+def save(core: Any, path: Path, now: float, key: bytes, journal: int = 0) -> None:
+    write_atomic(path, encode(core, now, key, journal))
+
+
+def read(core: Any, path: Path, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
+    """The snapshot at ``path`` (``decode``), refused unless ``core``'s configuration wrote it."""
+    state, history = decode(path.read_bytes(), key)
+    if state["config"] != json.loads(core.config.model_dump_json()):
+        raise CheckpointError(f"{path} was written by a server with another configuration; refusing to resume")
+    return state, history
+
+
+def load(core: Any, state: dict[str, Any], history: list[Metrics], now: float, where: Path) -> None:
+    """Make ``core`` the server of ``read``'s ``state``; its times move to ``now``."""
+    try:
+        core.load_state(state["core"], history, now)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"{where}: state unreadable: {exc!r}") from None
 
 
 def restore(core: Any, path: Path, now: float, key: bytes) -> None:
     """Load ``path`` into ``core`` (built with the same configuration); times move to ``now``."""
-    state, history = decode(path.read_bytes(), key)
-    if state["config"] != json.loads(core.config.model_dump_json()):
-        raise CheckpointError(f"{path} was written by a server with another configuration; refusing to resume")
-    try:
-        core.load_state(state["core"], history, now)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise CheckpointError(f"{path}: state unreadable: {exc!r}") from None
+    state, history = read(core, path, key)
+    load(core, state, history, now, path)

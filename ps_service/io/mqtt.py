@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerAddress, MqttTransport, connect
-from broker.driver import drive
+from broker.driver import Core, drive
 from broker.inbox import Inbox
 from broker.transport import Transport
-from ps_service.io.checkpoint import load_key, restore, save
+from ps_service.io.checkpoint import load_key, save
+from ps_service.io.journal import IDLE_BYTES, SNAPSHOT_BYTES, Journal, Recorded, journal_path, recover
 from ps_service.io.prometheus import MetricsEndpoint
 from ps_service.server.core import ServerCore
 from ps_service.site.aggregator import SiteAggregator
@@ -73,19 +74,25 @@ def serve(
     for message in outgoing:
         transport.publish(message)
     turns.show(outgoing)
-    before, after = turns.before_publish, turns.after_turn
-    drive(core, transport, clock, stop, before_publish=before, after_turn=after, log=log)
-    if stop is not None and stop.is_set():
-        return
-    # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
-    until, idle = clock() + linger_s, LINGER_IDLE_S
-    drive(core, transport, clock, stop, until=until, idle_s=idle, before_publish=before, after_turn=after, log=log)
+    before, after, driven = turns.before_publish, turns.after_turn, turns.driven
+    try:
+        drive(driven, transport, clock, stop, before_publish=before, after_turn=after, log=log)
+        if stop is not None and stop.is_set():
+            return
+        # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
+        until, idle = clock() + linger_s, LINGER_IDLE_S
+        drive(
+            driven, transport, clock, stop, until=until, idle_s=idle, before_publish=before, after_turn=after, log=log
+        )
+    finally:
+        turns.close()
 
 
 class _Turns:
-    """What the server does around ``drive``'s turns: its checkpoint before a turn's results leave,
-    the newest metrics on ``/metrics``, each new metrics record to ``on_metrics``, and a note while
-    the job waits for its start quorum."""
+    """What the server does around ``drive``'s turns: its checkpoint before a turn's results leave
+    (the turn's record in the journal; a snapshot now and then: ps_service.io.journal), the newest
+    metrics on ``/metrics``, each new metrics record to ``on_metrics``, and a note while the job
+    waits for its start quorum."""
 
     def __init__(
         self,
@@ -99,15 +106,20 @@ class _Turns:
         self.core, self.clock, self.checkpoint, self.key = core, clock, checkpoint, key
         self.endpoint, self.on_metrics = endpoint, on_metrics
         self.seen, self.noted = 0, clock()
+        self.recorded = Recorded(core) if checkpoint is not None else None
+        self.driven: Core = self.recorded or core  # what the driver runs
+        self.journal: Journal | None = None
+        self.number = 0  # the journal's id: the snapshot on disk names it
 
     def begin(self) -> list[Publish]:
-        """Start the job, or resume it from its checkpoint; what goes out first."""
+        """Start the job, or resume it from its checkpoint and journal; what goes out first."""
         core, checkpoint, clock = self.core, self.checkpoint, self.clock
         if checkpoint is not None and checkpoint.exists():
             assert self.key is not None
-            restore(core, checkpoint, clock(), self.key)
+            self.number, replayed = recover(core, checkpoint, clock(), self.key)
             job, run, version = core.config.job, core.run, core.store.version
-            log.info("resumed job %s (run %d) from %s at version %d", job, run, checkpoint, version)
+            again = f", {replayed} messages of its journal made again" if replayed else ""
+            log.info("resumed job %s (run %d) from %s at version %d%s", job, run, checkpoint, version, again)
             outgoing = core.resume(clock())
         else:
             outgoing = core.start(clock())
@@ -115,9 +127,21 @@ class _Turns:
         return outgoing
 
     def save(self) -> None:
-        if self.checkpoint is not None:
-            assert self.key is not None
-            save(self.core, self.checkpoint, self.clock(), self.key)
+        """A snapshot of the whole state, and a fresh journal after it."""
+        if self.checkpoint is None:
+            return
+        assert self.key is not None and self.recorded is not None
+        self.number += 1
+        save(self.core, self.checkpoint, self.clock(), self.key, self.number)
+        if self.journal is not None:
+            self.journal.close()
+        self.journal = Journal(journal_path(self.checkpoint), self.key, self.number)
+        self.recorded.take()  # in the snapshot
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
 
     def show(self, messages: list[Publish]) -> None:
         """The newest metrics record on /metrics."""
@@ -129,9 +153,13 @@ class _Turns:
                     log.error("metrics record not shown on /metrics: %s", exc)
 
     def before_publish(self, batch: list[Inbound], out: list[Publish]) -> None:
-        """The state a turn led to is on disk before its results leave and its messages are acknowledged."""
-        if batch or out:
-            self.save()
+        """The state a turn led to is on disk before its results leave and its messages are acknowledged:
+        the turn in the journal (an idle turn's ticks kept for the next record), or a new snapshot."""
+        if self.journal is not None and self.recorded is not None:
+            if self.journal.size >= SNAPSHOT_BYTES:
+                self.save()
+            elif batch or out or len(self.recorded.calls) >= IDLE_BYTES:
+                self.journal.append(self.recorded.take())
         self.show(out)
 
     def after_turn(self) -> None:

@@ -121,7 +121,8 @@ def test_tflite_devices_train_as_well_as_numpy_ones_over_mosquitto(mosquitto, tm
 def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeating_nothing(
     mosquitto, tmp_path, how
 ) -> None:
-    """`edgeps ps --checkpoint` is killed (or stopped) twice mid-training and restarted; 3 devices
+    """`edgeps ps --checkpoint` is killed five times (or stopped twice) mid-training and restarted,
+    each time resuming from its snapshot and journal (ps_service.io.journal); 3 devices
     train on. bsp: each round takes exactly one commit per device, so applied == rounds x devices
     means that no acknowledged commit was lost and none was applied twice. Training goes on at
     once, not after the round deadline (1.0, SIGTERM: the server acknowledged commits during its
@@ -187,13 +188,14 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     try:
         for runner in runners:
             runner.start()
-        for kill_at in (10, 30):
+        for kill_at in (8, 16, 24, 32, 40) if how == "SIGKILL" else (10, 30):  # SIGKILL: the kill-storm
             watch(kill_at, timeout=60)
             os.kill(server.pid, getattr(signal, how))
             assert server.wait(timeout=20) in (0, -signal.SIGKILL)
             assert checkpoint.exists()
             restarted = time.monotonic()
-            server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(tmp_path / f"ps-{kill_at}.log", "wb") as log:
+                server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
             watch(latest["version"] + 2, timeout=60)
             assert time.monotonic() - restarted < 10, "training resumed only after the round deadline"
         assert server.wait(timeout=120) == 0
@@ -206,6 +208,9 @@ def test_a_server_stopped_mid_job_resumes_from_its_checkpoint_losing_and_repeati
     final = history[-1]
     assert final.finished and final.version == rounds
     assert final.applied == rounds * 3
+    resumed = [log.read_text() for log in sorted(tmp_path.glob("ps-*.log"))]
+    assert all("resumed job ck" in text for text in resumed)
+    assert any("of its journal made again" in text for text in resumed)  # the turns after the snapshot
     # commits redelivered after a kill, already applied; and the last ones, after the job's end
     assert set(final.rejected) <= {"replayed", "finished"}
     with np.load(tmp_path / "model.npz") as saved:  # the final model, as the last metrics measured it

@@ -1,0 +1,261 @@
+"""The server's write-ahead log: what each turn fed its core, so that a checkpoint costs what is new.
+
+A snapshot (ps_service.io.checkpoint: the core's whole state, signed) is written now and then;
+between two snapshots, every turn appends one record to the journal beside it (``PATH.wal``):
+the calls the driver made on the core that turn, in order, each with the ``now`` it carried
+(``on_tick``, ``receive`` with the inbound message, ``after_batch``). The core is a pure state
+machine of those calls, so a server that restarts loads the snapshot at the clock it was written
+at, makes the journal's calls again (``recover``), and is where it was after the last record.
+
+Durability (the fsync policy): a turn's record is written and ``fdatasync``-ed before its results
+are published and its messages acknowledged to the broker, as the whole checkpoint was before. A
+message the broker saw acknowledged is therefore in the snapshot or the journal, and made again
+exactly once on recovery; one that is not was never acknowledged and comes again from the broker
+(its sequence number then tells the door whether the journal had it: ``replayed``). A record cut
+short by a crash was never synced, so nothing it holds was acknowledged: recovery stops before it.
+Turns that fed the core only time (an idle ``on_tick``) are kept and written with the next record
+that carries a message or a result, so that an idle server does not sync four times a second.
+
+A new snapshot is taken when the journal passes ``SNAPSHOT_BYTES`` (recovery replays at most
+that much), when the server starts or resumes, and then the journal starts afresh. The snapshot
+names its journal (``id``, a counter) and the clock it was written at; a journal of another id
+(left by a crash between the snapshot and the new journal) is stale and ignored.
+
+File layout: ``EPSWAL01``, u64 id, HMAC-SHA256 of both (32 bytes); then records: u32 n, n bytes of
+calls, HMAC-SHA256 (32 bytes) of the id, the record's index (u64) and the calls, keyed with the
+checkpoint key: a record that is altered, moved or taken from another journal is refused.
+A call: ``T`` or ``A`` and f64 now; or ``M``, f64 now, u8 flags (qos in bits 0-1, retained 2,
+duplicate 3, response topic 4, correlation 5), u32 mid, u16 + topic, u32 + payload, then
+u16 + response topic and u32 + correlation where the flags say so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from broker.driver import Core
+from ps_service.io.checkpoint import CheckpointError, load, read
+from schemas.events import Events
+from schemas.topics import Inbound, Publish
+
+MAGIC = b"EPSWAL01"
+#: Journal bytes after which the server takes a new snapshot (bounds recovery's replay).
+SNAPSHOT_BYTES = 16 << 20
+#: Idle turns' calls kept unwritten at most (then written with a sync of their own).
+IDLE_BYTES = 64 << 10
+_MAC = 32
+_ID = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
+_NOW = struct.Struct("<cd")
+_MSG = struct.Struct("<BI")
+_U16 = struct.Struct("<H")
+
+
+def journal_path(checkpoint: Path) -> Path:
+    """Where the journal of the snapshot at ``checkpoint`` lives."""
+    return checkpoint.with_name(checkpoint.name + ".wal")
+
+
+def _record_mac(key: bytes, journal: int, index: int, body: bytes | bytearray) -> bytes:
+    mac = hmac.new(key, _ID.pack(journal) + _ID.pack(index), hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+class Journal:
+    """An open journal, appended to turn by turn (``append`` returns once the record is synced)."""
+
+    def __init__(self, path: Path, key: bytes, journal: int) -> None:
+        """Start the journal of snapshot ``journal`` afresh: written beside ``path`` and renamed over
+        it once synced, so that a crash leaves the old journal (stale: another id) or the new one."""
+        self.path, self.key, self.id = path, key, journal
+        self.index, self.size = 0, 0
+        head = MAGIC + _ID.pack(journal)
+        partial = path.with_name(path.name + ".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, head + hmac.new(key, head, hashlib.sha256).digest())
+        os.fsync(fd)
+        os.replace(partial, path)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self.fd = fd
+
+    def append(self, calls: bytes | bytearray) -> None:
+        """One record of ``calls``, on disk when this returns."""
+        mac = _record_mac(self.key, self.id, self.index, calls)
+        parts: list[bytes | bytearray | memoryview] = [_LEN.pack(len(calls)), calls, mac]
+        while parts:  # a short write of a few MB is possible: write what is left
+            written = os.writev(self.fd, parts)
+            while parts and written >= len(parts[0]):
+                written -= len(parts.pop(0))
+            if parts and written:
+                parts[0] = memoryview(parts[0])[written:]
+        os.fdatasync(self.fd)
+        self.index += 1
+        self.size += _LEN.size + len(calls) + _MAC
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def read_journal(path: Path, key: bytes, journal: int) -> list[bytes]:
+    """The records of the journal at ``path`` if it is snapshot ``journal``'s (none if there is no
+    journal, or a stale one); the records up to one a crash cut short. CheckpointError for a journal
+    that does not verify under ``key``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    head = len(MAGIC) + _ID.size
+    if len(data) < head + _MAC or data[: len(MAGIC)] != MAGIC:
+        raise CheckpointError(f"{path} is not an edgeps journal")
+    if not hmac.compare_digest(data[head : head + _MAC], hmac.new(key, data[:head], hashlib.sha256).digest()):
+        raise CheckpointError(f"{path}: journal damaged or not signed with this server's key: refusing it")
+    if _ID.unpack_from(data, len(MAGIC))[0] != journal:
+        return []  # written before the snapshot now on disk: what it holds is in the snapshot
+    records: list[bytes] = []
+    pos = head + _MAC
+    while pos + _LEN.size <= len(data):
+        (n,) = _LEN.unpack_from(data, pos)
+        end = pos + _LEN.size + n + _MAC
+        if end > len(data):
+            break  # the record a crash cut short: never synced, nothing in it acknowledged
+        body = data[pos + _LEN.size : pos + _LEN.size + n]
+        if not hmac.compare_digest(data[end - _MAC : end], _record_mac(key, journal, len(records), body)):
+            raise CheckpointError(f"{path}: record {len(records)} damaged or forged: refusing the journal")
+        records.append(body)
+        pos = end
+    return records
+
+
+def encode_message(now: float, message: Inbound) -> bytes:
+    """One ``receive`` call."""
+    flags = (message.qos & 3) | message.retain << 2 | message.duplicate << 3
+    extra = b""
+    if message.response_topic is not None:
+        flags |= 16
+        topic = message.response_topic.encode()
+        extra += _U16.pack(len(topic)) + topic
+    if message.correlation is not None:
+        flags |= 32
+        extra += _LEN.pack(len(message.correlation)) + message.correlation
+    topic = message.topic.encode()
+    head = _NOW.pack(b"M", now) + _MSG.pack(flags, message.mid) + _U16.pack(len(topic)) + topic
+    return head + _LEN.pack(len(message.payload)) + message.payload + extra
+
+
+def decode_calls(body: bytes) -> list[tuple[bytes, float, Inbound | None]]:
+    """A record's calls: (``T``, ``M`` or ``A``, now, the message of an ``M``). The record verified
+    already: a fault here is a bug, not an attack (ValueError)."""
+    calls: list[tuple[bytes, float, Inbound | None]] = []
+    view, pos = memoryview(body), 0
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if pos + n > len(view):
+            raise ValueError("journal record cut short")
+        pos += n
+        return bytes(view[pos - n : pos])
+
+    while pos < len(view):
+        kind, now = _NOW.unpack(take(_NOW.size))
+        if kind != b"M":
+            calls.append((kind, now, None))
+            continue
+        flags, mid = _MSG.unpack(take(_MSG.size))
+        topic = take(_U16.unpack(take(2))[0]).decode()
+        payload = take(_LEN.unpack(take(4))[0])
+        response = take(_U16.unpack(take(2))[0]).decode() if flags & 16 else None
+        correlation = take(_LEN.unpack(take(4))[0]) if flags & 32 else None
+        message = Inbound(topic, payload, mid, flags & 3, response, correlation, bool(flags & 4), bool(flags & 8))
+        calls.append((kind, now, message))
+    return calls
+
+
+class Recorded:
+    """A core (the driver's ``Core`` protocol) whose state-changing calls are written down: the
+    driver runs this in its place, and the server takes each turn's ``calls`` into its journal."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.events: Events = core.events  # the core's own: what it says, the driver logs
+        self.calls = bytearray()
+
+    @property
+    def done(self) -> bool:
+        return self.core.done
+
+    def receive(self, message: Inbound, now: float) -> list[Publish]:
+        self.calls += encode_message(now, message)
+        return self.core.receive(message, now)
+
+    def on_tick(self, now: float) -> list[Publish]:
+        self.calls += _NOW.pack(b"T", now)
+        return self.core.on_tick(now)
+
+    def after_batch(self, now: float) -> list[Publish]:
+        self.calls += _NOW.pack(b"A", now)
+        return self.core.after_batch(now)
+
+    def next_deadline(self) -> float | None:
+        return self.core.next_deadline()
+
+    def subscriptions(self) -> list[str]:
+        return self.core.subscriptions()
+
+    def resubscriptions(self) -> list[str]:
+        return self.core.resubscriptions()
+
+    def acknowledge(self, batch: list[Inbound]) -> list[Inbound]:
+        return self.core.acknowledge(batch)
+
+    def take(self) -> bytearray:
+        """The calls since the last ``take``."""
+        calls, self.calls = self.calls, bytearray()
+        return calls
+
+
+def replay(core: Core, records: list[bytes]) -> tuple[int, float | None]:
+    """Make ``records``' calls on ``core`` again, in order (their results were published when they
+    were made): the number of messages made again, and the last call's clock."""
+    messages, last = 0, None
+    for record in records:
+        for kind, now, message in decode_calls(record):
+            if kind == b"T":
+                core.on_tick(now)
+            elif kind == b"A":
+                core.after_batch(now)
+            else:
+                assert message is not None
+                core.receive(message, now)
+                messages += 1
+            last = now
+    return messages, last
+
+
+def recover(core: Any, checkpoint: Path, now: float, key: bytes) -> tuple[int, int]:
+    """Make ``core`` the server that wrote the snapshot at ``checkpoint`` and its journal: the
+    snapshot loaded at the clock it was taken at, the journal's calls made again, then every time
+    moved to ``now`` (as a snapshot taken after the last record would be). (The journal's id,
+    the messages made again.)"""
+    state, history = read(core, checkpoint, key)
+    journal = state.get("journal") or {}  # a snapshot from before the journal has none
+    number = int(journal.get("id", 0))
+    records = read_journal(journal_path(checkpoint), key, number)
+    if not records:
+        load(core, state, history, now, checkpoint)
+        return number, 0
+    load(core, state, history, float(journal["clock"]), checkpoint)
+    messages, last = replay(core, records)
+    core.events.take()  # said when the calls were first made
+    if last is not None:
+        core.load_state(core.to_state(last), list(core.history), now)
+    return number, messages

@@ -1,0 +1,142 @@
+"""The server's journal: a snapshot and the turns after it make the server that wrote them; a
+record cut short is dropped, a forged one refused, a stale journal ignored."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ps_service.io.checkpoint import CheckpointError, save
+from ps_service.io.journal import (
+    Journal,
+    Recorded,
+    decode_calls,
+    encode_message,
+    journal_path,
+    read_journal,
+    recover,
+)
+from schemas.messages import DeviceStatus
+from schemas.topics import Inbound
+from tests.helpers import commit_bytes, small_server
+
+KEY = b"k" * 32
+
+
+def _turn(recorded: Recorded, journal: Journal, now: float, *messages: Inbound) -> None:
+    """One driver turn: tick, messages, after_batch; its record synced."""
+    recorded.on_tick(now)
+    for message in messages:
+        recorded.receive(message, now)
+    recorded.after_batch(now)
+    journal.append(recorded.take())
+
+
+def _hello(server, device: str) -> Inbound:
+    status = DeviceStatus(device=device, state="online", incarnation=1, samples=100).to_bytes()
+    return Inbound(server.topics.status(device), status, 1, 1)
+
+
+def _commit(server, device: str, seq: int, scale: float = 0.1) -> Inbound:
+    return Inbound(server.topics.grad(device), commit_bytes(server, device, seq, scale=scale), seq, 1)
+
+
+def _job(tmp_path):
+    """A bsp server with a snapshot after its start and a journal of five turns (a commit
+    buffered in the open round at the end)."""
+    server = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    server.start(0.0)
+    checkpoint = tmp_path / "ps.ckpt"
+    save(server, checkpoint, 0.0, KEY, journal=1)
+    recorded, journal = Recorded(server), Journal(journal_path(checkpoint), KEY, 1)
+    _turn(recorded, journal, 0.5, _hello(server, "a"), _hello(server, "b"))
+    _turn(recorded, journal, 1.0, _commit(server, "a", 1), _commit(server, "b", 1))
+    _turn(recorded, journal, 1.2)  # time only
+    _turn(recorded, journal, 2.0, _commit(server, "a", 2, 0.2), _commit(server, "b", 2, 0.3))
+    _turn(recorded, journal, 2.5, _commit(server, "a", 3, 0.2))  # buffered
+    journal.close()
+    return server, checkpoint
+
+
+def test_a_snapshot_and_its_journal_make_the_server_that_wrote_them(tmp_path) -> None:
+    original, checkpoint = _job(tmp_path)
+    assert original.store.version == 2 and original.traffic.applied == 4
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    number, messages = recover(restored, checkpoint, 100.0, KEY)  # a new process: another clock
+    assert (number, messages) == (1, 7)
+    assert restored.store.version == 2 and restored.traffic.applied == 4
+    for name, values in original.store.params().items():
+        np.testing.assert_array_equal(restored.store.params()[name], values)
+    timeless = [[m.model_copy(update={"eval_s": 0.0}) for m in s.history] for s in (restored, original)]
+    assert timeless[0] == timeless[1]  # (eval_s: how long the evaluation took, measured again)
+    # the same from here on: the buffered commit is held, a redelivered one is refused as replayed
+    for server, now in ((original, 3.0), (restored, 100.5)):
+        server.on_message(server.topics.grad("a"), commit_bytes(server, "a", 3, scale=0.2), now)
+        server.on_message(server.topics.grad("b"), commit_bytes(server, "b", 3, scale=0.3), now)
+    assert restored.store.version == original.store.version == 3
+    assert restored.traffic.rejected == original.traffic.rejected == {"replayed": 1}
+    assert _plain(restored.to_state(200.0)) == _plain(original.to_state(102.5))  # every field, times as ages
+
+
+def _plain(state) -> str:
+    return json.dumps(
+        state, default=lambda v: np.asarray(v).tolist() if hasattr(v, "shape") else list(v), sort_keys=True
+    )
+
+
+def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path) -> None:
+    _, checkpoint = _job(tmp_path)
+    path = journal_path(checkpoint)
+    whole = path.read_bytes()
+    assert len(read_journal(path, KEY, 1)) == 5
+    path.write_bytes(whole[:-10])  # the last record half written: never synced, never acknowledged
+    assert len(read_journal(path, KEY, 1)) == 4
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 50.0, KEY) == (1, 6)
+    assert restored.store.version == 2 and not restored.pace.take_all()  # the cut commit: from the broker again
+    forged = bytearray(whole)
+    forged[len(whole) // 2] ^= 1
+    path.write_bytes(bytes(forged))
+    with pytest.raises(CheckpointError, match="damaged or forged"):
+        read_journal(path, KEY, 1)
+    path.write_bytes(whole)
+    with pytest.raises(CheckpointError, match="not signed"):
+        read_journal(path, b"x" * 32, 1)
+
+
+def test_a_journal_of_an_earlier_snapshot_is_ignored(tmp_path) -> None:
+    """A crash between a new snapshot and its fresh journal leaves the old journal: what it holds
+    is in the snapshot, and making it again would apply its commits twice."""
+    original, checkpoint = _job(tmp_path)
+    save(original, checkpoint, 3.0, KEY, journal=2)
+    assert read_journal(journal_path(checkpoint), KEY, 2) == []
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 10.0, KEY) == (2, 0)
+    assert restored.store.version == 2 and restored.traffic.applied == 4
+
+
+@given(
+    topic=st.text(min_size=1, max_size=40),
+    payload=st.binary(max_size=200),
+    mid=st.integers(0, 65535),
+    qos=st.integers(0, 2),
+    response=st.none() | st.text(max_size=30),
+    correlation=st.none() | st.binary(max_size=30),
+    retain=st.booleans(),
+    duplicate=st.booleans(),
+    now=st.floats(allow_nan=False, allow_infinity=False),
+)
+def test_a_message_call_reads_back_as_it_was_written(
+    topic, payload, mid, qos, response, correlation, retain, duplicate, now
+) -> None:
+    message = Inbound(topic, payload, mid, qos, response, correlation, retain, duplicate)
+    tick = b"T" + np.float64(now).tobytes()
+    assert decode_calls(tick + encode_message(now, message) + tick) == [
+        (b"T", now, None),
+        (b"M", now, message),
+        (b"T", now, None),
+    ]
