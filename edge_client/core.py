@@ -20,7 +20,7 @@ from learning.data import Dataset
 from learning.model import Params
 from schemas.codecs import CodecError, ErrorFeedback, make_codec
 from schemas.events import Events
-from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_frame
+from schemas.frame import Frame, FrameError, FrameKind, decode_frame, encode_compact
 from schemas.messages import (
     CARRIED,
     MAX_SAFE_INT,
@@ -396,7 +396,7 @@ class DeviceCore:
         assert self.control is not None and self._local is not None and self._anchor is not None
         self.seq += 1
         delta = {name: self._local[name] - self._anchor[name] for name in self._local}
-        sent, payloads = self.feedback.encode(delta, self.rng)  # the only encoding of this commit
+        sent, payload = self.feedback.encode_compact(delta, self.rng)  # the only encoding of this commit
         frame = Frame(
             kind=FrameKind.COMMIT,
             base_version=self.base_version,
@@ -407,7 +407,7 @@ class DeviceCore:
             steps=self.steps,
             codec=self.control.codec,
         )
-        message = Publish(self.topics.grad(self.device), encode_frame(frame, payloads=payloads), qos=1)
+        message = Publish(self.topics.grad(self.device), encode_compact(frame, payload), qos=1)
         self.sent = Sent(self.seq, self.base_version, sent, self.steps, self.samples, message)
         self.steps = self.samples = self.since_commit = 0
         self.committed_on = self.base_version

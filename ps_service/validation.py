@@ -70,10 +70,11 @@ def validate_commit(
         raise Rejection(R.MALFORMED, "a commit needs steps >= 1 and samples >= 1", seq)
     if raw.codec.spec not in codecs:
         raise Rejection(R.WRONG_CODEC, f"codec {raw.codec.spec} is not the job's ({', '.join(sorted(codecs))})", seq)
-    if raw.shapes != shapes:
-        raise Rejection(R.SHAPE_MISMATCH, f"tensors {raw.shapes} do not match the model's {shapes}", seq)
+    if not raw.matches(shapes):
+        declared = f"{raw.count} tensors" if raw.compact is not None else f"tensors {raw.shapes}"
+        raise Rejection(R.SHAPE_MISMATCH, f"{declared} do not match the model's {shapes}", seq)
     try:
-        frame = raw.decode()
+        frame = raw.decode(shapes)
     except FrameError as exc:
         raise Rejection(R.MALFORMED, str(exc), seq) from None
     for name, values in frame.tensors.items():

@@ -19,12 +19,14 @@ from typing import Any
 import numpy as np
 
 from schemas.codecs import Codec, CodecError, UnknownCodecId, codec_from_header, make_codec
+from schemas.codecs.bits import leb128
 
 MAGIC = b"EPSF"
 FORMAT_VERSION = 1
 MAX_TENSORS = 256
 MAX_NDIM = 8
 MAX_FRAME_ELEMENTS = 1 << 28  # values all tensors of a frame declare together
+COMPACT = 0x01  # flags: a compact commit (one payload for the model's values, in the model's order)
 _NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 
 # magic, format version, kind, codec id, flags, codec arg, base version, seq, samples, steps
@@ -132,6 +134,16 @@ class _Reader:
     def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
         return fmt.unpack(self.take(fmt.size, what))
 
+    def varint(self, what: str) -> int:
+        """An LEB128 unsigned integer of at most 4 bytes (below 2^28)."""
+        value = 0
+        for shift in (0, 7, 14, 21):
+            (byte,) = self.take(1, what)
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+        raise FrameError(f"{what}: a varint longer than 4 bytes")
+
     def ascii(self, what: str) -> str:
         (length,) = self.unpack(_U8, what + " length")
         try:
@@ -167,14 +179,33 @@ class RawFrame:
     seq: int = 0
     samples: int = 0
     steps: int = 0
+    compact: memoryview | None = None  # a compact commit's one payload (``records`` is then empty)
+    count: int = 0  # the tensors it holds
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors' names and shapes as the frame declares them (a compact commit declares none)."""
         return {record.name: record.shape for record in self.records}
 
-    def decode(self) -> Frame:
-        """Decode every payload; FrameError if one does not fit its codec."""
+    def matches(self, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+        """Whether the frame holds exactly the tensors of a model of ``shapes`` (a compact commit: as many)."""
+        return self.count == len(shapes) if self.compact is not None else self.shapes == shapes
+
+    def decode(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> Frame:
+        """Decode every payload; FrameError if one does not fit its codec. A compact commit needs
+        the model's ``shapes`` (in the model's order: the parameter frame's), which it ``matches``."""
         tensors: dict[str, np.ndarray] = {}
+        if self.compact is not None:
+            if shapes is None or not self.matches(shapes):
+                raise FrameError(f"a compact commit of {self.count} tensors needs the model's shapes")
+            sizes = [math.prod(shape) for shape in shapes.values()]
+            try:
+                values = self.codec.decode_compact(self.compact, sum(sizes))
+            except CodecError as exc:
+                raise FrameError(f"compact payload: {exc}") from exc
+            ends = np.cumsum(sizes)
+            for (name, shape), end, size in zip(shapes.items(), ends, sizes, strict=True):
+                tensors[name] = values[end - size : end].reshape(shape)
         for record in self.records:
             try:
                 tensors[record.name] = self.codec.decode(record.payload, record.shape)
@@ -240,8 +271,8 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
         kind = FrameKind(kind)
     except ValueError:
         raise FrameError(f"unknown frame kind {kind}") from None
-    if flags != 0:
-        raise FrameError(f"reserved flags must be 0, got {flags:#x}")
+    if flags & ~COMPACT or (flags and kind != FrameKind.COMMIT):
+        raise FrameError(f"flags {flags:#x}: only a commit may be compact (0x01); the other bits are reserved")
     try:
         codec = codec_from_header(codec_id, codec_arg)
     except UnknownCodecId as exc:
@@ -252,6 +283,13 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
     (count,) = reader.unpack(_U16, "tensor count")
     if count > MAX_TENSORS:
         raise FrameError(f"{count} tensors exceed the limit of {MAX_TENSORS}")
+    if flags & COMPACT:
+        length = reader.varint("compact payload length")
+        compact = reader.take(length, "compact payload")
+        if reader.pos != len(reader.data):
+            raise FrameError(f"{len(reader.data) - reader.pos} trailing bytes after the compact payload")
+        fields = {"device": device, "seq": seq, "samples": samples, "steps": steps}
+        return RawFrame(kind, base_version, [], codec, **fields, compact=compact, count=count)
     records: list[RawTensor] = []
     names: set[str] = set()
     total = 0
@@ -283,9 +321,34 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
     )
 
 
-def decode_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_FRAME_ELEMENTS) -> Frame:
-    """Parse, verify and decode a frame; raise FrameError with the first problem found."""
-    return parse_frame(data, max_bytes, max_elements).decode()
+def decode_frame(
+    data: bytes,
+    max_bytes: int = 64 << 20,
+    max_elements: int = MAX_FRAME_ELEMENTS,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> Frame:
+    """Parse, verify and decode a frame; raise FrameError with the first problem found. ``shapes``:
+    the model's, in its order (a compact commit names none of its own)."""
+    return parse_frame(data, max_bytes, max_elements).decode(shapes)
+
+
+def encode_compact(frame: Frame, payload: bytes) -> bytes:
+    """A compact commit: ``frame``'s header (its tensors counted, not named), then ``payload``, the
+    codec's ``encode_compact`` of the model's values concatenated in the model's order."""
+    if frame.kind != FrameKind.COMMIT:
+        raise FrameError("only a commit may be compact")
+    codec = make_codec(frame.codec)
+    device = frame.device.encode("ascii")
+    if len(device) > 64:
+        raise FrameError("device id longer than 64 bytes")
+    if len(payload) >= 1 << 28:
+        raise FrameError("compact payload of 256 MiB or more")
+    fields = (frame.base_version, frame.seq, frame.samples, frame.steps)
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, int(frame.kind), codec.id, COMPACT, codec.arg, *fields)
+    body = b"".join(
+        [head, _U8.pack(len(device)), device, _U16.pack(len(frame.tensors)), leb128(np.array([len(payload)])), payload]
+    )
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 def encode_data_frame(x: np.ndarray, y: np.ndarray) -> bytes:

@@ -14,6 +14,7 @@ from learning.model import init_mlp
 from ps_service.config import ServerConfig
 from ps_service.evaluator import Evaluator
 from ps_service.server.core import ServerCore
+from schemas.frame import Frame
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -202,3 +203,13 @@ class Relay:
                 self._from_server(self.server.on_tick(self.now))
                 self.flush()
         raise AssertionError(f"no version {goal} after {limit} steps (at {self.server.store.version})")
+
+
+def read_commit(payload: bytes, shapes: dict[str, tuple[int, ...]] | None = None) -> Frame:
+    """A device's commit decoded: a compact commit names no tensors, so the model's ``shapes`` (by
+    default the small MLP 8-16-3 of ``small_server`` and ``small_device``) name them."""
+    from schemas.frame import decode_frame
+
+    if shapes is None:
+        shapes = {name: values.shape for name, values in init_mlp([8, 16, 3], seed=0).items()}
+    return decode_frame(payload, shapes=shapes)

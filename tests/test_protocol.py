@@ -7,9 +7,9 @@ import numpy as np
 
 from edge_client.core import DeviceCore
 from edge_client.trainer import NumpyTrainer
-from schemas.frame import Frame, FrameKind, decode_frame, encode_frame
+from schemas.frame import Frame, FrameKind, encode_frame
 from schemas.messages import Control, DeviceStatus, Notice
-from tests.helpers import Relay, blobs, small_server
+from tests.helpers import Relay, blobs, read_commit, small_server
 
 
 def device(name: str, incarnation: int, seed: int = 0) -> DeviceCore:
@@ -108,7 +108,7 @@ def test_a_refused_commit_releases_a_bsp_device_and_its_work_goes_into_the_next_
     assert core.steps == refused.steps and core.samples == refused.samples
     relay.now += 1.5  # the bucket refills
     (payload,) = relay_commits(relay, core)
-    frame = decode_frame(payload)
+    frame = read_commit(payload)
     assert frame.steps == 2 * refused.steps  # the refused commit's steps go out with push_every new ones
     assert server.store.version == 2
 
@@ -132,7 +132,7 @@ def test_a_redelivered_commit_is_counted_but_not_noticed_so_its_work_is_not_sent
     relay_commits(relay, b)
     assert server.store.version == 1
     (again,) = relay_commits(relay, a)
-    assert decode_frame(again).steps == a.control.push_every  # new work only
+    assert read_commit(again).steps == a.control.push_every  # new work only
 
 
 def test_a_commit_refused_for_its_content_releases_the_device_but_is_not_carried() -> None:

@@ -105,23 +105,26 @@ def bench_pace_sim(
     return {"mode": "simulated", "scenario": scenario.model_dump(), "runs": runs, "curves": curves}
 
 
-def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say: Say = print) -> dict[str, Any]:
-    """Each pace on ``seeds`` consecutive seeds from the scenario's (simulated). One seed's best
-    accuracy differs between paces by a few held-out images; means over seeds show which
-    differences hold. Returns every run and, per pace, the means and the mean curve."""
+def bench_pace_seeds(
+    scenario: Scenario, paces: list[str], seeds: int, say: Say = print, codecs: list[str] | None = None
+) -> dict[str, Any]:
+    """Each pace (for each commit codec) on ``seeds`` consecutive seeds from the scenario's
+    (simulated). One seed's best accuracy differs between runs by a few held-out images; means
+    over seeds show which differences hold. Returns every run and, per run, the means and the
+    mean curve."""
     runs: list[dict[str, Any]] = []
-    curves: dict[str, Any] = {}  # per pace: its seeds' curves, then their mean
+    curves: dict[str, Any] = {}  # per run: its seeds' curves, then their mean
     for k in range(seeds):
         seeded = replace_scenario(scenario, seed=scenario.seed + k)
         say(f"seed {seeded.seed} ({k + 1}/{seeds}):")
         indented = partial(indent, say)
-        report = bench_pace_sim(seeded, paces, say=indented)
+        report = bench_pace_sim(seeded, paces, codecs, say=indented)
         runs += [{**run, "seed": seeded.seed} for run in report["runs"]]
-        for pace, curve in report["curves"].items():
-            curves.setdefault(pace, []).append(curve)
+        for label, curve in report["curves"].items():
+            curves.setdefault(label, []).append(curve)
     means = []
-    for pace in paces:
-        mine = [r for r in runs if r["pace"] == pace]
+    for pace in list(curves):
+        mine = [r for r in runs if r["run"] == pace]
         reached = [r["time_to_target"] for r in mine if r["time_to_target"] is not None]
         lows = [r["lowest_after_target"] for r in mine if r["lowest_after_target"] is not None]
         mean = {
@@ -135,6 +138,7 @@ def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say: Say 
             "plateau_accuracy": float(np.mean([r["plateau_accuracy"] for r in mine])),
             "lowest_after_target": float(np.mean(lows)) if lows else None,
             "idle_fraction": float(np.mean([r["idle_fraction"] for r in mine])),
+            "bytes_up": float(np.mean([r["bytes_up"] for r in mine])),
         }
         means.append(mean)
         grid = curves[pace]
@@ -150,21 +154,40 @@ def bench_pace_seeds(scenario: Scenario, paces: list[str], seeds: int, say: Say 
 
 
 def format_seeds_table(means: list[dict[str, Any]]) -> Table:
-    """Means over seeds, one row per pace; time to target over the seeds that reached it."""
+    """Means over seeds, one row per run; time to target over the seeds that reached it; best
+    accuracy and bytes up also against the first row's."""
     table = Table(
-        ["pace", "reached", "to target, s", "best acc", "final acc", "plateau", "low after", "idle", "best per seed"]
+        [
+            "run",
+            "reached",
+            "to target, s",
+            "best acc",
+            "vs 1st",
+            "final acc",
+            "plateau",
+            "low after",
+            "idle",
+            "MB up",
+            "x fewer up",
+            "best per seed",
+        ]
     )
+    first = means[0] if means else None
     for m in means:
         low = "-" if m["lowest_after_target"] is None else f"{m['lowest_after_target']:.4f}"
+        assert first is not None
         table.add(
             m["pace"],
             f"{m['reached']}/{m['seeds']}",
             fmt_time(m["time_to_target"]),
             f"{m['best_accuracy']:.4f}",
+            f"{m['best_accuracy'] - first['best_accuracy']:+.4f}",
             f"{m['final_accuracy']:.4f}",
             f"{m['plateau_accuracy']:.4f}",
             low,
             f"{m['idle_fraction']:.3f}",
+            f"{m['bytes_up'] / 1e6:.2f}",
+            f"{first['bytes_up'] / m['bytes_up']:.1f}",
             " ".join(f"{b:.4f}" for b in m["best_per_seed"]),
         )
     return table
@@ -255,7 +278,7 @@ def run_bench_pace(
         with tempfile.TemporaryDirectory(prefix="edgeps-bench-") as tmp:
             report = bench_pace_real(scenario, paces, out or Path(tmp), links=links)
     elif seeds > 1:
-        report = bench_pace_seeds(scenario, paces, seeds)
+        report = bench_pace_seeds(scenario, paces, seeds, codecs=codecs)
     else:
         report = bench_pace_sim(scenario, paces, codecs)
     unit = "wall s" if real else "virtual s"

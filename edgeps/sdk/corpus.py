@@ -3,10 +3,13 @@ what JSON holds exactly, bad fields), run on the host build and under QEMU."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from edgeps.sdk.build import make
 from edgeps.sdk.qemu import _c_array, run_qemu
@@ -45,7 +48,8 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     and parameters, then hostile ones, each with the status the SDK must answer (its
     eps_status_name), and last a valid Control again. Every hostile one changes nothing."""
     from learning.model import init_mlp
-    from schemas.frame import Frame, FrameKind, encode_frame
+    from schemas.codecs import make_codec
+    from schemas.frame import Frame, FrameKind, encode_compact, encode_frame
 
     def control(**fields: object) -> str:
         body = {
@@ -73,6 +77,13 @@ def hostile_corpus(incarnation: int = CORPUS_INCARNATION) -> list[tuple[str, byt
     cases += [("params", wrapping_frame(), "buffer too small")]  # refused by its layout, whatever size_t is
     beyond = raw_frame(2, 0, 0.0, 2**63, CORPUS_RUN, [("dense0.w", (8, 4), bytes(128))])
     cases += [("params", beyond, "bad message field")]  # a version no JSON reader holds exactly
+    model = init_mlp([8, 4, 3], seed=0)
+    vector = np.concatenate([v.ravel() for v in model.values()])
+    commit = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=model, device="d", seq=1, samples=4, steps=1)
+    compact = encode_compact(
+        dataclasses.replace(commit, codec="topk:0.1"), make_codec("topk:0.1").encode_compact(vector)
+    )
+    cases += [("params", compact, "reserved flags set")]  # a compact commit (1.9) is never parameters
     for field, value in [
         ("run", "-nan"),
         ("run", "NaN"),

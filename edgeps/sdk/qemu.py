@@ -77,8 +77,11 @@ def scripted_exchange(workdir: Path, board: str = "mps2-an386") -> dict[str, Any
     keys = ("PARAMS_INSTRUCTIONS", "STEP_INSTRUCTIONS", "STACK")
     figures = {key.lower(): int(line.split()[1]) for line in lines for key in keys if line.startswith(key + " ")}
     drawn = [int(line.split()[1]) for line in lines if line.startswith("IDX ")]  # in the order drawn
+    shapes = {name: v.shape for name, v in params.items()}  # a compact commit (top-k) names no tensors
     commits = [
-        decode_frame(bytes.fromhex(line.split()[2])) for line in lines if line.startswith("PUB edgeps/emb/grad/mcu-0 ")
+        decode_frame(bytes.fromhex(line.split()[2]), shapes=shapes)
+        for line in lines
+        if line.startswith("PUB edgeps/emb/grad/mcu-0 ")
     ]
     if len(commits) != 2 or len(drawn) != 2 * PUSH_EVERY * BATCH:
         return {"ok": False, "detail": f"{len(commits)} commits, {len(drawn)} samples drawn"}

@@ -64,6 +64,15 @@ class Codec(ABC):
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         """The float32 array of ``shape`` that ``payload`` encodes."""
 
+    def encode_compact(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        """The payload of a compact commit (docs/PROTOCOL.md §4): the model's values in one flat
+        vector. The same as ``encode`` unless the codec has a leaner form for it (top-k)."""
+        return self.encode(values, rng)
+
+    def decode_compact(self, payload: bytes | memoryview, n: int) -> np.ndarray:
+        """The ``n`` flat float32 values that a compact commit's ``payload`` encodes."""
+        return self.decode(payload, (n,))
+
 
 _BY_NAME: dict[str, type[Codec]] = {}
 _BY_ID: dict[int, type[Codec]] = {}

@@ -135,3 +135,40 @@ def unpack_bits(data: bytes | memoryview, bits: int, n: int) -> np.ndarray:
 def packed_size(n: int, bits: int) -> int:
     """Bytes that ``n`` codes of ``bits`` bits take."""
     return -(-n * bits // 8)
+
+
+def leb128(values: np.ndarray) -> bytes:
+    """``values`` (unsigned, below 2^32) as LEB128 varints: 7 bits a byte, low bits first, the
+    high bit set on every byte but a value's last."""
+    v = np.asarray(values, np.uint64)
+    sizes = np.ones(len(v), np.int64)
+    for shift in (7, 14, 21, 28):
+        sizes += v >= (1 << shift)
+    out = np.empty(int(sizes.sum()), np.uint8)
+    starts = np.cumsum(sizes) - sizes
+    for j in range(5):
+        has = sizes > j
+        more = (sizes[has] > j + 1).astype(np.uint8) << 7
+        out[starts[has] + j] = ((v[has] >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8) | more
+    return out.tobytes()
+
+
+def unleb128(data: bytes | memoryview, count: int) -> np.ndarray:
+    """Exactly ``count`` LEB128 varints filling ``data``, each at most 5 bytes and below 2^32, as
+    uint32; ValueError otherwise."""
+    b = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(b < 0x80)  # a value's last byte
+    if len(ends) != count or (count and ends[-1] != len(b) - 1) or (not count and len(b)):
+        raise ValueError(f"{len(b)} bytes do not hold exactly {count} varints")
+    if not count:
+        return np.zeros(0, np.uint32)
+    sizes = np.diff(ends, prepend=-1)
+    if sizes.max() > 5:
+        raise ValueError("a varint longer than 5 bytes")
+    starts = ends - sizes + 1
+    position = np.arange(len(b)) - np.repeat(starts, sizes)  # each byte's place in its varint
+    parts = (b & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    values = np.add.reduceat(parts, starts)
+    if values.max() >= 1 << 32:
+        raise ValueError("a varint beyond 2^32 - 1")
+    return values.astype(np.uint32)

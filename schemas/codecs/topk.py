@@ -74,6 +74,34 @@ class TopK(Codec):
         head = np.array([k], "<u4").tobytes() + np.array([scale], "<f4").tobytes() + bytes([width])
         return head + gaps.astype(dtype).tobytes() + q.tobytes()
 
+    def encode_compact(self, values: np.ndarray, rng: np.random.Generator | None = None) -> bytes:
+        """f32 scale, the k indices as LEB128 gaps (first index, then gaps), k int8 values: k
+        follows from n, and a gap takes one byte below 128, two below 16,384."""
+        payload = self.encode(values, rng)
+        k, width = int(np.frombuffer(payload, "<u4", count=1)[0]), payload[8]
+        gaps = np.frombuffer(payload, {1: "<u1", 2: "<u2", 4: "<u4"}[width], count=k, offset=9)
+        return payload[4:8] + bits.leb128(gaps) + payload[9 + k * width :]
+
+    def decode_compact(self, payload: bytes | memoryview, n: int) -> np.ndarray:
+        k = self.keep(n)
+        if len(payload) < 4 + 2 * k:
+            raise CodecError(f"topk compact payload of {len(payload)} bytes is too short for k = {k}")
+        scale = np.frombuffer(payload, "<f4", count=1)[0]
+        try:
+            gaps = bits.unleb128(memoryview(payload)[4 : len(payload) - k], k)
+        except ValueError as exc:
+            raise CodecError(f"topk compact gaps: {exc}") from None
+        return self._place(gaps, np.frombuffer(payload, np.int8, count=k, offset=len(payload) - k), scale, n)
+
+    def _place(self, gaps: np.ndarray, q: np.ndarray, scale: np.float32, n: int) -> np.ndarray:
+        """The n values whose kept ones are at the cumulative ``gaps``, ``q`` x ``scale``."""
+        idx = np.cumsum(gaps, dtype=np.int64)
+        if len(idx) and (idx[-1] >= n or (len(idx) > 1 and (gaps[1:] == 0).any())):
+            raise CodecError("topk indices out of range or repeated")
+        out = np.zeros(n, np.float32)
+        out[idx] = q * np.float32(scale)
+        return out
+
     def decode(self, payload: bytes | memoryview, shape: tuple[int, ...]) -> np.ndarray:
         n = count(shape)
         if len(payload) < 9:
@@ -85,9 +113,5 @@ class TopK(Codec):
             raise CodecError(f"topk: bad index width {width}, or k {k} is not ceil({self.arg:g} * {n})")
         expect(payload, 9 + k * width + k, "topk")
         gaps = np.frombuffer(payload, {1: "<u1", 2: "<u2", 4: "<u4"}[width], count=k, offset=9)
-        idx = np.cumsum(gaps, dtype=np.int64)
-        if k and (idx[-1] >= n or (k > 1 and (gaps[1:] == 0).any())):
-            raise CodecError("topk indices out of range or repeated")
-        out = np.zeros(n, np.float32)
-        out[idx] = np.frombuffer(payload, np.int8, count=k, offset=9 + k * width) * np.float32(scale)
-        return out.reshape(shape)
+        q = np.frombuffer(payload, np.int8, count=k, offset=9 + k * width)
+        return self._place(gaps, q, scale, n).reshape(shape)

@@ -8,9 +8,10 @@ from edge_client.core import DeviceCore
 from edge_client.trainer import NumpyTrainer
 from learning.data import Dataset
 from learning.model import init_mlp
-from schemas.frame import FrameKind, decode_frame
+from schemas.codecs.feedback import COMPACT
+from schemas.frame import FrameKind
 from schemas.messages import Barrier, Notice, RejectReason
-from tests.helpers import INCARNATION, RUN, blobs, control_bytes, params_bytes, small_device
+from tests.helpers import INCARNATION, RUN, blobs, control_bytes, params_bytes, read_commit, small_device
 
 T = "edgeps/t"
 
@@ -42,7 +43,7 @@ def test_commit_after_push_every_steps_carries_the_local_delta() -> None:
     assert device.step() == [] and device.step() == []
     (commit,) = device.step()
     assert commit.topic == f"{T}/grad/d1" and commit.qos == 1 and not commit.retain
-    frame = decode_frame(commit.payload)
+    frame = read_commit(commit.payload)
     assert (frame.kind, frame.device, frame.seq, frame.base_version) == (FrameKind.COMMIT, "d1", 1, 4)
     assert (frame.steps, frame.samples) == (3, 24)
     assert any(np.abs(v).sum() > 0 for v in frame.tensors.values())
@@ -76,7 +77,7 @@ def test_without_waiting_new_params_are_adopted_with_uncommitted_progress_carrie
         np.testing.assert_allclose(device._local[k], new[k] + progress[k], rtol=1e-6, atol=1e-7)
     before_second = {k: v.copy() for k, v in device._local.items()}
     (commit,) = device.step()
-    frame = decode_frame(commit.payload)
+    frame = read_commit(commit.payload)
     assert (frame.base_version, frame.steps) == (1, 2)
     for k in new:  # the commit carries both steps' progress, measured on the new base
         second = device._local[k] - before_second[k]
@@ -100,7 +101,7 @@ def test_sequence_numbers_increase_by_one() -> None:
     device = small_device("d1")
     device.on_message(f"{T}/params", params_frame(0))
     device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1))
-    seqs = [decode_frame(device.step()[0].payload).seq for _ in range(4)]
+    seqs = [read_commit(device.step()[0].payload).seq for _ in range(4)]
     assert seqs == [1, 2, 3, 4]
 
 
@@ -144,7 +145,7 @@ def test_acbsp_device_commits_once_per_version_and_carries_the_rest() -> None:
     assert device.holding and device.steps == 5
     device.on_message(f"{T}/params", params_frame(1, seed=5))
     (commit,) = device.step()  # the carried 5 steps plus this one go out on version 1
-    frame = decode_frame(commit.payload)
+    frame = read_commit(commit.payload)
     assert (frame.base_version, frame.steps, frame.seq) == (1, 6, 2)
 
 
@@ -154,11 +155,12 @@ def test_commits_use_the_control_codec_and_keep_what_it_dropped() -> None:
     device.on_message(f"{T}/ctrl/d1", control(wait=False, push_every=1, codec="sign"))
     before = {k: v.copy() for k, v in device._local.items()}
     (commit,) = device.step()
-    frame = decode_frame(commit.payload)
+    frame = read_commit(commit.payload)
     assert frame.codec == "sign"
-    for name, values in frame.tensors.items():  # sent + held back = the true delta
-        true_delta = device._local[name] - before[name]
-        np.testing.assert_allclose(values + device.feedback.residual[name], true_delta, atol=1e-6)
+    sent = np.concatenate([values.ravel() for values in frame.tensors.values()])  # in the model's order
+    true_delta = np.concatenate([(device._local[name] - before[name]).ravel() for name in frame.tensors])
+    held = device.feedback.residual[COMPACT]  # a compact commit's residual: one vector, as its payload
+    np.testing.assert_allclose(sent + held, true_delta, atol=1e-6)  # sent + held back = the true delta
     assert len(commit.payload) < 0.25 * len(params_frame(0))  # a tiny model: headers weigh in
 
 
@@ -264,7 +266,7 @@ def test_a_commit_the_device_waits_on_can_be_sent_again_as_the_same_bytes() -> N
     assert not device.waiting and device.resend() == []
     device.step()
     (second,) = device.step()
-    refused = Notice(device="d1", seq=decode_frame(second.payload).seq, reason=RejectReason.RATE_LIMITED, detail="")
+    refused = Notice(device="d1", seq=read_commit(second.payload).seq, reason=RejectReason.RATE_LIMITED, detail="")
     device.on_message(f"{T}/notice/d1", refused.to_bytes())  # refused: its work goes into the next commit
     assert device.resend() == []
 

@@ -4,6 +4,7 @@ same floats from every decoder, the same bytes from the deterministic encoders."
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -93,6 +94,27 @@ def test_deterministic_encoders_give_the_references_bytes(epsf, tmp_path, spec) 
         )
     )
     assert recode(epsf, tmp_path, fp32, spec) == reference
+
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "topk:0.3", "topk:1", "topk:0.0001"])
+def test_the_compact_top_k_commit_is_the_references_byte_for_byte(epsf, tmp_path, spec) -> None:
+    """Protocol 1.9: the model's values in one payload, LEB128 gaps (gaps past 127 and 16,383 too)."""
+    from schemas.codecs import make_codec
+    from schemas.frame import encode_compact
+
+    values = tensors(4)
+    values.pop("zeros")  # among equal magnitudes either side may keep any: the SDK the first
+    frame = Frame(kind=FrameKind.COMMIT, base_version=3, seq=7, samples=32, steps=1, device="dev-01", tensors=values)
+    source, target = tmp_path / "in.bin", tmp_path / "out.bin"
+    source.write_bytes(encode_frame(frame))
+    subprocess.run([str(epsf), "compact", spec, str(source), str(target)], check=True)
+    vector = np.concatenate([v.ravel() for v in values.values()])
+    reference = encode_compact(dataclasses.replace(frame, codec=spec), make_codec(spec).encode_compact(vector))
+    assert target.read_bytes() == reference
+    shapes = {name: v.shape for name, v in values.items()}
+    assert decode_frame(reference, shapes=shapes).codec == spec
+    checked = subprocess.run([str(epsf), "check", str(target)], capture_output=True, text=True)
+    assert checked.stdout.split() == ["ok"]  # the SDK's parser reads it
 
 
 @pytest.mark.parametrize("spec", ["ternary", "qsgd:1", "qsgd:4", "qsgd:16"])

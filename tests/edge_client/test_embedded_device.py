@@ -181,8 +181,9 @@ def test_a_rebooted_c_device_resumes_above_its_old_numbers(epsd, tmp_path) -> No
             device.close()
 
 
-def test_a_refused_commit_releases_a_bsp_c_device_and_its_work_is_carried(epsd, tmp_path) -> None:
-    server = small_server(pace="bsp", rounds=10**6, max_commit_rate=1.0, max_commit_burst=1)
+@pytest.mark.parametrize("codec", ["fp32", "topk:0.3"])  # topk: a compact commit (protocol 1.9), carried whole
+def test_a_refused_commit_releases_a_bsp_c_device_and_its_work_is_carried(epsd, tmp_path, codec) -> None:
+    server = small_server(pace="bsp", rounds=10**6, max_commit_rate=1.0, max_commit_burst=1, codec=codec)
     relay = CRelay(server)
     relay.start()
     device = CDevice(epsd, "d1", data_frame(blobs(seed=2), tmp_path / "d1.bin"), seed=1)

@@ -119,7 +119,7 @@ def test_bench_pace_over_seeds_reports_means_of_the_per_seed_runs(tmp_path, caps
 
 def test_cli_refuses_seeds_with_real_runs(caplog) -> None:
     assert main(["bench", "pace", "--seeds", "2", "--real"]) == 2
-    assert "--seeds runs the default comparison in the simulator" in caplog.text
+    assert "--seeds runs in the simulator" in caplog.text
 
 
 def test_bench_scale_fits_exponents_and_draws_both_sweeps(tmp_path) -> None:

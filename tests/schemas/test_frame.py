@@ -92,7 +92,7 @@ def _recrc(body: bytes) -> bytes:
         (lambda b: _recrc(b[:4] + b"\x02" + b[5:-4]), "format version"),
         (lambda b: _recrc(b[:5] + b"\x09" + b[6:-4]), "frame kind"),
         (lambda b: _recrc(b[:6] + b"\x07" + b[7:-4]), "codec id"),
-        (lambda b: _recrc(b[:7] + b"\x01" + b[8:-4]), "flags"),
+        (lambda b: _recrc(b[:7] + b"\x02" + b[8:-4]), "flags"),
         (lambda b: _recrc(b[:-8]), "truncated"),
         (lambda b: _recrc(b[:-4] + b"\x00"), "trailing"),
     ],
@@ -150,3 +150,82 @@ def test_any_single_byte_change_with_a_valid_crc_is_parsed_or_refused(position, 
     body[position] = value
     with contextlib.suppress(FrameError):
         decode_frame(_recrc(bytes(body)))
+
+
+SHAPES = {"dense0.w": (64, 64), "dense0.b": (64,), "dense1.w": (64, 10), "dense1.b": (10,)}
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "int8", "sign", "ternary", "qsgd:16", "topk:0.01"])
+def test_a_compact_commit_carries_the_model_in_one_payload_and_reads_back_in_its_order(codec) -> None:
+    from schemas.codecs import make_codec
+    from schemas.frame import encode_compact, parse_frame
+
+    rng = np.random.default_rng(0)
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
+    vector = np.concatenate([t.ravel() for t in tensors.values()])
+    payload = make_codec(codec).encode_compact(vector, np.random.default_rng(1))
+    frame = Frame(FrameKind.COMMIT, 3, tensors, "dev-01", 7, 32, 1, codec)
+    compact = encode_compact(frame, payload)
+    raw = parse_frame(compact)
+    assert raw.compact is not None and raw.count == 4 and raw.records == [] and raw.matches(SHAPES)
+    decoded = decode_frame(compact, shapes=SHAPES)
+    expected = make_codec(codec).decode_compact(payload, vector.size)
+    np.testing.assert_array_equal(np.concatenate([t.ravel() for t in decoded.tensors.values()]), expected)
+    assert list(decoded.tensors) == list(SHAPES) and decoded.seq == 7 and decoded.codec == codec
+    regular = encode_frame(dataclasses.replace(frame, tensors=tensors), np.random.default_rng(1))
+    assert len(compact) < len(regular)  # no names, shapes or u32 lengths: 76 bytes fewer for this model
+
+
+def test_top_k_compact_reaches_a_hundred_times_fewer_bytes_than_fp32() -> None:
+    """The demo's model (4,810 values): topk:0.01 in a compact commit is 19,369 / 160 bytes."""
+    from schemas.codecs import make_codec
+    from schemas.frame import encode_compact
+
+    tensors = {
+        name: np.random.default_rng(2).standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()
+    }
+    frame = Frame(FrameKind.COMMIT, 3, tensors, "dev-01", 7, 32, 1, "topk:0.01")
+    vector = np.concatenate([t.ravel() for t in tensors.values()])
+    compact = encode_compact(frame, make_codec("topk:0.01").encode_compact(vector))
+    fp32 = encode_frame(dataclasses.replace(frame, codec="fp32"))
+    assert len(fp32) / len(compact) >= 100
+
+
+def test_a_compact_commit_is_refused_where_it_cannot_be_read() -> None:
+    from schemas.codecs import make_codec
+    from schemas.frame import COMPACT, encode_compact
+
+    tensors = {name: np.ones(shape, np.float32) for name, shape in SHAPES.items()}
+    vector = np.ones(4810, np.float32)
+    frame = Frame(FrameKind.COMMIT, 3, tensors, "dev-01", 7, 32, 1, "topk:0.01")
+    compact = encode_compact(frame, make_codec("topk:0.01").encode_compact(vector))
+    with pytest.raises(FrameError, match="needs the model's shapes"):
+        decode_frame(compact)  # it names no tensors
+    with pytest.raises(FrameError, match="needs the model's shapes"):
+        decode_frame(compact, shapes={"w": (4810,)})  # one tensor where the frame counts four
+    with pytest.raises(FrameError, match="compact payload"):
+        decode_frame(compact, shapes={**SHAPES, "dense0.w": (64, 80)})  # k follows from n: 49 is not 59
+    params = bytearray(compact)
+    params[5] = FrameKind.PARAMS  # only a commit may be compact
+    with pytest.raises(FrameError, match="only a commit may be compact"):
+        decode_frame(_recrc(bytes(params[:-4])))
+    assert compact[7] == COMPACT
+
+
+def test_the_compact_worked_example_of_the_protocol() -> None:
+    """docs/PROTOCOL.md §4's compact example: device dev-01, seq 7, base 3, 32 samples, one step,
+    the model w (1, 2) and b (1,) as fp32 [1.0, -2.5, 0.5] in one payload."""
+    from schemas.frame import encode_compact
+
+    tensors = {"w": np.array([[1.0, -2.5]], np.float32), "b": np.array([0.5], np.float32)}
+    frame = Frame(FrameKind.COMMIT, 3, tensors, "dev-01", 7, 32, 1, "fp32")
+    compact = encode_compact(frame, np.array([1.0, -2.5, 0.5], np.float32).tobytes())
+    assert compact.hex() == EXAMPLE_COMPACT
+    decoded = decode_frame(compact, shapes={"w": (1, 2), "b": (1,)})
+    np.testing.assert_array_equal(decoded.tensors["w"], [[1.0, -2.5]])
+
+
+EXAMPLE_COMPACT = (
+    "45505346010100010000000003000000000000000700000000000000200000000100000006"
+    "6465762d303102000c0000803f000020c00000003f33f87cc8"
+)

@@ -22,6 +22,7 @@ extern "C" {
 #define EPS_MAX_NAME 64u
 #define EPS_BUCKET 512u
 #define EPS_HEADER_BYTES 36u
+#define EPS_FLAG_COMPACT 0x01u /* a compact commit (protocol 1.9) */
 
 /* Results. EPS_OK is 0; every other value names the first problem found. */
 typedef enum {
@@ -30,7 +31,7 @@ typedef enum {
     EPS_ERR_MAGIC,     /* not "EPSF" */
     EPS_ERR_VERSION,   /* a format version other than 1 */
     EPS_ERR_KIND,      /* a frame kind other than 1, 2, 3 */
-    EPS_ERR_FLAGS,     /* reserved flags not 0 */
+    EPS_ERR_FLAGS,     /* flags other than 0, or 0x01 (compact) outside a commit */
     EPS_ERR_CODEC,     /* a codec id this side does not implement (the server's unsupported_codec) */
     EPS_ERR_ARG,       /* a codec argument the codec does not take */
     EPS_ERR_CRC,       /* CRC-32 mismatch */
@@ -91,6 +92,20 @@ eps_status eps_codec_encode(eps_codec codec, const float *x, uint32_t n, uint8_t
 /* Decode a payload of exactly len bytes holding n values into y (n floats). */
 eps_status eps_codec_decode(eps_codec codec, const uint8_t *payload, size_t len, uint32_t n, float *y);
 
+/* A compact commit's top-k payload (protocol 1.9, docs/PROTOCOL.md section 5) of the n values x:
+ * float32 scale, the k = eps_topk_keep indices as LEB128 gaps, k int8 values. */
+eps_status eps_topk_encode_compact(float fraction, const float *x, uint32_t n, uint8_t *out, size_t cap,
+                                   size_t *written);
+
+/* The most bytes eps_topk_encode_compact writes for n values. */
+size_t eps_topk_compact_max_size(float fraction, uint32_t n);
+
+/* Add scale x (the values a compact top-k payload of exactly len bytes holds for n values) into y:
+ * scale -1 takes them away. For payloads this SDK wrote (its residual, a refused commit carried):
+ * reads and writes stay in bounds, but a malformed payload may have changed y when it says
+ * EPS_ERR_PAYLOAD. */
+eps_status eps_topk_compact_add(float fraction, const uint8_t *payload, size_t len, uint32_t n, float scale, float *y);
+
 /* IEEE CRC-32 (zlib's crc32), continued from crc (0 to start). */
 uint32_t eps_crc32(uint32_t crc, const uint8_t *data, size_t len);
 
@@ -104,8 +119,9 @@ typedef struct {
     uint32_t steps;
     char device[EPS_MAX_NAME + 1];
     uint16_t count;           /* tensors */
-    const uint8_t *records;   /* the first record */
-    size_t records_len;       /* bytes of all records */
+    const uint8_t *records;   /* the first record; a compact commit's one payload */
+    size_t records_len;       /* bytes of all records; of that payload */
+    int compact;              /* a compact commit (flags 0x01): the model's values in one payload, no records */
 } eps_frame;
 
 /* One tensor record: name, shape, and its payload (not decoded). */
@@ -175,6 +191,11 @@ void eps_writer_begin(eps_writer *w, uint8_t *buf, size_t cap, eps_kind kind, ep
                       uint64_t seq, uint32_t samples, uint32_t steps, const char *device);
 void eps_writer_tensor(eps_writer *w, const char *name, uint8_t ndim, const uint32_t *dims, const float *values,
                        uint64_t *rng);
+/* A compact commit's body in place of tensor records (after begin, before end): the count of the
+ * model's tensors, then the compact top-k payload of its n values in the model's order (top-k
+ * only); *payload and *payload_len get where the payload is. */
+void eps_writer_compact_topk(eps_writer *w, uint16_t tensors, const float *values, uint32_t n, const uint8_t **payload,
+                             size_t *payload_len);
 /* Appends the tensor count's fix-up and the CRC; *len gets the frame's size. */
 eps_status eps_writer_end(eps_writer *w, size_t *len);
 
@@ -335,6 +356,8 @@ typedef struct {
     eps_frame_stream in;
     eps_mlp_shape in_shape;
     uint32_t in_placed; /* bit 2i: dense{i}.w is in place, 2i + 1: dense{i}.b */
+    int in_ordered;     /* its tensors came in the arena's order (dense0.w, dense0.b, dense1.w, ...) */
+    int ordered;        /* the adopted snapshot's did: top-k commits go compact, in that order (protocol 1.9) */
     int in_mode, in_again;
     eps_status in_status;
     char backend[16]; /* the status's "backend": "c"; a port may name its build ([A-Za-z0-9_.-], e.g. "firmware-m4") */

@@ -54,9 +54,17 @@ int eps_codec_biased(eps_codec c) {
 }
 
 uint32_t eps_topk_keep(float fraction, uint32_t n) {
+    /* ceil(P n) exactly, in integers: P = m 2^-s (m its 24-bit significand), so P n = m n 2^-s with m n
+     * below 2^56; the double product the protocol names is exact for every n below 2^29. */
+    uint32_t b;
+    memcpy(&b, &fraction, 4);
     if (n == 0) return 0;
-    double k = ceil((double)fraction * (double)n);
-    return k < 1.0 ? 1u : k > (double)n ? n : (uint32_t)k;
+    if (!(fraction > 0.0f)) return 1u; /* (refused by eps_codec_check) */
+    if (fraction >= 1.0f) return n;
+    uint64_t m = (b & 0x7fffffu) | ((b >> 23 & 0xffu) ? 0x800000u : 0u), mn = m * n;
+    int s = 150 - (int)((b >> 23 & 0xffu) ? (b >> 23 & 0xffu) : 1u); /* P in (0, 1]: s >= 23 */
+    uint64_t k = s >= 63 ? mn != 0 : (mn + ((uint64_t)1 << s) - 1) >> s;
+    return k < 1 ? 1u : k > n ? n : (uint32_t)k;
 }
 
 static unsigned qsgd_bits(float levels) { return levels <= 1.0f ? 2u : levels <= 7.0f ? 4u : 8u; }
@@ -210,9 +218,8 @@ static eps_status encode_qsgd(const float *x, uint32_t n, float levels, uint8_t 
 
 /* The k values largest in magnitude, in index order: the k-th largest magnitude found by a binary
  * search over the bits of |x| (their order is the values' order), no scratch memory. */
-static eps_status encode_topk(const float *x, uint32_t n, float fraction, uint8_t *out, size_t cap, size_t *written) {
-    uint32_t k = eps_topk_keep(fraction, n), top = largest(x, 0, n);
-    if (top >= 0x7f800000u) return EPS_ERR_VALUE;
+/* The kept values of x: those above the threshold lo and the first `ties` equal to it, k in all. */
+static uint32_t topk_threshold(const float *x, uint32_t n, uint32_t k, uint32_t top, uint32_t *ties) {
     uint32_t lo = 0, hi = top; /* the threshold t: the largest with count(|x| >= t) >= k */
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo + 1) / 2, count = 0;
@@ -222,37 +229,83 @@ static eps_status encode_topk(const float *x, uint32_t n, float fraction, uint8_
     }
     uint32_t above = 0; /* values strictly above the threshold are all kept; ties fill up to k */
     for (uint32_t i = 0; i < n; i++) above += (bits_of(x[i]) & 0x7fffffffu) > lo;
-    uint32_t ties = k - above, previous = 0, widest = 0, taken = 0;
-    for (uint32_t i = 0; i < n && taken < k; i++) {
-        uint32_t m = bits_of(x[i]) & 0x7fffffffu;
-        if (m < lo || (m == lo && ties == 0)) continue;
-        if (m == lo) ties--;
-        widest = i - previous > widest ? i - previous : widest;
-        previous = i;
-        taken++;
+    *ties = k - above;
+    return lo;
+}
+
+/* Bytes of v as an LEB128 varint. */
+static size_t leb128_size(uint32_t v) { return v < 1u << 7 ? 1 : v < 1u << 14 ? 2 : v < 1u << 21 ? 3 : v < 1u << 28 ? 4 : 5; }
+
+size_t eps_topk_compact_max_size(float fraction, uint32_t n) { return eps_size_mad(6, eps_topk_keep(fraction, n), 4); }
+
+/* Top-k of the n values x. In records: u32 k, f32 scale, u8 width, k gaps of that width, k int8. Compact
+ * (protocol 1.9): f32 scale, k LEB128 gaps, k int8. One pass finds the gaps' bytes, the next writes. */
+static eps_status encode_topk(const float *x, uint32_t n, float fraction, int compact, uint8_t *out, size_t cap,
+                              size_t *written) {
+    uint32_t k = eps_topk_keep(fraction, n), top = largest(x, 0, n), ties;
+    if (top >= 0x7f800000u) return EPS_ERR_VALUE;
+    uint32_t lo = topk_threshold(x, n, k, top, &ties), width = 0;
+    size_t gaps = 0, head = compact ? 4 : 9;
+    for (int pass = 0; pass < 2; pass++) {
+        uint32_t left = ties, previous = 0, taken = 0, widest = 0;
+        float scale = k ? float_of(top) / 127.0f : 0.0f;
+        uint8_t *g = out + head, *q = out + head + gaps;
+        for (uint32_t i = 0; i < n && taken < k; i++) {
+            uint32_t m = bits_of(x[i]) & 0x7fffffffu, gap = i - previous;
+            if (m < lo || (m == lo && left == 0)) continue;
+            if (m == lo) left--;
+            previous = i;
+            taken++;
+            if (pass == 0) {
+                widest = gap > widest ? gap : widest;
+                gaps += leb128_size(gap);
+                continue;
+            }
+            if (compact) {
+                for (; gap >= 0x80; gap >>= 7) *g++ = (uint8_t)(gap | 0x80);
+                *g++ = (uint8_t)gap;
+            } else if (width == 1) *g++ = (uint8_t)gap;
+            else if (width == 2) eps_put_u16(g, (uint16_t)gap), g += 2;
+            else eps_put_u32(g, gap), g += 4;
+            *q++ = (uint8_t)(int8_t)(int32_t)(scale > 0 ? rintf(x[i] / scale) : 0.0f);
+        }
+        if (pass == 0) {
+            width = widest < 256 ? 1 : widest < 65536 ? 2 : 4;
+            gaps = compact ? gaps : (size_t)k * width;
+            if (head + gaps + k > cap) return EPS_ERR_SPACE;
+            eps_put_f32(out + head - 4 - (compact ? 0 : 1), scale);
+            if (!compact) {
+                eps_put_u32(out, k);
+                out[8] = (uint8_t)width;
+            }
+        }
     }
-    unsigned width = widest < 256 ? 1 : widest < 65536 ? 2 : 4;
-    size_t size = 9 + (size_t)k * width + k;
-    if (size > cap) return EPS_ERR_SPACE;
-    float scale = k ? float_of(top) / 127.0f : 0.0f;
-    eps_put_u32(out, k);
-    eps_put_f32(out + 4, scale);
-    out[8] = (uint8_t)width;
-    ties = k - above, previous = 0, taken = 0;
-    for (uint32_t i = 0; i < n && taken < k; i++) {
-        uint32_t m = bits_of(x[i]) & 0x7fffffffu, gap = i - previous;
-        if (m < lo || (m == lo && ties == 0)) continue;
-        if (m == lo) ties--;
-        uint8_t *g = out + 9 + (size_t)taken * width;
-        if (width == 1) g[0] = (uint8_t)gap;
-        else if (width == 2) eps_put_u16(g, (uint16_t)gap);
-        else eps_put_u32(g, gap);
-        out[9 + (size_t)k * width + taken] = (uint8_t)(int8_t)(int32_t)(scale > 0 ? rintf(x[i] / scale) : 0.0f);
-        previous = i;
-        taken++;
-    }
-    *written = size;
+    *written = head + gaps + k;
     return EPS_OK;
+}
+
+eps_status eps_topk_encode_compact(float fraction, const float *x, uint32_t n, uint8_t *out, size_t cap,
+                                   size_t *written) {
+    return encode_topk(x, n, fraction, 1, out, cap, written);
+}
+
+eps_status eps_topk_compact_add(float fraction, const uint8_t *p, size_t len, uint32_t n, float scale, float *y) {
+    uint32_t k = eps_topk_keep(fraction, n);
+    if (len < 4 + 2 * (size_t)k) return EPS_ERR_PAYLOAD;
+    size_t end = len - k, at = 4;
+    float s = eps_get_f32(p) * scale;
+    uint64_t index = 0;
+    for (uint32_t j = 0; j < k; j++) { /* bounded reads and writes; the payload is this SDK's own */
+        uint64_t gap = 0;
+        for (unsigned shift = 0; at < end; shift += 7) {
+            gap |= (uint64_t)(p[at] & 0x7f) << (shift & 63);
+            if (p[at++] < 0x80) break;
+        }
+        index += gap;
+        if (index >= n) return EPS_ERR_PAYLOAD;
+        y[index] += (float)(int8_t)p[end + j] * s;
+    }
+    return at == end ? EPS_OK : EPS_ERR_PAYLOAD;
 }
 
 eps_status eps_codec_encode(eps_codec c, const float *x, uint32_t n, uint8_t *out, size_t cap, size_t *written,
@@ -261,7 +314,7 @@ eps_status eps_codec_encode(eps_codec c, const float *x, uint32_t n, uint8_t *ou
     eps_status st = eps_codec_check(c);
     if (st != EPS_OK) return st;
     if (rng == NULL) rng = &local;
-    if (c.id == EPS_TOPK) return encode_topk(x, n, c.arg, out, cap, written);
+    if (c.id == EPS_TOPK) return encode_topk(x, n, c.arg, 0, out, cap, written);
     size_t size = eps_codec_max_size(c, n);
     if (size > cap) return EPS_ERR_SPACE;
     switch (c.id) {

@@ -58,8 +58,14 @@ static size_t model_frame_bytes(const eps_mlp *m, eps_codec codec, int fp32_fits
     return size;
 }
 
-/* The commit frame: a set_codec to fp32 always fits. */
-static size_t frame_bytes(const eps_mlp *m, eps_codec codec) { return model_frame_bytes(m, codec, 1); }
+/* The commit frame: a set_codec to fp32 always fits; top-k commits are compact (one payload). */
+static size_t frame_bytes(const eps_mlp *m, eps_codec codec) {
+    size_t records = model_frame_bytes(m, codec, 1), p = eps_mlp_params(m);
+    if (codec.id != EPS_TOPK || p > UINT32_MAX) return records;
+    size_t compact = eps_size_add(EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4 + 4, /* + the varint's room */
+                                  eps_topk_compact_max_size(codec.arg, (uint32_t)p));
+    return compact > records ? compact : records;
+}
 
 size_t eps_device_receive_size(const eps_mlp *m, eps_codec pull_codec) {
     size_t delta = pull_codec.id == EPS_FP32 ? 0 : model_frame_bytes(m, pull_codec, 0);
@@ -129,19 +135,33 @@ static void put(writer *t, const char *s) {
     if (t->cap) t->p[t->len < t->cap ? t->len : t->cap - 1] = '\0';
 }
 
+/* *v / d into *v, and the remainder (d below 2^63), by shifts and subtractions: a 32-bit part then
+ * needs no 64-bit division routine (libgcc's, 750 bytes of flash on the Cortex-M4F). */
+static uint64_t divide(uint64_t *v, uint64_t d) {
+    uint64_t q = 0, r = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        r = r << 1 | (*v >> bit & 1u);
+        q <<= 1;
+        if (r >= d) r -= d, q |= 1u;
+    }
+    *v = q;
+    return r;
+}
+
 static void put_uint(writer *t, uint64_t v) {
     char digits[24];
     size_t i = sizeof digits;
     digits[--i] = '\0';
-    do digits[--i] = (char)('0' + v % 10); while ((v /= 10) != 0);
+    do digits[--i] = (char)('0' + divide(&v, 10)); while (v != 0);
     put(t, digits + i);
 }
 
 /* A non-negative number with six decimals (seconds to the microsecond). */
 static void put_fixed6(writer *t, double v) {
-    uint64_t micros = (uint64_t)(v * 1e6 + 0.5), frac = micros % 1000000;
+    uint64_t micros = (uint64_t)(v * 1e6 + 0.5);
+    uint32_t frac = (uint32_t)divide(&micros, 1000000);
     char six[8] = "000000";
-    put_uint(t, micros / 1000000);
+    put_uint(t, micros);
     put(t, ".");
     for (int i = 5; i >= 0; i--, frac /= 10) six[i] = (char)('0' + frac % 10);
     put(t, six);
@@ -297,7 +317,8 @@ eps_status eps_device_init(eps_device *d, const eps_port *port, const char *job,
     d->arena_size = arena_size;
     d->max_batch = max_batch;
     d->rng = port->entropy(port->ctx) | 1u;
-    d->incarnation = 1 + port->entropy(port->ctx) % SAFE_INT;
+    uint64_t drawn = port->entropy(port->ctx);
+    d->incarnation = 1 + divide(&drawn, SAFE_INT);
     d->server_version = -1;
     d->committed_on = -1;
     d->resend_s = EPS_RESEND_S;
@@ -407,6 +428,7 @@ static void params_tensor(eps_device *d) {
         t->length != 4 * t->elements || (d->in_placed >> slot & 1u))
         return; /* read past: the frame is judged once it is all in */
     d->in.dest = (uint8_t *)(void *)(d->replica + at);
+    d->in_ordered &= d->in_placed == (1u << slot) - 1u; /* dense0.w, dense0.b, dense1.w, ...: the arena's order */
     d->in_placed |= 1u << slot;
     d->has_replica = 0; /* being overwritten: whole again once the CRC matched */
 }
@@ -453,6 +475,7 @@ static eps_status params_end(eps_device *d, int complete) {
         for (size_t i = 0, p = eps_mlp_params(&d->mlp); i < p; i++) d->replica[i] = eps_get_f32(b + 4 * i);
     }
     d->has_replica = 1;
+    d->ordered = d->in_ordered;
     d->replica_run = f->seq;
     d->gap = 0;
     adopt(d, (int64_t)f->base_version);
@@ -465,6 +488,7 @@ int eps_device_stream_begin(eps_device *d, const char *topic, size_t len) {
     eps_frame_stream_begin(&d->in, len, 0); /* a new run may bring a bigger model: the layout decides */
     eps_mlp_shape_begin(&d->in_shape);
     d->in_placed = 0;
+    d->in_ordered = 1;
     d->in_status = EPS_OK;
     d->in_again = 0;
     d->in_mode = IN_READ;
@@ -702,6 +726,9 @@ static eps_status on_notice(eps_device *d, const char *text, size_t len) {
         uint32_t slot;
         if (strcmp(reason, carried[i]) != 0 || !d->has_local || d->sent_base > d->server_version) continue;
         if (eps_frame_parse(d->frame, d->frame_len, 0, &f) != EPS_OK) return EPS_OK;
+        if (f.compact) /* what the server would have added goes into the next commit */
+            (void)eps_topk_compact_add(f.codec.arg, f.records, f.records_len, (uint32_t)eps_mlp_params(&d->mlp), -1.0f,
+                                       d->anchor);
         while (eps_frame_next(&f, &cursor, &t)) /* what the server would have added goes into the next commit */
             if (place(d, &t, &at, &slot) && eps_codec_decode(f.codec, t.payload, t.length, (uint32_t)t.elements,
                                                       d->work) == EPS_OK)
@@ -765,7 +792,8 @@ static int train(eps_device *d) {
     uint32_t features = d->mlp.sizes[0];
     for (uint32_t b = 0; b < batch; b++) {
         d->rng ^= d->rng << 13, d->rng ^= d->rng >> 7, d->rng ^= d->rng << 17;
-        uint32_t index = (uint32_t)(d->rng % d->samples);
+        uint64_t draw = d->rng;
+        uint32_t index = (uint32_t)divide(&draw, d->samples);
         if (!d->port.sample(d->port.ctx, index, d->batch_x + (size_t)b * features, d->batch_y + b)) return 0;
     }
     float loss =
@@ -836,7 +864,18 @@ static void commit(eps_device *d) {
     }
     eps_writer_begin(&w, d->frame, d->frame_cap, EPS_COMMIT, codec, (uint64_t)d->server_version, d->seq,
                      d->step_samples, d->steps, d->device);
-    for (uint32_t layer = 0; layer < d->mlp.layers; layer++)
+    const int compact = codec.id == EPS_TOPK && d->ordered; /* the model's order is the arena's */
+    if (compact) { /* a compact commit: the model's values in one payload (protocol 1.9) */
+        const uint8_t *payload = NULL;
+        size_t length = 0;
+        eps_writer_compact_topk(&w, (uint16_t)(2 * d->mlp.layers), d->anchor, (uint32_t)p, &payload, &length);
+        if (w.error == EPS_OK) { /* what the server adds is decode(encode(t)); the rest waits for the next commit */
+            memcpy(d->residual, d->anchor, p * sizeof(float));
+            if (eps_topk_compact_add(codec.arg, payload, length, (uint32_t)p, -1.0f, d->residual) != EPS_OK)
+                w.error = EPS_ERR_VALUE;
+        }
+    }
+    for (uint32_t layer = 0; layer < d->mlp.layers && !compact; layer++)
         for (int k = 0; k < 2; k++) {
             char name[24];
             uint32_t dims[2] = {d->mlp.sizes[layer], d->mlp.sizes[layer + 1]};

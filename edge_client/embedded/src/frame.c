@@ -143,8 +143,9 @@ static eps_status read_header(const uint8_t *data, eps_frame *f) {
     if (memcmp(data, "EPSF", 4) != 0) return EPS_ERR_MAGIC;
     if (data[4] != EPS_FORMAT_VERSION) return EPS_ERR_VERSION;
     if (data[5] < EPS_COMMIT || data[5] > EPS_DELTA) return EPS_ERR_KIND;
-    if (data[7] != 0) return EPS_ERR_FLAGS;
+    if (data[7] != 0 && !(data[7] == EPS_FLAG_COMPACT && data[5] == EPS_COMMIT)) return EPS_ERR_FLAGS;
     f->kind = (eps_kind)data[5];
+    f->compact = data[7] == EPS_FLAG_COMPACT;
     if (data[6] > EPS_TOPK) return EPS_ERR_CODEC;
     f->codec.id = (eps_codec_id)data[6];
     f->codec.arg = eps_get_f32(data + 8);
@@ -183,6 +184,21 @@ eps_status eps_frame_parse(const uint8_t *data, size_t len, uint64_t max_element
     f->count = eps_get_u16(count);
     if (f->count > EPS_MAX_TENSORS) return EPS_ERR_TENSORS;
     f->records = data + r.pos;
+    if (f->compact) { /* one payload, of the receiver's model: its length as an LEB128 varint of 1..4 bytes */
+        size_t length = 0;
+        for (unsigned shift = 0;; shift += 7) {
+            const uint8_t *b = take(&r, 1);
+            if (b == NULL) return EPS_ERR_SHORT;
+            length |= (size_t)(*b & 0x7f) << shift;
+            if (*b < 0x80) break;
+            if (shift == 21) return EPS_ERR_PAYLOAD;
+        }
+        f->records = take(&r, length);
+        if (f->records == NULL) return EPS_ERR_SHORT;
+        if (r.pos != r.len) return EPS_ERR_TRAILING;
+        f->records_len = length;
+        return EPS_OK;
+    }
     uint64_t limit = max_elements ? max_elements : (uint64_t)1 << 28, total = 0;
     for (unsigned i = 0; i < f->count; i++) {
         eps_tensor t;
@@ -201,7 +217,7 @@ eps_status eps_frame_parse(const uint8_t *data, size_t len, uint64_t max_element
 }
 
 int eps_frame_next(const eps_frame *f, size_t *cursor, eps_tensor *t) {
-    if (*cursor >= f->records_len) return 0;
+    if (f->compact || *cursor >= f->records_len) return 0; /* a compact commit has no records */
     reader r = {f->records, f->records_len, *cursor};
     if (read_record(&r, t) != EPS_OK) return 0; /* cannot happen after eps_frame_parse */
     *cursor = r.pos;
@@ -282,6 +298,7 @@ eps_stream_event eps_frame_stream_wrote(eps_frame_stream *s, size_t n) {
     switch (s->phase) {
     case S_HEADER:
         if ((st = read_header(p, &s->head)) != EPS_OK) return fail(s, st);
+        if (s->head.compact) return fail(s, EPS_ERR_FLAGS); /* read as it arrives: parameters, never a commit */
         if (p[EPS_HEADER_BYTES] > EPS_MAX_NAME) return fail(s, EPS_ERR_NAME);
         return expect(s, S_ID, p[EPS_HEADER_BYTES] + 2u) ? EPS_STREAM_MORE : EPS_STREAM_FAILED;
     case S_ID:
@@ -396,6 +413,36 @@ void eps_writer_tensor(eps_writer *w, const char *name, uint8_t ndim, const uint
     eps_put_u32(length, (uint32_t)written);
     w->len += written;
     w->count++;
+}
+
+void eps_writer_compact_topk(eps_writer *w, uint16_t tensors, const float *values, uint32_t n, const uint8_t **payload,
+                             size_t *payload_len) {
+    if (w->error != EPS_OK) return;
+    if (w->codec.id != EPS_TOPK || w->count != 0) {
+        w->error = EPS_ERR_CODEC;
+        return;
+    }
+    uint8_t *at = room(w, 0);
+    if (at == NULL) return;
+    size_t written = 0, gap = 4; /* the payload is encoded after 4 bytes kept for its length, then moved up */
+    eps_status st = w->cap - w->len < gap ? EPS_ERR_SPACE
+                                          : eps_topk_encode_compact(w->codec.arg, values, n, at + gap,
+                                                                    w->cap - w->len - gap, &written);
+    if (st == EPS_OK && written >= (size_t)1 << 28) st = EPS_ERR_SPACE;
+    if (st != EPS_OK) {
+        w->error = st;
+        return;
+    }
+    size_t varint = 0;
+    for (size_t v = written; v >= 0x80; v >>= 7) at[varint++] = (uint8_t)(v | 0x80);
+    at[varint] = (uint8_t)(written >> (7 * varint));
+    varint++;
+    for (size_t i = 0; i < written; i++) at[varint + i] = at[gap + i]; /* moved down: forward is safe */
+    w->buf[7] = EPS_FLAG_COMPACT;
+    w->len += varint + written;
+    w->count = tensors;
+    *payload = at + varint;
+    *payload_len = written;
 }
 
 eps_status eps_writer_end(eps_writer *w, size_t *len) {

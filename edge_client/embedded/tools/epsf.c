@@ -5,6 +5,8 @@
  *                             verify the frame IN, decode every tensor, write it to OUT encoded
  *                             under SPEC (same header; "fp32" writes the decoded values); SEED
  *                             starts the stochastic codecs' generator
+ *   epsf compact SPEC IN OUT  the values of every tensor of the frame IN, one after another, as a
+ *                             compact commit (SPEC: topk:P) with IN's header and tensor count
  *   epsf check IN...          verify and decode each frame; print one line per frame: "ok" or
  *                             the first problem; exit 1 if any was refused
  *   epsf arena SIZES BATCH [CODEC [PULL_CODEC]]
@@ -284,8 +286,34 @@ static int fuzz(uint64_t seed, unsigned long count, int files, char **paths) {
     return 0;
 }
 
+/* The values of the frame data as a compact commit under spec (top-k) into a new *out. */
+static eps_status compact(const char *spec, const unsigned char *data, size_t len, unsigned char **out,
+                          size_t *out_len) {
+    eps_codec codec;
+    eps_frame frame;
+    eps_writer w;
+    size_t count = 0, payload_len = 0;
+    const uint8_t *payload = NULL;
+    eps_status st = eps_codec_parse(spec, &codec);
+    if (st == EPS_OK) st = eps_frame_parse(data, len, 0, &frame);
+    float *values = st == EPS_OK ? values_of(&frame, &count) : NULL;
+    if (values == NULL) return st != EPS_OK ? st : EPS_ERR_PAYLOAD;
+    size_t cap = EPS_HEADER_BYTES + 1 + EPS_MAX_NAME + 2 + 4 + 4 + eps_topk_compact_max_size(codec.arg, (uint32_t)count);
+    *out = malloc(cap);
+    if (*out == NULL) st = EPS_ERR_SPACE;
+    else {
+        eps_writer_begin(&w, *out, cap, frame.kind, codec, frame.base_version, frame.seq, frame.samples, frame.steps,
+                         frame.device);
+        eps_writer_compact_topk(&w, frame.count, values, (uint32_t)count, &payload, &payload_len);
+        st = eps_writer_end(&w, out_len);
+    }
+    free(values);
+    return st;
+}
+
 static int usage(void) {
-    fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf check FILE... | epsf arena SIZES BATCH [CODEC [PULL]] | "
+    fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf compact SPEC IN OUT | epsf check FILE... | "
+                    "epsf arena SIZES BATCH [CODEC [PULL]] | "
                     "epsf fuzz SEED COUNT FILE... | "
                     "epsf train PARAMS BATCH LR OUT [LOSS]\n");
     return 2;
@@ -321,6 +349,18 @@ int main(int argc, char **argv) {
         unsigned char *data = slurp(argv[3], &len), *out = NULL;
         eps_status st = data ? eps_codec_parse(argv[2], &codec) : EPS_ERR_SHORT;
         if (st == EPS_OK) st = run(data, len, &codec, seed ? seed : 1, &out, &out_len);
+        if (st == EPS_OK) {
+            FILE *f = fopen(argv[4], "wb");
+            st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
+        }
+        free(data);
+        free(out);
+        if (st != EPS_OK) fprintf(stderr, "epsf: %s: %s\n", argv[3], eps_status_name(st));
+        return st == EPS_OK ? 0 : 1;
+    }
+    if (argc == 5 && strcmp(argv[1], "compact") == 0) {
+        unsigned char *data = slurp(argv[3], &len), *out = NULL;
+        eps_status st = data ? compact(argv[2], data, len, &out, &out_len) : EPS_ERR_SHORT;
         if (st == EPS_OK) {
             FILE *f = fopen(argv[4], "wb");
             st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
