@@ -5,6 +5,7 @@ same bytes (sign's scales, summed in another order, to within float rounding).""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -22,6 +23,16 @@ values = hnp.arrays(
     st.integers(0, 3 * BUCKET + 13),
     elements=st.floats(-1e4, 1e4, width=32) | st.sampled_from([0.0, -0.0, 1e-40, -3e-39, 6e-8]),
 )
+
+
+@pytest.fixture(autouse=True, params=["simd", "plain"])
+def loops(request):
+    """Every test twice: with the AVX-512 loops where this CPU has them, and with the plain C loops."""
+    if bits.kernels is not None:
+        bits.kernels.use_avx512(request.param == "simd")
+    yield
+    if bits.kernels is not None:  # as imported
+        bits.kernels.use_avx512(os.environ.get("EDGEPS_NO_AVX512") is None)
 
 
 @contextlib.contextmanager
