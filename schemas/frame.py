@@ -71,32 +71,7 @@ def encode_frame(
 ) -> bytes:
     """Serialise ``frame``; raise FrameError for values the format cannot carry. ``payloads``: the
     tensors already encoded under ``frame.codec`` (by ``ErrorFeedback.encode``), by name."""
-    try:
-        codec = make_codec(frame.codec)
-    except CodecError as exc:
-        raise FrameError(str(exc)) from exc
-    device = frame.device.encode("ascii")
-    if len(device) > 64:
-        raise FrameError("device id longer than 64 bytes")
-    if len(frame.tensors) > MAX_TENSORS:
-        raise FrameError(f"more than {MAX_TENSORS} tensors")
-    parts = [
-        _HEADER.pack(
-            MAGIC,
-            FORMAT_VERSION,
-            int(frame.kind),
-            codec.id,
-            0,
-            codec.arg,
-            frame.base_version,
-            frame.seq,
-            frame.samples,
-            frame.steps,
-        ),
-        _U8.pack(len(device)),
-        device,
-        _U16.pack(len(frame.tensors)),
-    ]
+    codec, parts = _head(frame, 0)
     for name, values in frame.tensors.items():
         if not _NAME.match(name):
             raise FrameError(f"invalid tensor name {name!r}")
@@ -114,6 +89,23 @@ def encode_frame(
         ]
     body = b"".join(parts)
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def _head(frame: Frame, flags: int) -> tuple[Codec, list[bytes]]:
+    """``frame``'s codec, and its bytes up to its tensors: the header, the device id, the tensor
+    count; FrameError for what the format cannot carry."""
+    try:
+        codec = make_codec(frame.codec)
+    except CodecError as exc:
+        raise FrameError(str(exc)) from exc
+    device = frame.device.encode("ascii")
+    if len(device) > 64:
+        raise FrameError("device id longer than 64 bytes")
+    if len(frame.tensors) > MAX_TENSORS:
+        raise FrameError(f"more than {MAX_TENSORS} tensors")
+    fields = (frame.base_version, frame.seq, frame.samples, frame.steps)
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, int(frame.kind), codec.id, flags, codec.arg, *fields)
+    return codec, [head, _U8.pack(len(device)), device, _U16.pack(len(frame.tensors))]
 
 
 class _Reader:
@@ -337,17 +329,10 @@ def encode_compact(frame: Frame, payload: bytes) -> bytes:
     codec's ``encode_compact`` of the model's values concatenated in the model's order."""
     if frame.kind != FrameKind.COMMIT:
         raise FrameError("only a commit may be compact")
-    codec = make_codec(frame.codec)
-    device = frame.device.encode("ascii")
-    if len(device) > 64:
-        raise FrameError("device id longer than 64 bytes")
     if len(payload) >= 1 << 28:
         raise FrameError("compact payload of 256 MiB or more")
-    fields = (frame.base_version, frame.seq, frame.samples, frame.steps)
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, int(frame.kind), codec.id, COMPACT, codec.arg, *fields)
-    body = b"".join(
-        [head, _U8.pack(len(device)), device, _U16.pack(len(frame.tensors)), leb128(np.array([len(payload)])), payload]
-    )
+    _, parts = _head(frame, COMPACT)
+    body = b"".join([*parts, leb128(np.array([len(payload)])), payload])
     return body + _CRC.pack(zlib.crc32(body))
 
 

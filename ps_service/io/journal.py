@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.driver import Core
-from ps_service.io.checkpoint import CheckpointError, load, read
+from ps_service.io.checkpoint import CheckpointError, load, read, write_atomic
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
 
@@ -76,17 +76,8 @@ class Journal:
         self.path, self.key, self.id = path, key, journal
         self.index, self.size = 0, 0
         head = MAGIC + _ID.pack(journal)
-        partial = path.with_name(path.name + ".partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(fd, head + hmac.new(key, head, hashlib.sha256).digest())
-        os.fsync(fd)
-        os.replace(partial, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        self.fd = fd
+        write_atomic(path, head + hmac.new(key, head, hashlib.sha256).digest())
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
 
     def append(self, calls: bytes | bytearray) -> None:
         """One record of ``calls``, on disk when this returns."""

@@ -311,6 +311,20 @@ static eps_status compact(const char *spec, const unsigned char *data, size_t le
     return st;
 }
 
+/* A command's end: out (out_len bytes) written to path when st is OK, both buffers freed, a failure said
+ * naming the input; the exit status. */
+static int written(eps_status st, unsigned char *data, unsigned char *out, size_t out_len, const char *input,
+                   const char *path) {
+    if (st == EPS_OK) {
+        FILE *f = fopen(path, "wb");
+        st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
+    }
+    free(data);
+    free(out);
+    if (st != EPS_OK) fprintf(stderr, "epsf: %s: %s\n", input, eps_status_name(st));
+    return st == EPS_OK ? 0 : 1;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: epsf recode SPEC IN OUT [SEED] | epsf compact SPEC IN OUT | epsf check FILE... | "
                     "epsf arena SIZES BATCH [CODEC [PULL]] | "
@@ -349,26 +363,12 @@ int main(int argc, char **argv) {
         unsigned char *data = slurp(argv[3], &len), *out = NULL;
         eps_status st = data ? eps_codec_parse(argv[2], &codec) : EPS_ERR_SHORT;
         if (st == EPS_OK) st = run(data, len, &codec, seed ? seed : 1, &out, &out_len);
-        if (st == EPS_OK) {
-            FILE *f = fopen(argv[4], "wb");
-            st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
-        }
-        free(data);
-        free(out);
-        if (st != EPS_OK) fprintf(stderr, "epsf: %s: %s\n", argv[3], eps_status_name(st));
-        return st == EPS_OK ? 0 : 1;
+        return written(st, data, out, out_len, argv[3], argv[4]);
     }
     if (argc == 5 && strcmp(argv[1], "compact") == 0) {
         unsigned char *data = slurp(argv[3], &len), *out = NULL;
         eps_status st = data ? compact(argv[2], data, len, &out, &out_len) : EPS_ERR_SHORT;
-        if (st == EPS_OK) {
-            FILE *f = fopen(argv[4], "wb");
-            st = f != NULL && fwrite(out, 1, out_len, f) == out_len && fclose(f) == 0 ? EPS_OK : EPS_ERR_SPACE;
-        }
-        free(data);
-        free(out);
-        if (st != EPS_OK) fprintf(stderr, "epsf: %s: %s\n", argv[3], eps_status_name(st));
-        return st == EPS_OK ? 0 : 1;
+        return written(st, data, out, out_len, argv[3], argv[4]);
     }
     if (argc >= 3 && strcmp(argv[1], "check") == 0) {
         int refused = 0;
