@@ -58,8 +58,8 @@ AVX512 static inline __m512 draws16(uint32_t s0, uint32_t s1, uint32_t i0) {
     h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x7feb352du));
     h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 15));
     h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x846ca68bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_srli_epi32(_mm512_xor_si512(h, _mm512_set1_epi32((int)s1)), 8);
+    h = _mm512_ternarylogic_epi32(h, _mm512_srli_epi32(h, 16), _mm512_set1_epi32((int)s1), 0x96); /* h ^ h >> 16 ^ s1 */
+    h = _mm512_srli_epi32(h, 8);
     return _mm512_mul_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(0x1p-24f));
 }
 
@@ -80,33 +80,75 @@ AVX512 static idx ternary_avx512(const float *restrict x, idx c, idx hi, uint32_
     return c;
 }
 
-/* qsgd's squared sum of [i, hi) in 16 double partial sums (as the plain loop), added into partial; returns
- * where it stopped. */
+/* qsgd's squares of x[0..32) added into four chains of eight double partial sums (partial sum k gets the
+ * values k mod 32: the plain loop's order; four chains hide the adds' latency). */
+typedef struct {
+    __m512d p[4];
+} Squares;
+
+AVX512 static inline void square32_avx512(const float *restrict x, Squares *s) {
+    __m512 v = _mm512_loadu_ps(x), w = _mm512_loadu_ps(x + 16);
+    __m512d a = _mm512_cvtps_pd(_mm512_castps512_ps256(v)), b = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+    __m512d c = _mm512_cvtps_pd(_mm512_castps512_ps256(w)), d = _mm512_cvtps_pd(_mm512_extractf32x8_ps(w, 1));
+    s->p[0] = _mm512_add_pd(s->p[0], _mm512_mul_pd(a, a));
+    s->p[1] = _mm512_add_pd(s->p[1], _mm512_mul_pd(b, b));
+    s->p[2] = _mm512_add_pd(s->p[2], _mm512_mul_pd(c, c));
+    s->p[3] = _mm512_add_pd(s->p[3], _mm512_mul_pd(d, d));
+}
+
+AVX512 static inline Squares squares_load(const double *partial) {
+    Squares s;
+    for (int k = 0; k < 4; k++) s.p[k] = _mm512_loadu_pd(partial + 8 * k);
+    return s;
+}
+
+AVX512 static inline void squares_store(const Squares *s, double *partial) {
+    for (int k = 0; k < 4; k++) _mm512_storeu_pd(partial + 8 * k, s->p[k]);
+}
+
+/* qsgd's squares of [i, hi), thirty-two at a time, added into partial; returns where it stopped. */
 AVX512 static idx squares_avx512(const float *restrict x, idx i, idx hi, double *partial) {
-    __m512d p0 = _mm512_loadu_pd(partial), p1 = _mm512_loadu_pd(partial + 8);
-    for (; i + 16 <= hi; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v)), up = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-        p0 = _mm512_add_pd(p0, _mm512_mul_pd(lo, lo));
-        p1 = _mm512_add_pd(p1, _mm512_mul_pd(up, up));
-    }
-    _mm512_storeu_pd(partial, p0);
-    _mm512_storeu_pd(partial + 8, p1);
+    Squares s = squares_load(partial);
+    for (; i + 32 <= hi; i += 32) square32_avx512(x + i, &s);
+    squares_store(&s, partial);
     return i;
 }
 
-/* qsgd's 8-bit codes of [c, hi), sixteen at a time; returns where it stopped. */
+/* qsgd's 8-bit signed levels of sixteen values from c: min(|v| * inv + draw, levels) in float (floor(min(f, L)) ==
+ * min(floor(f), L) for an integer L), v's sign put on it, truncated (-trunc(f) == trunc(-f)). */
+AVX512 static inline __m512i qsgd16_avx512(const float *restrict x, idx c, uint32_t s0, uint32_t s1, __m512 scale,
+                                           __m512 most) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512 v = _mm512_loadu_ps(x + c);
+    __m512 f = _mm512_min_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_abs_ps(v), scale), draws16(s0, s1, (uint32_t)c)), most);
+    __m512i signed_ = _mm512_ternarylogic_epi32(_mm512_castps_si512(f), _mm512_castps_si512(v), sign, 0xf8); /* f | v & sign */
+    return _mm512_cvttps_epi32(_mm512_castsi512_ps(signed_));
+}
+
+/* qsgd's 8-bit codes of [c, hi): sixty-four at a time (two saturating packs and one dword shuffle where four
+ * narrowing stores would take twice the shuffle port), then sixteen; returns where it stopped. Meanwhile the
+ * squares of [*next, next_hi) (the next bucket) are added into partial, sixty-four a step: *next moves on. */
 AVX512 static idx qsgd8_avx512(const float *restrict x, idx c, idx hi, uint32_t s0, uint32_t s1, float inv,
-                               int32_t levels, uint8_t *restrict codes) {
-    const __m512 scale = _mm512_set1_ps(inv), zero = _mm512_setzero_ps();
-    const __m512i most = _mm512_set1_epi32(levels), none = _mm512_setzero_si512();
-    for (; c + 16 <= hi; c += 16) {
-        __m512 v = _mm512_loadu_ps(x + c);
-        __m512 f = _mm512_add_ps(_mm512_mul_ps(_mm512_abs_ps(v), scale), draws16(s0, s1, (uint32_t)c));
-        __m512i l = _mm512_min_epi32(_mm512_cvttps_epi32(f), most);
-        l = _mm512_mask_sub_epi32(l, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), none, l);
-        _mm_storeu_si128((__m128i *)(void *)(codes + c), _mm512_cvtepi32_epi8(l));
+                               int32_t levels, uint8_t *restrict codes, idx *next, idx next_hi, double *partial) {
+    Squares squares = squares_load(partial);
+    idx j = *next;
+    const __m512 scale = _mm512_set1_ps(inv), most = _mm512_set1_ps((float)levels);
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (; c + 64 <= hi; c += 64) {
+        __m512i a = qsgd16_avx512(x, c, s0, s1, scale, most), b = qsgd16_avx512(x, c + 16, s0, s1, scale, most);
+        __m512i d = qsgd16_avx512(x, c + 32, s0, s1, scale, most), e = qsgd16_avx512(x, c + 48, s0, s1, scale, most);
+        __m512i packed = _mm512_packs_epi16(_mm512_packs_epi32(a, b), _mm512_packs_epi32(d, e)); /* per 128-bit lane */
+        _mm512_storeu_si512((void *)(codes + c), _mm512_permutexvar_epi32(order, packed));
+        if (j + 64 <= next_hi) { /* the next bucket's squares: its memory read overlaps this bucket's arithmetic */
+            square32_avx512(x + j, &squares);
+            square32_avx512(x + j + 32, &squares);
+            j += 64;
+        }
     }
+    squares_store(&squares, partial);
+    *next = j;
+    for (; c + 16 <= hi; c += 16)
+        _mm_storeu_si128((__m128i *)(void *)(codes + c), _mm512_cvtepi32_epi8(qsgd16_avx512(x, c, s0, s1, scale, most)));
     return c;
 }
 
@@ -429,7 +471,7 @@ static inline void qsgd_chunk(const float *restrict x, uint32_t i0, uint32_t s0,
     }
 }
 
-/* QSGD: norm = the bucket's L2 norm (squares summed in double, 16 partial sums); level = min(floor(|x| * levels
+/* QSGD: norm = the bucket's L2 norm (squares summed in double, 32 partial sums); level = min(floor(|x| * levels
  * / norm + uniform(i)), levels), negated for x < 0, as `bits`-bit two's complement codes. Returns 0 if a norm is
  * not finite. */
 HOT static int qsgd_encode_loop(const float *restrict x, uint32_t s0, uint32_t s1, int levels, int bits,
@@ -437,22 +479,25 @@ HOT static int qsgd_encode_loop(const float *restrict x, uint32_t s0, uint32_t s
     uint8_t q[CHUNK];
     const uint8_t mask = (uint8_t)((1u << bits) - 1u);
     const idx per = 8 / bits;
+    double partial[32] = {0};
+    idx i = 0; /* the squares are summed up to here: the AVX-512 loop sums the next bucket's ahead */
     for (idx lo = 0; lo < n; lo += bucket) {
-        idx hi = lo + bucket < n ? lo + bucket : n, i = lo, start = lo;
-        double partial[16] = {0}, total = 0;
+        idx hi = lo + bucket < n ? lo + bucket : n, start = lo;
+        double total = 0;
 #if X86_DISPATCH
-        if (avx512) i = squares_avx512(x, lo, hi, partial);
+        if (avx512) i = squares_avx512(x, i, hi, partial);
 #endif
-        for (; i + 16 <= hi; i += 16)
-            for (int k = 0; k < 16; k++) partial[k] += (double)x[i + k] * (double)x[i + k];
-        for (int k = 0; k < 16; k++) total += partial[k];
+        for (; i + 32 <= hi; i += 32)
+            for (int k = 0; k < 32; k++) partial[k] += (double)x[i + k] * (double)x[i + k];
+        for (int k = 0; k < 32; k++) total += partial[k];
         for (; i < hi; i++) total += (double)x[i] * (double)x[i];
+        memset(partial, 0, sizeof partial);
         float norm = (float)__builtin_sqrt(total);
         if (!(norm <= 3.4028235e38f)) return 0; /* inf or nan */
         float inv = norm > 1e-30f ? (float)levels / norm : 0.0f;
         norms[lo / bucket] = norm;
 #if X86_DISPATCH
-        if (avx512 && bits == 8) start = qsgd8_avx512(x, lo, hi, s0, s1, inv, levels, codes);
+        if (avx512 && bits == 8) start = qsgd8_avx512(x, lo, hi, s0, s1, inv, levels, codes, &i, hi + bucket < n ? hi + bucket : n, partial);
 #endif
         for (idx c = start; c < hi; c += CHUNK) {
             idx size = c + CHUNK < hi ? CHUNK : hi - c;
