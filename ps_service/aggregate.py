@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from learning.model import Params
+from ps_service.flat import Layout
 from ps_service.update import Contribution, Partial, SiteUpdate, Update
 from schemas.codecs import make_codec, typical_energy, typical_error
 
@@ -39,10 +40,12 @@ class Clip(NamedTuple):
 
 
 class Aggregate(NamedTuple):
-    """The global delta of one aggregate and the server step it was scaled by (1: plain averaging)."""
+    """The global delta of one aggregate and the server step it was scaled by (1: plain averaging);
+    ``flat``: the delta as one vector (``delta`` views of it: ps_service.flat), where it was made so."""
 
     delta: Params
     step: float
+    flat: np.ndarray | None = None
 
 
 def aggregate(
@@ -74,45 +77,60 @@ def aggregate(
     ``clips``: how the server's bounds take each device's update (none: as it is).
     """
     summed, steps, data = _per_device(updates, version, sizes, clips)
+    layout = layout_of(updates[0].delta)
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
     tau_eff = float(statistics.median(steps[d] for d in summed))  # a few numbers: no numpy call per commit
-    out = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
+    out = np.zeros(layout.size, np.float32)
     for device, delta in summed.items():
-        scale = np.float32(mixing * tau_eff * share[device] / steps[device])
-        for name, values in delta.items():
-            out[name] += scale * values
+        out += np.float32(mixing * tau_eff * share[device] / steps[device]) * delta
     if max_extrapolation <= 1:
-        return Aggregate(out, 1.0)
+        return Aggregate(layout.views(out), 1.0, out)
     contributions = {  # each device's progress as if it had made tau_eff steps
-        device: {name: np.float32(mixing * tau_eff / steps[device]) * values for name, values in delta.items()}
-        for device, delta in summed.items()
+        device: np.float32(mixing * tau_eff / steps[device]) * delta for device, delta in summed.items()
     }
-    return stepped(out, extrapolation(contributions, share, out, kept), max_extrapolation)
+    views = {device: layout.views(c) for device, c in contributions.items()}
+    return stepped(out, extrapolation(views, share, layout.views(out), kept), max_extrapolation, layout)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> Layout:
+    return Layout(dict(shapes))
+
+
+def layout_of(params: Params) -> Layout:
+    """The flat layout of a model's ``params`` (ps_service.flat), kept for the few models a job sees."""
+    return _layout(tuple((name, values.shape) for name, values in params.items()))
 
 
 def _per_device(
-    updates: list[Update], version: int, sizes: dict[str, int], clips: Mapping[str, Clip] | None = None
-) -> tuple[dict[str, Params], dict[str, float], dict[str, int]]:
-    """Each device's updates summed (each scaled by its staleness weight, the sum by its ``clips``
-    scale), its local steps (as ``clips`` counts them), and its data size (``sizes``; a device whose
-    size is unknown counts as holding the samples it trained on)."""
+    updates: list[Update],
+    version: int,
+    sizes: dict[str, int],
+    clips: Mapping[str, Clip] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, float], dict[str, int]]:
+    """Each device's updates summed as one flat vector (each scaled by its staleness
+    weight, the sum by its ``clips`` scale), its local steps (as ``clips`` counts them), and its
+    data size (``sizes``; a device whose size is unknown counts as holding the samples it trained on)."""
     if not updates:
         raise ValueError("nothing to aggregate")
-    summed: dict[str, Params] = {}
+    layout = layout_of(updates[0].delta)
+    summed: dict[str, np.ndarray] = {}
     steps: dict[str, float] = defaultdict(float)
     for u in updates:
         weight = np.float32(staleness_weight(version - u.base_version))
-        into = summed.setdefault(u.device, {name: np.zeros_like(v) for name, v in u.delta.items()})
-        for name, values in u.delta.items():
-            into[name] += weight * values
+        values = u.flat if u.flat is not None else layout.flatten(u.delta)
+        if u.device in summed:
+            summed[u.device] += weight * values
+        else:  # 0 + w * x, as the sum from zeros would make it
+            summed[u.device] = np.float32(0) + weight * values
         steps[u.device] += u.steps
     for device, clip in (clips or {}).items():
         if device not in summed:
             continue
         steps[device] = clip.steps
         if clip.scale < 1:
-            summed[device] = {name: np.float32(clip.scale) * values for name, values in summed[device].items()}
+            summed[device] = np.float32(clip.scale) * summed[device]
     data = {d: sizes.get(d) or sum(u.samples for u in updates if u.device == d) for d in summed}
     return summed, steps, data
 
@@ -122,14 +140,14 @@ def partial(
 ) -> Partial:
     """The ``Partial`` of ``updates`` (some devices' updates of the aggregate made at ``version``)."""
     summed, steps, data = _per_device(updates, version, sizes, clips)
-    weighted = {name: np.zeros_like(values) for name, values in updates[0].delta.items()}
+    layout = layout_of(updates[0].delta)
+    weighted = np.zeros(layout.size, np.float32)
     spread = 0.0
     for device, delta in summed.items():
-        per_step = {name: values / np.float32(steps[device]) for name, values in delta.items()}
-        for name, values in per_step.items():
-            weighted[name] += np.float32(data[device]) * values
-        spread += data[device] * _squared_norm(per_step)
-    return Partial(weighted, float(sum(data.values())), tuple(steps[d] for d in summed), spread)
+        per_step = delta / np.float32(steps[device])
+        weighted += np.float32(data[device]) * per_step
+        spread += data[device] * _squared_norm(layout.views(per_step))
+    return Partial(layout.views(weighted), float(sum(data.values())), tuple(steps[d] for d in summed), spread)
 
 
 def combine(parts: list[Partial], mixing: float = 1.0, max_extrapolation: float = 1.0, kept: float = 1.0) -> Aggregate:
@@ -144,7 +162,8 @@ def combine(parts: list[Partial], mixing: float = 1.0, max_extrapolation: float 
     if max_extrapolation <= 1:
         return Aggregate(out, 1.0)
     spread = (mixing * tau_eff) ** 2 * sum(p.spread for p in parts) / total
-    return stepped(out, fedexp_step(spread, _squared_norm(out), kept), max_extrapolation)
+    layout = layout_of(out)
+    return stepped(layout.flatten(out), fedexp_step(spread, _squared_norm(out), kept), max_extrapolation, layout)
 
 
 def aggregate_all(
@@ -180,11 +199,12 @@ def site_part(site: SiteUpdate, version: int) -> Partial:
     return site.part._replace(weighted=weighted, spread=float(lag) ** 2 * site.part.spread)
 
 
-def stepped(mean: Params, fedexp: float, max_extrapolation: float) -> Aggregate:
-    """``mean`` scaled by the server step: halfway (``DAMPING``) from 1 to FedExP's step ``fedexp``,
-    at most ``max_extrapolation``."""
+def stepped(mean: np.ndarray, fedexp: float, max_extrapolation: float, layout: Layout) -> Aggregate:
+    """``mean`` (one vector in ``layout``) scaled by the server step: halfway (``DAMPING``) from 1 to
+    FedExP's step ``fedexp``, at most ``max_extrapolation``."""
     eta = min(max_extrapolation, 1.0 + DAMPING * (fedexp - 1.0))
-    return Aggregate({name: np.float32(eta) * values for name, values in mean.items()}, eta)
+    out = np.float32(eta) * mean
+    return Aggregate(layout.views(out), eta, out)
 
 
 def extrapolation(contributions: dict[str, Params], share: dict[str, float], mean: Params, kept: float = 1.0) -> float:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ps_service.config import DoorConfig
+from ps_service.flat import Layout
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Partial, SiteUpdate, Update
 from ps_service.validation import Rejection, validate_commit
@@ -61,10 +62,11 @@ class Checks:
     shapes: dict[str, tuple[int, ...]]
     codecs: frozenset[str]
     finished: bool = False
+    layout: Layout | None = None  # ``shapes``' (ps_service.flat), where the receiver keeps one
 
     @property
     def values(self) -> int:
-        return sum(math.prod(s) for s in self.shapes.values())
+        return self.layout.size if self.layout is not None else sum(math.prod(s) for s in self.shapes.values())
 
 
 class Refusal(NamedTuple):
@@ -186,7 +188,7 @@ class Door:
         try:
             limit = self.commit_limit(checks.shapes)
             args = (checks.version, checks.shapes, limit, checks.codecs)
-            return validate_commit(payload, device, self.registry, *args, peeked=seq)
+            return validate_commit(payload, device, self.registry, *args, peeked=seq, layout=checks.layout)
         except Rejection as rejection:
             known = self.registry.record(device) is not None
             again = rejection.reason in (R.REPLAYED, R.OUT_OF_ORDER) and known

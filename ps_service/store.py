@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from learning.model import Params
+from ps_service.flat import Layout
 from schemas.frame import Frame, FrameKind, encode_frame
 
 
@@ -21,10 +22,13 @@ class ParameterStore:
     """
 
     def __init__(self, params: Params, version: int = 0) -> None:
-        self._params = {name: np.array(values, dtype=np.float32) for name, values in params.items()}
+        self._shapes = {name: np.shape(values) for name, values in params.items()}  # an apply keeps them
+        self.layout = Layout(self._shapes)
+        self._flat = self.layout.flatten(params)  # the model, one vector; _params: views of it
+        self._params = self.layout.views(self._flat)
         self.version = version
         self._frame: tuple[bytes, int] | None = None  # (frame, run)
-        self._shapes = {name: values.shape for name, values in self._params.items()}  # an apply keeps them
+        self._norm: tuple[float, int] | None = None  # (norm, version)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -44,17 +48,20 @@ class ParameterStore:
             out[name] = ro
         return out
 
-    def apply(self, delta: Params) -> int:
-        """Add ``delta`` (same names and shapes) and return the new version.
+    def apply(self, delta: Params, flat: np.ndarray | None = None) -> int:
+        """Add ``delta`` (same names and shapes; ``flat``: the same values as one vector in the
+        model's order, where the caller has it) and return the new version.
 
         The sum is computed fully before anything is stored, so a failure leaves the
         model as it was.
         """
+        if flat is None:
+            flat = self.layout.flatten(delta)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
-            updated = {name: values + delta[name].astype(np.float32) for name, values in self._params.items()}
-        if not all(np.isfinite(v).all() for v in updated.values()):
+            updated = self._flat + flat
+        if not np.isfinite(updated).all():
             raise NonFinite("applying the delta would make the model non-finite")
-        self._params = updated
+        self._flat, self._params = updated, self.layout.views(updated)
         self.version += 1
         self._frame = None
         return self.version
@@ -68,8 +75,10 @@ class ParameterStore:
         return self._frame[0]
 
     def norm(self) -> float:
-        """The model's L2 norm (double precision)."""
-        return float(np.sqrt(sum(float(np.vdot(v.astype(np.float64), v)) for v in self._params.values())))
+        """The model's L2 norm (double precision; kept until the next apply)."""
+        if self._norm is None or self._norm[1] != self.version:
+            self._norm = (float(np.sqrt(self.layout.squares(self._flat.astype(np.float64)))), self.version)
+        return self._norm[0]
 
     def to_state(self) -> dict[str, Any]:
         return {"version": self.version, "params": self.params()}

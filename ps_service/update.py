@@ -21,6 +21,9 @@ class Update:
     samples: int
     steps: int
     delta: Params
+    #: ``delta``'s values as one vector in the model's order (``delta`` views of it), where the receiver
+    #: made one (ps_service.validation; ps_service.flat): the commit path's arithmetic runs on it.
+    flat: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def devices(self) -> tuple[str, ...]:

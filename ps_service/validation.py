@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ps_service.flat import Layout
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
 from schemas.frame import FrameError, FrameKind, UnsupportedCodec, parse_frame, peek_seq
@@ -30,6 +29,7 @@ def validate_commit(
     max_bytes: int,
     codecs: frozenset[str],
     peeked: int | None = None,
+    layout: Layout | None = None,
 ) -> Update:
     """Check a commit payload from ``grad/{topic_device}``; raise Rejection on the first fault.
 
@@ -38,15 +38,17 @@ def validate_commit(
     (for its version, codec, shapes or values) still consumes its number and cannot be replayed.
     Tensor names and shapes are compared with the model's before any payload is decoded: nothing
     is allocated for more values than the model has. ``codecs``: the codec specs the job accepts;
-    ``peeked``: the sequence number ``peek_seq`` read where the caller did so already.
+    ``peeked``: the sequence number ``peek_seq`` read where the caller did so already; ``layout``:
+    ``shapes``' (ps_service.flat), where the caller keeps one.
     """
     R = RejectReason
+    layout = Layout(shapes) if layout is None else layout
     if peeked is None:
         peeked = peek_seq(payload)
     if len(payload) > max_bytes:
         raise Rejection(R.OVERSIZED, f"{len(payload)} bytes exceed the limit of {max_bytes}", peeked)
     try:
-        raw = parse_frame(payload, max_bytes=max_bytes, max_elements=sum(math.prod(s) for s in shapes.values()))
+        raw = parse_frame(payload, max_bytes=max_bytes, max_elements=layout.size)
     except UnsupportedCodec as exc:
         raise Rejection(R.UNSUPPORTED_CODEC, str(exc), peeked) from None
     except FrameError as exc:
@@ -77,14 +79,10 @@ def validate_commit(
         frame = raw.decode(shapes)
     except FrameError as exc:
         raise Rejection(R.MALFORMED, str(exc), seq) from None
-    for name, values in frame.tensors.items():
-        if not np.isfinite(values).all():
-            raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)
-    return Update(
-        device=topic_device,
-        seq=seq,
-        base_version=frame.base_version,
-        samples=frame.samples,
-        steps=frame.steps,
-        delta=frame.tensors,
-    )
+    flat = layout.flatten(frame.tensors) if frame.flat is None else frame.flat
+    finite = np.isfinite(flat)
+    if not finite.all():
+        name = layout.name_of(int(np.argmin(finite)))
+        raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)
+    delta = layout.views(flat) if frame.flat is None else frame.tensors
+    return Update(topic_device, seq, frame.base_version, frame.samples, frame.steps, delta, flat)

@@ -64,6 +64,7 @@ class Frame:
     samples: int = 0
     steps: int = 0
     codec: str = "fp32"  # a codec spec: fp32, fp16, int8, sign, ternary, qsgd:S, topk:P
+    flat: np.ndarray | None = None  # a decoded compact commit's values in one vector: ``tensors`` are views of it
 
 
 def encode_frame(
@@ -187,6 +188,7 @@ class RawFrame:
         """Decode every payload; FrameError if one does not fit its codec. A compact commit needs
         the model's ``shapes`` (in the model's order: the parameter frame's), which it ``matches``."""
         tensors: dict[str, np.ndarray] = {}
+        values = None
         if self.compact is not None:
             if shapes is None or not self.matches(shapes):
                 raise FrameError(f"a compact commit of {self.count} tensors needs the model's shapes")
@@ -212,6 +214,7 @@ class RawFrame:
             samples=self.samples,
             steps=self.steps,
             codec=self.codec.spec,
+            flat=values if self.compact is not None else None,
         )
 
 

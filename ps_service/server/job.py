@@ -131,7 +131,7 @@ class Job(ABC):
     def checks(self) -> Checks:
         """What a commit is checked against: the version, the model, the codecs in force."""
         codecs = frozenset({self.codec, self.previous_codec})
-        return Checks(self.store.version, self.store.shapes, codecs, self.finished)
+        return Checks(self.store.version, self.store.shapes, codecs, self.finished, self.store.layout)
 
     @property
     def traffic(self) -> Traffic:
