@@ -48,8 +48,9 @@ class Membership:
         self._missed = False  # a deadline passed in the open round: its duration is not typical
 
     def barrier(self, online: frozenset[str]) -> frozenset[str]:
-        """The devices the next aggregate waits for."""
-        return online - self.left
+        """The devices the next aggregate waits for (``online`` itself while none left: asked several
+        times a commit, it costs nothing then, not O(fleet))."""
+        return online - self.left if self.left else online
 
     def missed(self, devices: list[str]) -> None:
         """``devices`` let a round's deadline pass: they leave, with a strike each."""

@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ps_service.aggregate import staleness_weight
+from ps_service.aggregate import layout_of, staleness_weight
 from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
@@ -116,14 +117,17 @@ class Limits:
 
 @dataclass
 class FleetBounds:
-    """The fleet's recent per-step norms and step counts (``recent``, one ``Seen`` a device), and
-    the ``Limits`` they set (see the module's docstring)."""
+    """The fleet's recent per-step norms and step counts (``recent``, one ``Seen`` a device, the
+    newest last), and the ``Limits`` they set (see the module's docstring). What is more than
+    ``memory`` versions old counts no more and is forgotten, so that ``recent`` holds the devices
+    of the last ``memory`` versions, not every device ever seen: ``limits`` costs O(those), not
+    O(fleet), under asp a few dozen entries whatever the fleet."""
 
     factor: float = 2.0
     steps_factor: float = 2.0
     model_fraction: float = MODEL_FRACTION
     memory: int = 50
-    recent: dict[str, Seen] = field(default_factory=dict)
+    recent: OrderedDict[str, Seen] = field(default_factory=OrderedDict)
 
     def limits(
         self,
@@ -161,8 +165,15 @@ class FleetBounds:
         return Limits(bound, small, step_bound)
 
     def remember(self, device: str, norm: float, steps: float, version: int) -> None:
-        """``device``'s update was taken at ``version``, at per-step ``norm`` and ``steps`` (bounded)."""
+        """``device``'s update was taken at ``version``, at per-step ``norm`` and ``steps`` (bounded);
+        what no aggregate from ``version`` on counts is forgotten (the oldest first)."""
         self.recent[device] = Seen(norm, steps, version)
+        self.recent.move_to_end(device)
+        while self.recent:
+            oldest = next(iter(self.recent.values()))
+            if version - oldest.version <= self.memory:
+                break
+            self.recent.popitem(last=False)
 
     def to_state(self) -> dict[str, Any]:
         return {"recent": {d: list(s) for d, s in sorted(self.recent.items())}}
@@ -170,27 +181,27 @@ class FleetBounds:
     def load_state(self, state: dict[str, Any]) -> None:
         """From ``to_state``; a checkpoint before 1.6 holds [norm, version] (steps unknown: 0, not counted)."""
         recent = state["recent"].items()
-        self.recent = {str(d): Seen(float(s[0]), float(s[1]) if len(s) == 3 else 0.0, int(s[-1])) for d, s in recent}
+        seen = [(str(d), Seen(float(s[0]), float(s[1]) if len(s) == 3 else 0.0, int(s[-1]))) for d, s in recent]
+        self.recent = OrderedDict(sorted(seen, key=lambda item: item[1].version))  # the newest last
 
 
 def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, float]]:
     """Each device's (per-step norm, steps) in an aggregate made at ``version``: the norm of its
     staleness-weighted commits' sum over its steps (FedNova's d_i), in double precision."""
-    sums: dict[str, dict[str, np.ndarray]] = {}
+    if not updates:
+        return {}
+    layout = layout_of(updates[0].delta)
+    sums: dict[str, np.ndarray] = {}
     steps: dict[str, int] = {}
     for u in updates:
-        weight = staleness_weight(version - u.base_version)
-        weighted = {name: weight * values.astype(np.float64) for name, values in u.delta.items()}
+        flat = u.flat if u.flat is not None else layout.flatten(u.delta)
+        weighted = staleness_weight(version - u.base_version) * flat.astype(np.float64)
         if u.device in sums:
-            for name, values in weighted.items():
-                sums[u.device][name] += values
+            sums[u.device] += weighted
         else:  # a device's first commit of the aggregate (all of them under asp): no zeros to add it to
             sums[u.device] = weighted
         steps[u.device] = steps.get(u.device, 0) + u.steps
-    return {
-        device: (float(np.sqrt(sum(float(np.vdot(v, v)) for v in delta.values()))) / steps[device], steps[device])
-        for device, delta in sums.items()
-    }
+    return {device: (math.sqrt(layout.squares(delta)) / steps[device], steps[device]) for device, delta in sums.items()}
 
 
 def bounded_part(site: SiteUpdate, limits: Limits, weight_cap: float) -> tuple[Partial | None, dict[str, Judged]]:

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_service.robust import FleetBounds, Limits, per_device
+from ps_service.robust import FleetBounds, Limits, Seen, per_device
 from ps_service.update import Update
 from tests.helpers import commit_bytes, hello, small_server
 
@@ -65,6 +65,32 @@ def test_a_device_at_the_bound_every_round_never_raises_the_bound(honest: list[f
             if not verdict.refused:
                 bounds.remember(device, norm * verdict.scale, verdict.steps, version)
     assert bounds.limits(rounds, 1.0).norm <= 2.0 * max(honest) * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    taken=st.lists(
+        st.tuples(st.integers(0, 30), st.floats(0.0, 10.0), st.sampled_from([0.0, 1.0, 5.0, 10.0]), st.integers(0, 3)),
+        min_size=1,
+        max_size=80,
+    ),
+    memory=st.integers(1, 8),
+)
+def test_forgetting_what_is_too_old_leaves_every_bound_as_it_was(
+    taken: list[tuple[int, float, float, int]], memory: int
+) -> None:
+    """``recent`` forgets entries older than ``memory`` versions (so that limits costs O(recent
+    devices), not O(fleet)); the limits are those of a record that never forgets, at every version."""
+    bounds, everything = FleetBounds(memory=memory), FleetBounds(memory=memory)
+    version = 0
+    for device, norm, steps, gap in taken:
+        version += gap  # versions only grow, some steps several versions at once
+        bounds.remember(f"d{device}", norm, steps, version)
+        everything.recent[f"d{device}"] = Seen(norm, steps, version)  # no pruning: the record as it was
+        for current in (None, {f"d{device}": (1.0, 4.0)}, {"new": (2.0, 3.0), f"d{device}": (0.5, 4.0)}):
+            for at in (version, version + 1):
+                assert bounds.limits(at, 3.0, current, 40.0) == everything.limits(at, 3.0, current, 40.0)
+        assert all(version - seen.version <= memory for seen in bounds.recent.values())
 
 
 def test_claimed_steps_count_at_most_twice_the_fleets_median() -> None:
