@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ def staleness_weight(staleness: int) -> float:
     behind is normal in a synchronous round (a commit in flight when the previous round
     closed) and counts fully; older ones count less, none zero. Discounting that one version
     too (1/sqrt(1 + s)) measurably delays acbsp (docs/PACES.md)."""
-    return 1.0 / float(np.sqrt(max(1, staleness)))
+    return 1.0 / math.sqrt(max(1, staleness))  # a correctly rounded root, as numpy's
 
 
 #: How far from plain averaging (0) towards FedExP's step (1) the server goes. FedExP's step is
@@ -227,6 +228,7 @@ def fedexp_step(spread: float, length: float, kept: float = 1.0) -> float:
     return max(1.0, spread / (2.0 * length * kept))
 
 
+@functools.cache
 @functools.cache
 def norms_hold(codec: str) -> bool:
     """Whether FedExP's step can be trusted with updates that travel in ``codec``. A biased codec

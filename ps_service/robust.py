@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -132,14 +132,15 @@ class FleetBounds:
     def limits(
         self,
         version: int,
-        model_norm: float,
+        model_norm: float | Callable[[], float],
         current: Mapping[str, tuple[float, float]] | None = None,
         steps_ceiling: float = math.inf,
     ) -> Limits:
         """The bounds for an aggregate made at ``version`` of the devices in ``current`` (device ->
         (its per-step norm, its steps) in this aggregate); with none, the bounds as they stand
         (what the barrier publishes). ``steps_ceiling``: the most local steps any device may claim
-        (what the server let it hold: ``max_uncommitted_steps``)."""
+        (what the server let it hold: ``max_uncommitted_steps``). ``model_norm``: the model's L2 norm,
+        or what gives it (asked only when nothing compares: the one bound it sets)."""
         current = current or {}
         latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if version - s.version <= self.memory}
         if len(current) == 1 and len(latest.keys() - current.keys()) == 0:  # alone: against its own last update
@@ -156,9 +157,10 @@ class FleetBounds:
             bound = self.factor * norms[(len(norms) - 1) // 2]
         elif reference and norms:  # one device to compare with: its own last update
             bound = self.factor * norms[0]
-        elif model_norm > 0:  # nothing to compare with: the whole update within a share of the model
+        elif (model := model_norm() if callable(model_norm) else model_norm) > 0:
+            # nothing to compare with: the whole update within a share of the model
             claimed = min([s for _, s in current.values()], default=step_bound)
-            bound = self.model_fraction * model_norm / max(1.0, min(claimed, step_bound))
+            bound = self.model_fraction * model / max(1.0, min(claimed, step_bound))
         else:
             bound = math.inf
         small = SMALL * norms[len(norms) // 2] if len(reference) >= 3 and norms else 0.0

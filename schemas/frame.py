@@ -197,9 +197,10 @@ class RawFrame:
                 values = self.codec.decode_compact(self.compact, sum(sizes))
             except CodecError as exc:
                 raise FrameError(f"compact payload: {exc}") from exc
-            ends = np.cumsum(sizes)
-            for (name, shape), end, size in zip(shapes.items(), ends, sizes, strict=True):
-                tensors[name] = values[end - size : end].reshape(shape)
+            end = 0
+            for (name, shape), size in zip(shapes.items(), sizes, strict=True):
+                tensors[name] = values[end : end + size].reshape(shape)
+                end += size
         for record in self.records:
             try:
                 tensors[record.name] = self.codec.decode(record.payload, record.shape)

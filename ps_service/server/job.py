@@ -246,7 +246,7 @@ class Job(ABC):
     def _barrier_message(self) -> Barrier:
         barrier_set = self.barrier_set()
         # what site aggregators clip to
-        limits = self.bounds.limits(self.store.version, self.store.norm(), steps_ceiling=self.steps_ceiling())
+        limits = self.bounds.limits(self.store.version, self.store.norm, steps_ceiling=self.steps_ceiling())
         cap = self.weight_cap()
         return Barrier(
             run=self.run,

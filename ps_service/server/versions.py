@@ -40,7 +40,7 @@ def advance(job: Job, now: float) -> list[Publish]:
         sites = [u for u in taken if isinstance(u, SiteUpdate)]
         current = per_device(direct, version)
         stated = {e.device: (e.norm, float(e.steps)) for site in sites for e in site.entries}
-        limits = job.bounds.limits(version, job.store.norm(), {**stated, **current}, job.steps_ceiling())
+        limits = job.bounds.limits(version, job.store.norm, {**stated, **current}, job.steps_ceiling())
         judged = {device: limits.judge(norm, steps) for device, (norm, steps) in current.items()}
         refused = {device for device, verdict in judged.items() if verdict.refused}
         kept = [u for u in direct if u.device not in refused]

@@ -115,8 +115,14 @@ def test_alone_a_device_is_held_to_its_own_last_update_or_to_half_the_model() ->
     # nothing yet: its whole update (10 steps) within half the model's norm, and its steps within the ceiling
     assert bounds.limits(0, 8.0, {"a": (100.0, 10)}).norm == 0.4
     assert bounds.limits(0, 8.0, {"a": (100.0, 2**32 - 1)}, steps_ceiling=80).norm == 0.05
+    assert bounds.limits(0, lambda: 8.0, {"a": (100.0, 10)}).norm == 0.4  # the norm asked for where needed
     bounds.remember("a", 0.5, 10, 0)
     assert bounds.limits(1, 8.0, {"a": (100.0, 10)}).norm == 1.0  # twice its own last one
+
+    def unasked() -> float:
+        raise AssertionError("the model's norm taken though the device's last update sets the bound")
+
+    assert bounds.limits(1, unasked, {"a": (100.0, 10)}).norm == 1.0
 
 
 def test_checkpoints_before_1_6_load_without_steps() -> None:
