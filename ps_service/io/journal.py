@@ -45,7 +45,7 @@ from schemas.topics import Inbound, Publish
 
 MAGIC = b"EPSWAL01"
 #: Journal bytes after which the server takes a new snapshot (bounds recovery's replay).
-SNAPSHOT_BYTES = 16 << 20
+SNAPSHOT_BYTES = 64 << 20
 #: Idle turns' calls kept unwritten at most (then written with a sync of their own).
 IDLE_BYTES = 64 << 10
 _MAC = 32
