@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from learning.model import Params
-from ps_service.flat import Layout
+from ps_service.flat import Layout, layout_of
 from ps_service.update import Contribution, Partial, SiteUpdate, Update
 from schemas.codecs import make_codec, typical_energy, typical_error
 
@@ -92,16 +92,6 @@ def aggregate(
     }
     views = {device: layout.views(c) for device, c in contributions.items()}
     return stepped(out, extrapolation(views, share, layout.views(out), kept), max_extrapolation, layout)
-
-
-@functools.lru_cache(maxsize=8)
-def _layout(shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> Layout:
-    return Layout(dict(shapes))
-
-
-def layout_of(params: Params) -> Layout:
-    """The flat layout of a model's ``params`` (ps_service.flat), kept for the few models a job sees."""
-    return _layout(tuple((name, values.shape) for name, values in params.items()))
 
 
 def _per_device(
@@ -228,7 +218,6 @@ def fedexp_step(spread: float, length: float, kept: float = 1.0) -> float:
     return max(1.0, spread / (2.0 * length * kept))
 
 
-@functools.cache
 @functools.cache
 def norms_hold(codec: str) -> bool:
     """Whether FedExP's step can be trusted with updates that travel in ``codec``. A biased codec

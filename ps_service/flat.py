@@ -7,6 +7,7 @@ its bits do not change either."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
@@ -44,3 +45,18 @@ class Layout:
     def name_of(self, index: int) -> str:
         """The tensor that holds value ``index`` of the vector."""
         return next(name for name, a, b in self.bounds if a <= index < b)
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> Layout:
+    return Layout(dict(shapes))
+
+
+def layout_of(params: Mapping[str, np.ndarray]) -> Layout:
+    """The layout of a model's ``params``, kept for the few models a process sees."""
+    return _layout(tuple((name, values.shape) for name, values in params.items()))
+
+
+def layout_for(shapes: Mapping[str, tuple[int, ...]]) -> Layout:
+    """The layout of a model of ``shapes``, kept as ``layout_of``'s."""
+    return _layout(tuple((name, tuple(shape)) for name, shape in shapes.items()))

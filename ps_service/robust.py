@@ -41,7 +41,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ps_service.aggregate import layout_of, staleness_weight
+from ps_service.aggregate import staleness_weight
+from ps_service.flat import layout_of
 from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ps_service.flat import Layout
+from ps_service.flat import Layout, layout_for
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
 from schemas.frame import FrameError, FrameKind, UnsupportedCodec, parse_frame, peek_seq
@@ -42,7 +42,7 @@ def validate_commit(
     ``shapes``' (ps_service.flat), where the caller keeps one.
     """
     R = RejectReason
-    layout = Layout(shapes) if layout is None else layout
+    layout = layout_for(shapes) if layout is None else layout
     if peeked is None:
         peeked = peek_seq(payload)
     if len(payload) > max_bytes:
