@@ -45,10 +45,29 @@ def bucket_reduce(x: np.ndarray, how: str) -> np.ndarray:
             parts.append(np.maximum(block.max(axis=1), -block.min(axis=1)) + np.float32(0))
         elif how == "mean":
             parts.append(np.mean(np.abs(block), axis=1))
-        else:  # squares summed in double, as the compiled loop sums them: the float32 norms agree
-            wide = block.astype(np.float64)
-            parts.append(np.sqrt(np.einsum("ij,ij->i", wide, wide)))
+        else:
+            parts.append(np.sqrt(sum_squares(block)))
     return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def sum_squares(block: np.ndarray) -> np.ndarray:
+    """Each row's sum of squares in double, in the compiled loop's order (so the float32 norms agree to the bit):
+    32 partial sums, partial k taking values k mod 32 of each whole group of 32 in turn; then the partials added
+    in order from 0; then the values past the last whole group, one by one."""
+    wide = block.astype(np.float64)
+    wide *= wide
+    groups = wide.shape[1] // 32
+    total = np.zeros(wide.shape[0])
+    if groups:
+        grouped = wide[:, : 32 * groups].reshape(wide.shape[0], groups, 32)
+        partial = grouped[:, 0].copy()
+        for g in range(1, groups):
+            partial += grouped[:, g]
+        for k in range(32):
+            total += partial[:, k]
+    for i in range(32 * groups, wide.shape[1]):
+        total += wide[:, i]
+    return total
 
 
 def inverse(scales: np.ndarray, numerator: float = 1.0) -> np.ndarray:

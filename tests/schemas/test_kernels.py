@@ -215,3 +215,37 @@ def test_the_random_stream_is_uniform_and_keyed() -> None:
     assert ((counts - expected) ** 2 / expected).sum() < 120  # chi-square, 63 degrees of freedom: p < 1e-6
     assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01  # neighbours are not correlated
     assert abs(np.corrcoef(u, bits.uniforms((12346, 678), 1 << 20))[0, 1]) < 0.01  # nor streams of next keys
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    x=hnp.arrays(
+        np.float32,
+        st.integers(1, 2 * BUCKET + 45),
+        elements=st.sampled_from([2.0**27, 1.0, 3.0, 1.5, 0.1, 7e3]) | st.floats(-1e4, 1e4, width=32),
+    )
+)
+def test_numpy_l2_norms_sum_in_the_compiled_order(x: np.ndarray) -> None:
+    """The squares are added in the compiled loop's order (32 partial sums, then those in order, then the tail),
+    so double rounding is the same on both paths; values of very unequal size make the order matter."""
+
+    def reference(row: np.ndarray) -> float:
+        whole = len(row) // 32 * 32
+        partial = [0.0] * 32
+        for i in range(0, whole, 32):
+            for k in range(32):
+                partial[k] += float(row[i + k]) ** 2
+        total = 0.0
+        for p in partial:
+            total += p
+        for v in row[whole:]:
+            total += float(v) ** 2
+        return total
+
+    rows = [x[lo : lo + BUCKET] for lo in range(0, len(x), BUCKET)]
+    for row in rows:
+        assert bits.sum_squares(row[None, :])[0] == reference(row)
+    expected = np.sqrt([reference(row) for row in rows]).astype(np.float32)
+    np.testing.assert_array_equal(bits.bucket_reduce(x, "l2"), expected)
+    payload = bits.kernels.qsgd_encode(x, 0, 0, 16, 8, BUCKET)
+    np.testing.assert_array_equal(np.frombuffer(payload, "<f4", len(rows)), expected)
