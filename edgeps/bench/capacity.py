@@ -70,6 +70,8 @@ def start_workers(
             ",".join(devices[k::count]),
             "--broker",
             f"{host}:{port}",
+            "--max-commit-rate",
+            "1e6",  # as the server's: its ingest is measured, not the per-device rate limit
         ]
         with open(logs[-1], "wb") as log:  # the child keeps its own descriptor
             workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))

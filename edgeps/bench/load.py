@@ -102,15 +102,18 @@ class BenchServer:
 
 def commit_template(device: str) -> bytearray:
     """The load's commit for ``device``: a small random update of the demo's model (MLP 64-64-10,
-    fp32, about 19 KB), sequence number 1; ``patch`` sets another."""
+    fp32, about 19 KB), compact as the devices send it (protocol 1.9), sequence number 1; ``patch``
+    sets another."""
     from learning.model import init_mlp
-    from schemas.frame import Frame, FrameKind, encode_frame
+    from schemas.codecs import make_codec
+    from schemas.frame import Frame, FrameKind, encode_compact
 
     rng = np.random.default_rng(0)
     shapes = {n: v.shape for n, v in init_mlp([64, 64, 10], seed=0).items()}
     update = {n: (rng.standard_normal(shape) * 1e-4).astype(np.float32) for n, shape in shapes.items()}
     frame = Frame(kind=FrameKind.COMMIT, base_version=0, tensors=update, device=device, seq=1, samples=10, steps=1)
-    return bytearray(encode_frame(frame))
+    values = np.concatenate([v.ravel() for v in update.values()])
+    return bytearray(encode_compact(frame, make_codec("fp32").encode_compact(values)))
 
 
 def patch(body: bytearray, seq: int) -> bytearray:
