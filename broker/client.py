@@ -249,9 +249,18 @@ class MqttTransport(Transport):
     def receive(self, timeout: float) -> Inbound | None:
         return self._inbox.get(timeout)
 
+    def receive_many(self, timeout: float, limit: int) -> list[Inbound]:
+        return self._inbox.take(limit, timeout)
+
     def ack(self, message: Inbound) -> None:
         if message.qos > 0:
             self._client.ack(message.mid, message.qos)
+
+    def ack_many(self, messages: list[Inbound]) -> None:
+        self._client.ack_many([m.mid for m in messages if m.qos == 1])
+        for message in messages:
+            if message.qos > 1:
+                self._client.ack(message.mid, message.qos)
 
     def wait_acknowledged(self, timeout: float) -> bool:
         """Wait until the broker acknowledged every QoS 1 message published so far."""

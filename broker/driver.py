@@ -2,7 +2,7 @@
 
 The server, a site aggregator and a device each have a core that never touches a socket or the
 clock; ``drive`` is the one loop that feeds it. A turn: sleep until the core's next deadline or
-a message (``receive_batch``), let time pass (``on_tick``), hand over each message of the batch
+a message (``Transport.receive_many``), let time pass (``on_tick``), hand over each message of the batch
 (``receive``), let the core work (``after_batch``), make its subscriptions what it says, publish
 what it returned, and acknowledge what it is done with (``acknowledge``). Each role's adapter
 (``ps_service.io.mqtt``, ``edge_client.mqtt``) supplies what only it does around a turn: the
@@ -67,16 +67,6 @@ def coalesce(messages: list[Publish]) -> list[Publish]:
     return [m for i, m in enumerate(messages) if not m.retain or last[m.topic] == i]
 
 
-def receive_batch(transport: Transport, timeout: float, limit: int = BATCH) -> list[Inbound]:
-    """The messages that came within ``timeout`` (waiting only for the first), at most ``limit``."""
-    batch: list[Inbound] = []
-    inbound = transport.receive(timeout=timeout)
-    while inbound is not None:
-        batch.append(inbound)
-        inbound = transport.receive(timeout=0.0) if len(batch) < limit else None
-    return batch
-
-
 def drive(
     core: Core,
     transport: Transport,
@@ -108,7 +98,7 @@ def drive(
         wait = idle_s if due is None else min(idle_s, max(0.0, due - clock()))
         if until is not None:
             wait = min(wait, max(0.0, until - clock()))
-        batch = receive_batch(transport, wait)
+        batch = transport.receive_many(wait, BATCH)
         out = core.on_tick(clock())
         for message in batch:
             out += core.receive(message, clock())
@@ -125,8 +115,7 @@ def drive(
             transport.publish(publish)
         unacked += core.acknowledge(batch)
         if unacked and (not confirmed or transport.wait_acknowledged(idle_s if out and running() else 0.0)):
-            for message in unacked:
-                transport.ack(message)
+            transport.ack_many(unacked)
             unacked = []
         if after_turn is not None:
             after_turn()

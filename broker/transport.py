@@ -31,9 +31,23 @@ class Transport(ABC):
     def receive(self, timeout: float) -> Inbound | None:
         """The next inbound message, or None after ``timeout`` seconds."""
 
+    def receive_many(self, timeout: float, limit: int) -> list[Inbound]:
+        """The messages that came within ``timeout`` (waiting only for the first), at most ``limit``."""
+        batch: list[Inbound] = []
+        inbound = self.receive(timeout=timeout)
+        while inbound is not None:
+            batch.append(inbound)
+            inbound = self.receive(timeout=0.0) if len(batch) < limit else None
+        return batch
+
     @abstractmethod
     def ack(self, message: Inbound) -> None:
         """Acknowledge ``message`` to the broker: call once it has been processed."""
+
+    def ack_many(self, messages: list[Inbound]) -> None:
+        """Acknowledge each of ``messages``, as ``ack`` (a transport may send them in one write)."""
+        for message in messages:
+            self.ack(message)
 
     @abstractmethod
     def wait_acknowledged(self, timeout: float) -> bool:
