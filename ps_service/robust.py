@@ -32,6 +32,7 @@ commits and to each device a site commit names alike:
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import OrderedDict
@@ -129,6 +130,13 @@ class FleetBounds:
     model_fraction: float = MODEL_FRACTION
     memory: int = 50
     recent: OrderedDict[str, Seen] = field(default_factory=OrderedDict)
+    #: ``recent``'s counted norms (finite, > 0) and steps (> 0), each sorted: kept by ``remember``,
+    #: so that an aggregate's limits need no sort of the fleet (``recent`` changes only through it).
+    _norms: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+    _steps: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._rank()
 
     def limits(
         self,
@@ -143,7 +151,32 @@ class FleetBounds:
         (what the server let it hold: ``max_uncommitted_steps``). ``model_norm``: the model's L2 norm,
         or what gives it (asked only when nothing compares: the one bound it sets)."""
         current = current or {}
-        latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if version - s.version <= self.memory}
+        norms, steps, stale = self._norms.copy(), self._steps.copy(), set()
+        for device, seen in self.recent.items():  # the oldest first: those too old to count at ``version``
+            if version - seen.version <= self.memory:
+                break
+            stale.add(device)
+            _unrank(norms, steps, seen.norm, seen.steps)
+        count = len(self.recent) - len(stale)
+        if len(current) == 1 and count == sum(d in self.recent and d not in stale for d in current):
+            # alone (nothing counted but, maybe, its own last update): against that
+            latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if d not in stale}
+            return self._limits(self._reference(latest, current), model_norm, current, steps_ceiling)
+        for device, (norm, step) in current.items():  # this aggregate's in place of what was taken before
+            seen = self.recent.get(device)
+            if seen is None or device in stale:
+                count += 1
+            else:
+                _unrank(norms, steps, seen.norm, seen.steps)
+            _rank(norms, steps, norm, step)
+        return self._limits((count, norms, steps), model_norm, current, steps_ceiling)
+
+    @staticmethod
+    def _reference(
+        latest: Mapping[str, tuple[float, float]], current: Mapping[str, tuple[float, float]]
+    ) -> tuple[int, list[float], list[float]]:
+        """What the bounds compare with, from the counted ``latest`` and this aggregate's ``current``:
+        how many devices, their counted norms and steps, sorted."""
         if len(current) == 1 and len(latest.keys() - current.keys()) == 0:  # alone: against its own last update
             [(device, _)] = current.items()
             reference = {device: latest[device]} if device in latest else {}
@@ -151,12 +184,22 @@ class FleetBounds:
             reference = {**latest, **current}
         norms = sorted(n for n, _ in reference.values() if math.isfinite(n) and n > 0)
         steps = sorted(s for _, s in reference.values() if s > 0)
+        return len(reference), norms, steps
+
+    def _limits(
+        self,
+        reference: tuple[int, list[float], list[float]],
+        model_norm: float | Callable[[], float],
+        current: Mapping[str, tuple[float, float]],
+        steps_ceiling: float,
+    ) -> Limits:
+        count, norms, steps = reference
         step_bound = steps_ceiling
-        if len(reference) >= 2 and steps:
+        if count >= 2 and steps:
             step_bound = min(step_bound, self.steps_factor * steps[(len(steps) - 1) // 2])
-        if len(reference) >= 2 and norms:
+        if count >= 2 and norms:
             bound = self.factor * norms[(len(norms) - 1) // 2]
-        elif reference and norms:  # one device to compare with: its own last update
+        elif count and norms:  # one device to compare with: its own last update
             bound = self.factor * norms[0]
         elif (model := model_norm() if callable(model_norm) else model_norm) > 0:
             # nothing to compare with: the whole update within a share of the model
@@ -164,19 +207,29 @@ class FleetBounds:
             bound = self.model_fraction * model / max(1.0, min(claimed, step_bound))
         else:
             bound = math.inf
-        small = SMALL * norms[len(norms) // 2] if len(reference) >= 3 and norms else 0.0
+        small = SMALL * norms[len(norms) // 2] if count >= 3 and norms else 0.0
         return Limits(bound, small, step_bound)
 
     def remember(self, device: str, norm: float, steps: float, version: int) -> None:
         """``device``'s update was taken at ``version``, at per-step ``norm`` and ``steps`` (bounded);
         what no aggregate from ``version`` on counts is forgotten (the oldest first)."""
+        seen = self.recent.get(device)
+        if seen is not None:
+            _unrank(self._norms, self._steps, seen.norm, seen.steps)
         self.recent[device] = Seen(norm, steps, version)
         self.recent.move_to_end(device)
+        _rank(self._norms, self._steps, norm, steps)
         while self.recent:
             oldest = next(iter(self.recent.values()))
             if version - oldest.version <= self.memory:
                 break
-            self.recent.popitem(last=False)
+            _, gone = self.recent.popitem(last=False)
+            _unrank(self._norms, self._steps, gone.norm, gone.steps)
+
+    def _rank(self) -> None:
+        """``_norms`` and ``_steps`` anew from ``recent``."""
+        self._norms = sorted(s.norm for s in self.recent.values() if math.isfinite(s.norm) and s.norm > 0)
+        self._steps = sorted(s.steps for s in self.recent.values() if s.steps > 0)
 
     def to_state(self) -> dict[str, Any]:
         return {"recent": {d: list(s) for d, s in sorted(self.recent.items())}}
@@ -186,6 +239,23 @@ class FleetBounds:
         recent = state["recent"].items()
         seen = [(str(d), Seen(float(s[0]), float(s[1]) if len(s) == 3 else 0.0, int(s[-1]))) for d, s in recent]
         self.recent = OrderedDict(sorted(seen, key=lambda item: item[1].version))  # the newest last
+        self._rank()
+
+
+def _rank(norms: list[float], steps: list[float], norm: float, step: float) -> None:
+    """Count a device's ``norm`` and ``step`` into the sorted lists (each where it counts)."""
+    if math.isfinite(norm) and norm > 0:
+        bisect.insort(norms, norm)
+    if step > 0:
+        bisect.insort(steps, step)
+
+
+def _unrank(norms: list[float], steps: list[float], norm: float, step: float) -> None:
+    """Take out what ``_rank`` counted of ``norm`` and ``step``."""
+    if math.isfinite(norm) and norm > 0:
+        del norms[bisect.bisect_left(norms, norm)]
+    if step > 0:
+        del steps[bisect.bisect_left(steps, step)]
 
 
 def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, float]]:

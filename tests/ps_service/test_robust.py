@@ -5,6 +5,7 @@ whole jobs under attack: tests/ps_service/test_hostile.py and tests/integration/
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 from hypothesis import given, settings
@@ -81,15 +82,21 @@ def test_forgetting_what_is_too_old_leaves_every_bound_as_it_was(
 ) -> None:
     """``recent`` forgets entries older than ``memory`` versions (so that limits costs O(recent
     devices), not O(fleet)); the limits are those of a record that never forgets, at every version."""
-    bounds, everything = FleetBounds(memory=memory), FleetBounds(memory=memory)
+    bounds, record = FleetBounds(memory=memory), OrderedDict[str, Seen]()
     version = 0
     for device, norm, steps, gap in taken:
         version += gap  # versions only grow, some steps several versions at once
         bounds.remember(f"d{device}", norm, steps, version)
-        everything.recent[f"d{device}"] = Seen(norm, steps, version)  # no pruning: the record as it was
+        record[f"d{device}"] = Seen(norm, steps, version)  # no pruning: the record as it was
+        record.move_to_end(f"d{device}")
+        everything = FleetBounds(memory=memory, recent=record.copy())  # its norms and steps ranked afresh
         for current in (None, {f"d{device}": (1.0, 4.0)}, {"new": (2.0, 3.0), f"d{device}": (0.5, 4.0)}):
             for at in (version, version + 1):
-                assert bounds.limits(at, 3.0, current, 40.0) == everything.limits(at, 3.0, current, 40.0)
+                limits = bounds.limits(at, 3.0, current, 40.0)
+                assert limits == everything.limits(at, 3.0, current, 40.0)
+                latest = {d: (s.norm, s.steps) for d, s in record.items() if at - s.version <= memory}
+                plain = bounds._limits(FleetBounds._reference(latest, current or {}), 3.0, current or {}, 40.0)
+                assert limits == plain  # the ranked lists kept by remember give what sorting the record gives
         assert all(version - seen.version <= memory for seen in bounds.recent.values())
 
 
