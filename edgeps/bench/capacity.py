@@ -272,10 +272,18 @@ def bench_capacity(
             report.setdefault("workers", {})[count] = shared
         if checkpoint:
             saved = apply_rate(broker.host, broker.port, Path(tmp) / "ps-ckpt", devices, seconds, generators, True, say)
-            say(f"  {saved['apply_rate']:,.0f} commits applied/s with --checkpoint")
+            saved_us = saved["cores"]["server"] / saved["apply_rate"] * 1e6
+            say(
+                f"  {saved['apply_rate']:,.0f} commits applied/s with --checkpoint"
+                f" ({saved['apply_rate'] / plain['apply_rate']:.2f}x without), {saved_us:.0f} µs of the server's CPU"
+                f" each ({saved_us / server_us:.2f}x without)"
+            )
             report.update(
                 apply_rate_checkpoint=saved["apply_rate"],
                 ratio_checkpoint=round(saved["apply_rate"] / raw, 3),
+                checkpoint_rate_ratio=round(saved["apply_rate"] / plain["apply_rate"], 3),
+                cpu_per_commit_us_checkpoint=round(saved_us, 1),
+                checkpoint_cpu_ratio=round(saved_us / server_us, 3),
                 server_checkpoint=saved,
             )
     return report
@@ -311,6 +319,11 @@ def format_capacity(report: dict[str, Any]) -> Table:
         f"CPU: the server {report['cpu_per_commit_us']:.0f} µs a commit applied, the broker"
         f" {report['broker_cpu_per_message_us']:.1f} µs a message delivered: {report['cpu_ratio']:.1f}x"
     )
+    if "cpu_per_commit_us_checkpoint" in report:
+        table.after.append(
+            f"--checkpoint: {report['checkpoint_rate_ratio']:.2f}x the apply rate without it,"
+            f" {report['cpu_per_commit_us_checkpoint']:.0f} µs of CPU a commit ({report['checkpoint_cpu_ratio']:.2f}x)"
+        )
     low, high = report["server"]["server_rss_mib"]
     table.after.append(f"server RSS under the load: {low}..{high} MiB")
     for count, shared in [(0, report["server"]), *report.get("workers", {}).items()]:

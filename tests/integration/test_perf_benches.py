@@ -36,6 +36,12 @@ def test_capacity_reports_both_rates_and_their_ratio(tmp_path) -> None:
     assert report["cpu_ratio"] == pytest.approx(
         report["cpu_per_commit_us"] / report["broker_cpu_per_message_us"], rel=0.02
     )
+    rate_ratio = report["apply_rate_checkpoint"] / report["apply_rate"]
+    assert report["checkpoint_rate_ratio"] == pytest.approx(rate_ratio, abs=2e-3)
+    assert report["cpu_per_commit_us_checkpoint"] > 0
+    assert report["checkpoint_cpu_ratio"] == pytest.approx(
+        report["cpu_per_commit_us_checkpoint"] / report["cpu_per_commit_us"], rel=0.02
+    )
     shared = report["workers"][2]  # behind two ingest workers: each took a share, the server none directly
     assert shared["apply_rate"] > 0 and not shared["rejected"]
     assert shared["cores"]["ingest-0"] > 0 and shared["cores"]["ingest-1"] > 0
