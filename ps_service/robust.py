@@ -163,11 +163,11 @@ class FleetBounds:
             latest = {d: (s.norm, s.steps) for d, s in self.recent.items() if d not in stale}
             return self._limits(self._reference(latest, current), model_norm, current, steps_ceiling)
         for device, (norm, step) in current.items():  # this aggregate's in place of what was taken before
-            seen = self.recent.get(device)
-            if seen is None or device in stale:
+            before = self.recent.get(device)
+            if before is None or device in stale:
                 count += 1
             else:
-                _unrank(norms, steps, seen.norm, seen.steps)
+                _unrank(norms, steps, before.norm, before.steps)
             _rank(norms, steps, norm, step)
         return self._limits((count, norms, steps), model_norm, current, steps_ceiling)
 

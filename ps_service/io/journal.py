@@ -127,20 +127,27 @@ def read_journal(path: Path, key: bytes, journal: int) -> list[bytes]:
     return records
 
 
-def encode_message(now: float, message: Inbound) -> bytes:
-    """One ``receive`` call."""
+def encode_message(now: float, message: Inbound, out: bytearray | None = None) -> bytearray:
+    """One ``receive`` call, appended to ``out`` (a new buffer where none is given): each part
+    written once, the payload copied once."""
+    out = bytearray() if out is None else out
     flags = (message.qos & 3) | message.retain << 2 | message.duplicate << 3
-    extra = b""
-    if message.response_topic is not None:
-        flags |= 16
-        topic = message.response_topic.encode()
-        extra += _U16.pack(len(topic)) + topic
-    if message.correlation is not None:
-        flags |= 32
-        extra += _LEN.pack(len(message.correlation)) + message.correlation
+    flags |= (message.response_topic is not None) << 4 | (message.correlation is not None) << 5
     topic = message.topic.encode()
-    head = _NOW.pack(b"M", now) + _MSG.pack(flags, message.mid) + _U16.pack(len(topic)) + topic
-    return head + _LEN.pack(len(message.payload)) + message.payload + extra
+    out += _NOW.pack(b"M", now)
+    out += _MSG.pack(flags, message.mid)
+    out += _U16.pack(len(topic))
+    out += topic
+    out += _LEN.pack(len(message.payload))
+    out += message.payload
+    if message.response_topic is not None:
+        response = message.response_topic.encode()
+        out += _U16.pack(len(response))
+        out += response
+    if message.correlation is not None:
+        out += _LEN.pack(len(message.correlation))
+        out += message.correlation
+    return out
 
 
 def decode_calls(body: bytes) -> list[tuple[bytes, float, Inbound | None]]:
@@ -185,7 +192,7 @@ class Recorded:
         return self.core.done
 
     def receive(self, message: Inbound, now: float) -> list[Publish]:
-        self.calls += encode_message(now, message)
+        encode_message(now, message, self.calls)
         return self.core.receive(message, now)
 
     def on_tick(self, now: float) -> list[Publish]:
