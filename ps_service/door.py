@@ -328,6 +328,8 @@ def _consistent(header: SiteCommit, weighted: dict[str, np.ndarray]) -> None:
 
 
 def nbytes(update: Update | SiteUpdate) -> int:
-    """The memory an update holds: its tensors."""
+    """The memory an update holds: its tensors (a device's: its flat vector, of which they are views)."""
+    if isinstance(update, Update) and update.flat is not None:
+        return int(update.flat.nbytes)
     tensors = update.delta if isinstance(update, Update) else update.part.weighted
     return sum(int(values.nbytes) for values in tensors.values())
