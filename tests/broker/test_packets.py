@@ -40,6 +40,8 @@ def properties_bytes(response: str | None, correlation: bytes | None, expiry: in
     return packed
 
 
+#: Characters MQTT's UTF-8 strings may hold (paho's encoder refuses surrogates and NUL).
+utf8 = st.characters(blacklist_categories=("Cs",), blacklist_characters="\0")
 publishes = st.fixed_dictionaries(
     {
         "topic": st.text(
@@ -50,7 +52,7 @@ publishes = st.fixed_dictionaries(
         "mid": st.integers(1, 65535),
         "retain": st.booleans(),
         "dup": st.booleans(),
-        "response": st.none() | st.text(st.characters(blacklist_categories=("Cs",)), max_size=20),
+        "response": st.none() | st.text(utf8, max_size=20),
         "correlation": st.none() | st.binary(max_size=20),
         "expiry": st.none() | st.integers(0, 2**32 - 1),
         "user": st.booleans(),
