@@ -259,8 +259,8 @@ class MqttTransport(Transport):
     def ack_many(self, messages: list[Inbound]) -> None:
         self._client.ack_many([m.mid for m in messages if m.qos == 1])
         for message in messages:
-            if message.qos > 1:
-                self._client.ack(message.mid, message.qos)
+            if message.qos > 1:  # never subscribed to: paho's own acknowledgement of QoS 2
+                self.ack(message)
 
     def wait_acknowledged(self, timeout: float) -> bool:
         """Wait until the broker acknowledged every QoS 1 message published so far."""

@@ -46,10 +46,7 @@ class Inbox:
             return self._changed.wait_for(lambda: not self.full(), timeout=timeout)
 
     def put(self, message: Inbound) -> None:
-        with self._changed:
-            self._items.append(message)
-            self._bytes += len(message.payload)
-            self._changed.notify_all()
+        self.put_many((message,))
 
     def put_many(self, messages: Iterable[Inbound]) -> None:
         with self._changed:
@@ -70,15 +67,9 @@ class Inbox:
             return taken
 
     def get(self, timeout: float) -> Inbound | None:
-        with self._changed:
-            if timeout > 0:
-                self._changed.wait_for(lambda: bool(self._items), timeout=timeout)
-            if not self._items:
-                return None
-            message = self._items.popleft()
-            self._bytes -= len(message.payload)
-            self._changed.notify_all()
-            return message
+        """The next message, waiting up to ``timeout`` seconds for one (None: none came)."""
+        taken = self.take(1, timeout)
+        return taken[0] if taken else None
 
     def __len__(self) -> int:
         return len(self._items)

@@ -30,19 +30,19 @@ class Packet(NamedTuple):
     body: bytes
 
 
-def _length(buffer: bytearray, at: int, end: int) -> tuple[int, int] | None:
-    """The remaining length whose first byte is at ``at``: (length, where the body starts), or None
-    while not all its bytes are here."""
-    length = 0
+def _varint(data: bytes | bytearray, at: int, end: int) -> tuple[int, int] | None:
+    """A variable byte integer (the remaining length, a property's id or value) at ``at``: (value,
+    where it ends), or None where ``end`` cuts it short. PacketError past four bytes."""
+    value = 0
     for shift in (0, 7, 14, 21):
         if at >= end:
             return None
-        byte = buffer[at]
-        length |= (byte & 0x7F) << shift
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
         at += 1
         if not byte & 0x80:
-            return length, at
-    raise PacketError("an MQTT remaining length of more than four bytes")
+            return value, at
+    raise PacketError("an MQTT variable byte integer of more than four bytes")
 
 
 def split(buffer: bytearray) -> list[Packet]:
@@ -52,7 +52,7 @@ def split(buffer: bytearray) -> list[Packet]:
     pos, end = 0, len(buffer)
     with memoryview(buffer) as view:
         while pos < end:
-            header = _length(buffer, pos + 1, end)
+            header = _varint(buffer, pos + 1, end)
             if header is None or header[0] + header[1] > end:
                 break  # the rest of this packet is still on its way
             length, at = header
@@ -62,29 +62,23 @@ def split(buffer: bytearray) -> list[Packet]:
     return packets
 
 
-#: MQTT 5 property identifiers and the size class of their value: 1, 2 or 4 bytes, ``v`` a
-#: variable byte integer, ``s`` a length-prefixed string or binary, ``p`` a string pair.
-PROPERTY_KINDS: dict[int, str] = {
-    0x01: "1", 0x02: "4", 0x03: "s", 0x08: "s", 0x09: "s", 0x0B: "v", 0x11: "4", 0x12: "s",
-    0x13: "2", 0x15: "s", 0x16: "s", 0x17: "1", 0x18: "4", 0x19: "1", 0x1A: "s", 0x1C: "s",
-    0x1F: "s", 0x21: "2", 0x22: "2", 0x23: "2", 0x24: "1", 0x25: "1", 0x26: "p", 0x27: "4",
-    0x28: "1", 0x29: "1", 0x2A: "1",
+#: MQTT 5 property identifiers and the size of their value: 1, 2 or 4 bytes, ``v`` a variable
+#: byte integer, ``s`` a length-prefixed string or binary, ``p`` a string pair.
+PROPERTY_KINDS: dict[int, int | str] = {
+    0x01: 1, 0x02: 4, 0x03: "s", 0x08: "s", 0x09: "s", 0x0B: "v", 0x11: 4, 0x12: "s",
+    0x13: 2, 0x15: "s", 0x16: "s", 0x17: 1, 0x18: 4, 0x19: 1, 0x1A: "s", 0x1C: "s",
+    0x1F: "s", 0x21: 2, 0x22: 2, 0x23: 2, 0x24: 1, 0x25: 1, 0x26: "p", 0x27: 4,
+    0x28: 1, 0x29: 1, 0x2A: 1,
 }  # fmt: skip
 RESPONSE_TOPIC, CORRELATION_DATA, TOPIC_ALIAS = 0x08, 0x09, 0x23
 
 
-def _varint(body: bytes, at: int) -> tuple[int, int]:
-    """A variable byte integer at ``at``: (value, where it ends)."""
-    value, shift = 0, 0
-    while True:
-        if at >= len(body) or shift > 21:
-            raise PacketError("a malformed variable byte integer")
-        byte = body[at]
-        value |= (byte & 0x7F) << shift
-        at += 1
-        if not byte & 0x80:
-            return value, at
-        shift += 7
+def _whole_varint(body: bytes, at: int) -> tuple[int, int]:
+    """A variable byte integer inside a whole packet: one it cuts short is malformed."""
+    read = _varint(body, at, len(body))
+    if read is None:
+        raise PacketError("a malformed variable byte integer: the packet ends inside it")
+    return read
 
 
 def _sized(body: bytes, at: int, end: int) -> tuple[bytes, int]:
@@ -99,26 +93,25 @@ def _sized(body: bytes, at: int, end: int) -> tuple[bytes, int]:
 
 def _properties(body: bytes, at: int) -> tuple[str | None, bytes | None, int]:
     """A PUBLISH's MQTT 5 properties at ``at``: (response topic, correlation data, where they end)."""
-    length, at = _varint(body, at)
+    length, at = _whole_varint(body, at)
     end = at + length
     if end > len(body):
         raise PacketError("the properties run past the packet")
     response: str | None = None
     correlation: bytes | None = None
-    fixed = {"1": 1, "2": 2, "4": 4}
     while at < end:
-        ident, at = _varint(body, at)
+        ident, at = _whole_varint(body, at)
         kind = PROPERTY_KINDS.get(ident)
         if kind is None:
             raise PacketError(f"an unknown MQTT 5 property 0x{ident:02x}")
         if ident == TOPIC_ALIAS:  # never asked for (no Topic Alias Maximum in our CONNECT)
             raise PacketError("a topic alias the client never allowed")
-        if kind in fixed:
-            at += fixed[kind]
+        if isinstance(kind, int):
+            at += kind
             if at > end:
                 raise PacketError("a property value runs past the properties")
         elif kind == "v":
-            _, at = _varint(body, at)
+            _, at = _whole_varint(body, at)
         elif kind == "p":
             _, at = _sized(body, at, end)
             _, at = _sized(body, at, end)
