@@ -77,8 +77,23 @@ def aggregate(
     step (``extrapolation``, divided by ``kept``: ``norm_kept``), at most ``max_extrapolation``.
     ``clips``: how the server's bounds take each device's update (none: as it is).
     """
+    if len(updates) == 1 and max_extrapolation <= 1:
+        return _lone(updates[0], version, mixing, clips)
+    return _fednova(updates, version, sizes, mixing, max_extrapolation, kept, clips)
+
+
+def _fednova(
+    updates: list[Update],
+    version: int,
+    sizes: dict[str, int],
+    mixing: float,
+    max_extrapolation: float,
+    kept: float,
+    clips: Mapping[str, Clip] | None,
+) -> Aggregate:
+    """``aggregate`` of any updates, device by device."""
     summed, steps, data = _per_device(updates, version, sizes, clips)
-    layout = layout_of(updates[0].delta)
+    _, layout = updates[0].vector()
     total = float(sum(data.values()))
     share = {d: data[d] / total for d in summed}
     tau_eff = float(statistics.median(steps[d] for d in summed))  # a few numbers: no numpy call per commit
@@ -94,6 +109,21 @@ def aggregate(
     return stepped(out, extrapolation(views, share, layout.views(out), kept), max_extrapolation, layout)
 
 
+def _lone(update: Update, version: int, mixing: float, clips: Mapping[str, Clip] | None) -> Aggregate:
+    """``aggregate`` of one commit without extrapolation (asp's every version): the same float32
+    operations in the same order, on one new vector. Its share of the data is 1 and tau_eff its own
+    steps, so the zeros the sum starts from only turn a -0 into +0, which adding 0 once does."""
+    values, layout = update.vector()
+    clip = (clips or {}).get(update.device)
+    steps = clip.steps if clip is not None else float(update.steps)
+    out = np.float32(staleness_weight(version - update.base_version)) * values
+    if clip is not None and clip.scale < 1:
+        out *= np.float32(clip.scale)
+    out *= np.float32(mixing * steps * 1.0 / steps)  # mixing x tau_eff x share / steps, as ``aggregate``
+    out += np.float32(0)
+    return Aggregate(layout.views(out), 1.0, out)
+
+
 def _per_device(
     updates: list[Update],
     version: int,
@@ -105,12 +135,11 @@ def _per_device(
     data size (``sizes``; a device whose size is unknown counts as holding the samples it trained on)."""
     if not updates:
         raise ValueError("nothing to aggregate")
-    layout = layout_of(updates[0].delta)
     summed: dict[str, np.ndarray] = {}
     steps: dict[str, float] = defaultdict(float)
     for u in updates:
         weight = np.float32(staleness_weight(version - u.base_version))
-        values = u.flat if u.flat is not None else layout.flatten(u.delta)
+        values, _ = u.vector()
         if u.device in summed:
             summed[u.device] += weight * values
         else:  # 0 + w * x, as the sum from zeros would make it
@@ -131,7 +160,7 @@ def partial(
 ) -> Partial:
     """The ``Partial`` of ``updates`` (some devices' updates of the aggregate made at ``version``)."""
     summed, steps, data = _per_device(updates, version, sizes, clips)
-    layout = layout_of(updates[0].delta)
+    _, layout = updates[0].vector()
     weighted = np.zeros(layout.size, np.float32)
     spread = 0.0
     for device, delta in summed.items():

@@ -47,6 +47,14 @@ class Layout:
         return next(name for name, a, b in self.bounds if a <= index < b)
 
 
+def sum_squares(values: np.ndarray) -> float:
+    """The sum of float32 ``values``' squares in double precision, in one pass: NaN or Inf exactly
+    when a value is (a float32's square, 3.4e38² at most, and a sum of fewer than 2^53 of them stay
+    finite in a double), so that it is also the check that every value is finite."""
+    wide = values.astype(np.float64)
+    return float(np.dot(wide, wide))
+
+
 @functools.lru_cache(maxsize=8)
 def _layout(shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> Layout:
     return Layout(dict(shapes))

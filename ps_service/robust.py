@@ -43,7 +43,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ps_service.aggregate import staleness_weight
-from ps_service.flat import layout_of
 from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
@@ -260,21 +259,32 @@ def _unrank(norms: list[float], steps: list[float], norm: float, step: float) ->
 
 def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, float]]:
     """Each device's (per-step norm, steps) in an aggregate made at ``version``: the norm of its
-    staleness-weighted commits' sum over its steps (FedNova's d_i), in double precision."""
-    if not updates:
-        return {}
-    layout = layout_of(updates[0].delta)
-    sums: dict[str, np.ndarray] = {}
-    steps: dict[str, int] = {}
+    staleness-weighted commits' sum over its steps (FedNova's d_i), in double precision. A device's
+    lone commit whose squares the receiver summed (``Update.squares``) needs no pass over its values:
+    its norm is its staleness weight times the root of them."""
+    by_device: dict[str, list[Update]] = {}
     for u in updates:
-        flat = u.flat if u.flat is not None else layout.flatten(u.delta)
+        by_device.setdefault(u.device, []).append(u)
+    out: dict[str, tuple[float, float]] = {}
+    for device, own in by_device.items():
+        steps = sum(u.steps for u in own)
+        if len(own) == 1 and own[0].squares is not None:
+            norm = staleness_weight(version - own[0].base_version) * math.sqrt(own[0].squares)
+        else:
+            norm = math.sqrt(_squares(own, version))
+        out[device] = (norm / steps, float(steps))
+    return out
+
+
+def _squares(updates: list[Update], version: int) -> float:
+    """The squared norm of ``updates``' staleness-weighted sum (one device's), in double precision."""
+    total: np.ndarray | None = None
+    for u in updates:
+        flat, _ = u.vector()
         weighted = staleness_weight(version - u.base_version) * flat.astype(np.float64)
-        if u.device in sums:
-            sums[u.device] += weighted
-        else:  # a device's first commit of the aggregate (all of them under asp): no zeros to add it to
-            sums[u.device] = weighted
-        steps[u.device] = steps.get(u.device, 0) + u.steps
-    return {device: (math.sqrt(layout.squares(delta)) / steps[device], steps[device]) for device, delta in sums.items()}
+        total = weighted if total is None else total + weighted
+    assert total is not None
+    return float(np.dot(total, total))
 
 
 def bounded_part(site: SiteUpdate, limits: Limits, weight_cap: float) -> tuple[Partial | None, dict[str, Judged]]:

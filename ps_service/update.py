@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from learning.model import Params
+from ps_service.flat import Layout, layout_of
 from schemas.sitecommit import SiteEntry
 
 
@@ -24,11 +25,22 @@ class Update:
     #: ``delta``'s values as one vector in the model's order (``delta`` views of it), where the receiver
     #: made one (ps_service.validation; ps_service.flat): the commit path's arithmetic runs on it.
     flat: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: The sum of ``flat``'s squares in double precision, where the receiver computed it (its check
+    #: that every value is finite: ps_service.validation): a lone commit's norm needs no pass more.
+    squares: float | None = field(default=None, compare=False, repr=False)
+    #: Where each tensor lies in ``flat`` (the receiver's, which it checked the commit against).
+    layout: Layout | None = field(default=None, compare=False, repr=False)
 
     @property
     def devices(self) -> tuple[str, ...]:
         """The devices whose work this is (a pace's round counts them as committed)."""
         return (self.device,)
+
+    def vector(self) -> tuple[np.ndarray, Layout]:
+        """``delta`` as one vector in the model's order, and where each tensor lies in it: as the
+        receiver made them, else made here."""
+        layout = self.layout if self.layout is not None else layout_of(self.delta)
+        return (self.flat if self.flat is not None else layout.flatten(self.delta)), layout
 
     def to_state(self) -> dict[str, Any]:
         return {

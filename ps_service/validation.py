@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ps_service.flat import Layout, layout_for
+from ps_service.flat import Layout, layout_for, sum_squares
 from ps_service.registry import DeviceRegistry
 from ps_service.update import Update
 from schemas.frame import FrameError, FrameKind, UnsupportedCodec, parse_frame, peek_seq
@@ -80,9 +82,9 @@ def validate_commit(
     except FrameError as exc:
         raise Rejection(R.MALFORMED, str(exc), seq) from None
     flat = layout.flatten(frame.tensors) if frame.flat is None else frame.flat
-    finite = np.isfinite(flat)
-    if not finite.all():
-        name = layout.name_of(int(np.argmin(finite)))
+    squares = sum_squares(flat)  # finite exactly when every value is: a float32's square cannot overflow a double
+    if not math.isfinite(squares):
+        name = layout.name_of(int(np.argmin(np.isfinite(flat))))
         raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)
     delta = layout.views(flat) if frame.flat is None else frame.tensors
-    return Update(topic_device, seq, frame.base_version, frame.samples, frame.steps, delta, flat)
+    return Update(topic_device, seq, frame.base_version, frame.samples, frame.steps, delta, flat, squares, layout)

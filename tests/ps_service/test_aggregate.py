@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps_service.aggregate import aggregate, aggregate_all, combine, partial, site_part
+from ps_service.aggregate import Clip, _fednova, aggregate, aggregate_all, combine, partial, site_part
+from ps_service.flat import sum_squares
 from ps_service.robust import per_device
 from ps_service.update import SiteUpdate, Update
 from schemas.sitecommit import SiteEntry
@@ -129,3 +132,43 @@ def test_nothing_to_combine_is_refused() -> None:
         combine([])
     with pytest.raises(ValueError):
         partial([], 0, {})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.sampled_from([0.0, -0.0, 1e-45, -3.5, 2.0**-126]) | st.floats(-5, 5, width=32), min_size=8, max_size=8
+    ),
+    staleness=st.integers(0, 9),
+    steps=st.integers(1, 30),
+    mixing=st.sampled_from([1.0, 0.5, 0.3]),
+    clip=st.none() | st.tuples(st.floats(1e-6, 1.0), st.floats(1.0, 40.0)),
+)
+def test_a_lone_commit_aggregates_to_the_bits_of_the_device_by_device_path(
+    values, staleness, steps, mixing, clip
+) -> None:
+    """asp's every version is one commit, aggregated on a path of its own: its bits, -0 included, are
+    those of the general path (the sum from zeros, the median of one device's steps, a share of 1)."""
+    flat = np.float32(values)
+    update = Update("d0", 1, 10 - staleness, 20, steps, {"w": flat[:6].reshape(3, 2), "b": flat[6:]})
+    clips = None if clip is None else {"d0": Clip(*clip)}
+    lone = aggregate([update], 10, {"d0": 7}, mixing, 1.0, 1.0, clips)
+    general = _fednova([update], 10, {"d0": 7}, mixing, 1.0, 1.0, clips)
+    assert lone.step == general.step == 1.0
+    assert lone.flat is not None and general.flat is not None
+    assert lone.flat.tobytes() == general.flat.tobytes()
+    for name, tensor in general.delta.items():
+        assert lone.delta[name].tobytes() == tensor.tobytes() and lone.delta[name].shape == tensor.shape
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.floats(-5, 5, width=32), min_size=8, max_size=8), staleness=st.integers(0, 9))
+def test_a_lone_commits_norm_from_its_summed_squares_is_its_weighted_vectors(values, staleness) -> None:
+    """``per_device`` takes a lone commit's norm from the squares its receiver summed: the norm of
+    its staleness-weighted values to rounding, without the pass over them."""
+    flat = np.float32(values)
+    plain = Update("d0", 1, 10 - staleness, 20, 3, {"w": flat[:6].reshape(3, 2), "b": flat[6:]})
+    summed = Update("d0", 1, 10 - staleness, 20, 3, plain.delta, flat, sum_squares(flat))
+    [(norm, steps)] = per_device([summed], 10).values()
+    [(reference, _)] = per_device([plain], 10).values()
+    assert steps == 3.0 and math.isclose(norm, reference, rel_tol=1e-12, abs_tol=1e-300)
