@@ -41,12 +41,17 @@ class Clip(NamedTuple):
 
 
 class Aggregate(NamedTuple):
-    """The global delta of one aggregate and the server step it was scaled by (1: plain averaging);
-    ``flat``: the delta as one vector (``delta`` views of it: ps_service.flat), where it was made so."""
+    """The global delta of one aggregate as one vector in the model's order (ps_service.flat), the
+    server step it was scaled by (1: plain averaging), and where each tensor lies in the vector."""
 
-    delta: Params
+    flat: np.ndarray
     step: float
-    flat: np.ndarray | None = None
+    layout: Layout
+
+    @property
+    def delta(self) -> Params:
+        """The delta's tensors (views of ``flat``)."""
+        return self.layout.views(self.flat)
 
 
 def aggregate(
@@ -101,7 +106,7 @@ def _fednova(
     for device, delta in summed.items():
         out += np.float32(mixing * tau_eff * share[device] / steps[device]) * delta
     if max_extrapolation <= 1:
-        return Aggregate(layout.views(out), 1.0, out)
+        return Aggregate(out, 1.0, layout)
     contributions = {  # each device's progress as if it had made tau_eff steps
         device: np.float32(mixing * tau_eff / steps[device]) * delta for device, delta in summed.items()
     }
@@ -121,7 +126,7 @@ def _lone(update: Update, version: int, mixing: float, clips: Mapping[str, Clip]
         out *= np.float32(clip.scale)
     out *= np.float32(mixing * steps * 1.0 / steps)  # mixing x tau_eff x share / steps, as ``aggregate``
     out += np.float32(0)
-    return Aggregate(layout.views(out), 1.0, out)
+    return Aggregate(out, 1.0, layout)
 
 
 def _per_device(
@@ -179,10 +184,10 @@ def combine(parts: list[Partial], mixing: float = 1.0, max_extrapolation: float 
     tau_eff = float(statistics.median(s for p in parts for s in p.steps))
     scale = np.float32(mixing * tau_eff / total)
     out = {name: scale * np.sum([p.weighted[name] for p in parts], axis=0) for name in parts[0].weighted}
-    if max_extrapolation <= 1:
-        return Aggregate(out, 1.0)
-    spread = (mixing * tau_eff) ** 2 * sum(p.spread for p in parts) / total
     layout = layout_of(out)
+    if max_extrapolation <= 1:
+        return Aggregate(layout.flatten(out), 1.0, layout)
+    spread = (mixing * tau_eff) ** 2 * sum(p.spread for p in parts) / total
     return stepped(layout.flatten(out), fedexp_step(spread, _squared_norm(out), kept), max_extrapolation, layout)
 
 
@@ -224,7 +229,7 @@ def stepped(mean: np.ndarray, fedexp: float, max_extrapolation: float, layout: L
     FedExP's step ``fedexp``, at most ``max_extrapolation``."""
     eta = min(max_extrapolation, 1.0 + DAMPING * (fedexp - 1.0))
     out = np.float32(eta) * mean
-    return Aggregate(layout.views(out), eta, out)
+    return Aggregate(out, eta, layout)
 
 
 def extrapolation(contributions: dict[str, Params], share: dict[str, float], mean: Params, kept: float = 1.0) -> float:

@@ -24,8 +24,8 @@ class ParameterStore:
     def __init__(self, params: Params, version: int = 0) -> None:
         self._shapes = {name: np.shape(values) for name, values in params.items()}  # an apply keeps them
         self.layout = Layout(self._shapes)
-        self._flat = self.layout.flatten(params)  # the model, one vector; _params: views of it
-        self._params = self.layout.views(self._flat)
+        self._flat = self.layout.flatten(params)  # the model, one vector
+        self._views: Params | None = None  # its tensors (views of it), made when asked for
         self.version = version
         self._frame: tuple[bytes, int] | None = None  # (frame, run)
         self._norm: tuple[float, int] | None = None  # (norm, version)
@@ -34,6 +34,13 @@ class ParameterStore:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Each tensor's shape (the same dict every time: callers read it, never change it)."""
         return self._shapes
+
+    @property
+    def _params(self) -> Params:
+        """The model's tensors, views of its vector (made once a version: most versions never need them)."""
+        if self._views is None:
+            self._views = self.layout.views(self._flat)
+        return self._views
 
     def params(self) -> Params:
         """A copy of the current parameters."""
@@ -48,20 +55,21 @@ class ParameterStore:
             out[name] = ro
         return out
 
-    def apply(self, delta: Params, flat: np.ndarray | None = None) -> int:
-        """Add ``delta`` (same names and shapes; ``flat``: the same values as one vector in the
-        model's order, where the caller has it) and return the new version.
+    def apply(self, delta: Params) -> int:
+        """Add ``delta`` (the model's names and shapes) and return the new version (``apply_flat``)."""
+        return self.apply_flat(self.layout.flatten(delta))
+
+    def apply_flat(self, flat: np.ndarray) -> int:
+        """Add ``flat`` (a change as one vector in the model's order) and return the new version.
 
         The sum is computed fully before anything is stored, so a failure leaves the
         model as it was.
         """
-        if flat is None:
-            flat = self.layout.flatten(delta)
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
             updated = self._flat + flat
         if not np.isfinite(updated).all():
             raise NonFinite("applying the delta would make the model non-finite")
-        self._flat, self._params = updated, self.layout.views(updated)
+        self._flat, self._views = updated, None
         self.version += 1
         self._frame = None
         return self.version

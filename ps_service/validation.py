@@ -77,14 +77,13 @@ def validate_commit(
     if not raw.matches(shapes):
         declared = f"{raw.count} tensors" if raw.compact is not None else f"tensors {raw.shapes}"
         raise Rejection(R.SHAPE_MISMATCH, f"{declared} do not match the model's {shapes}", seq)
-    try:
-        frame = raw.decode(shapes)
+    try:  # a compact commit's values as one vector, the tensors views of it; else each tensor's, copied into one
+        flat = raw.values(layout.size) if raw.compact is not None else layout.flatten(raw.decode(shapes).tensors)
     except FrameError as exc:
         raise Rejection(R.MALFORMED, str(exc), seq) from None
-    flat = layout.flatten(frame.tensors) if frame.flat is None else frame.flat
     squares = sum_squares(flat)  # finite exactly when every value is: a float32's square cannot overflow a double
     if not math.isfinite(squares):
         name = layout.name_of(int(np.argmin(np.isfinite(flat))))
         raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)
-    delta = layout.views(flat) if frame.flat is None else frame.tensors
-    return Update(topic_device, seq, frame.base_version, frame.samples, frame.steps, delta, flat, squares, layout)
+    delta = layout.views(flat)
+    return Update(topic_device, seq, raw.base_version, raw.samples, raw.steps, delta, flat, squares, layout)

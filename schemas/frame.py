@@ -125,13 +125,20 @@ class _Reader:
         return chunk
 
     def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
-        return fmt.unpack(self.take(fmt.size, what))
+        at = self.pos
+        if at + fmt.size > len(self.data):
+            raise FrameError(f"truncated frame: {what} needs {fmt.size} bytes at offset {at}")
+        self.pos = at + fmt.size
+        return fmt.unpack_from(self.data, at)
 
     def varint(self, what: str) -> int:
         """An LEB128 unsigned integer of at most 4 bytes (below 2^28)."""
-        value = 0
+        data, value = self.data, 0
         for shift in (0, 7, 14, 21):
-            (byte,) = self.take(1, what)
+            if self.pos >= len(data):
+                raise FrameError(f"truncated frame: {what} needs 1 bytes at offset {self.pos}")
+            byte = data[self.pos]
+            self.pos += 1
             value |= (byte & 0x7F) << shift
             if byte < 0x80:
                 return value
@@ -140,7 +147,7 @@ class _Reader:
     def ascii(self, what: str) -> str:
         (length,) = self.unpack(_U8, what + " length")
         try:
-            return bytes(self.take(length, what)).decode("ascii")
+            return str(self.take(length, what), "ascii")
         except UnicodeDecodeError:
             raise FrameError(f"{what} is not ASCII") from None
 
@@ -193,10 +200,7 @@ class RawFrame:
             if shapes is None or not self.matches(shapes):
                 raise FrameError(f"a compact commit of {self.count} tensors needs the model's shapes")
             sizes = [math.prod(shape) for shape in shapes.values()]
-            try:
-                values = self.codec.decode_compact(self.compact, sum(sizes))
-            except CodecError as exc:
-                raise FrameError(f"compact payload: {exc}") from exc
+            values = self.values(sum(sizes))
             end = 0
             for (name, shape), size in zip(shapes.items(), sizes, strict=True):
                 tensors[name] = values[end : end + size].reshape(shape)
@@ -217,6 +221,17 @@ class RawFrame:
             codec=self.codec.spec,
             flat=values if self.compact is not None else None,
         )
+
+
+    def values(self, n: int) -> np.ndarray:
+        """A compact commit's values decoded into one vector: the ``n`` of a model whose tensors it
+        ``matches``, in the model's order (``decode`` without the tensors' views and the ``Frame``)."""
+        if self.compact is None:
+            raise FrameError("only a compact commit holds its values in one payload")
+        try:
+            return self.codec.decode_compact(self.compact, n)
+        except CodecError as exc:
+            raise FrameError(f"compact payload: {exc}") from exc
 
 
 def peek_seq(data: bytes) -> int | None:

@@ -64,7 +64,7 @@ def advance(job: Job, now: float) -> list[Publish]:
             weights = sizes(job, kept)
             cap = job.step_guard.limit(job.pace.step_cap(version, job.config.extrapolation, steady(job)))
             result = job.pace.aggregate(updates, version, weights, cap, steady(job), norm_kept(job.codec), clips)
-            job.store.apply(result.delta, result.flat)
+            job.store.apply_flat(result.flat)
             job.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model
             commits = sum(len(u.devices) for u in updates)

@@ -7,6 +7,8 @@ import numpy as np
 from schemas.codecs import bits
 from schemas.codecs.base import Codec, count, expect, flat, register
 
+_FLOAT32 = np.dtype("<f4")
+
 
 class _PlainFloat(Codec):
     """Each value as an IEEE-754 float of ``wire`` type, little-endian, C order."""
@@ -28,6 +30,10 @@ class Fp32(_PlainFloat):
     id = 0
     name = "fp32"
     wire = "<f4"
+
+    def decode_compact(self, payload: bytes | memoryview, n: int) -> np.ndarray:
+        expect(payload, 4 * n, self.name)
+        return np.frombuffer(payload, _FLOAT32).astype(np.float32)  # a copy: the payload's buffer is not kept
 
 
 @register
