@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from learning.model import Params
-from ps_service.flat import Layout, layout_of
+from ps_service.flat import Layout, layout_of, scaled
 from ps_service.update import Contribution, Partial, SiteUpdate, Update
 from schemas.codecs import make_codec, typical_energy, typical_error
 
@@ -121,11 +121,9 @@ def _lone(update: Update, version: int, mixing: float, clips: Mapping[str, Clip]
     values, layout = update.vector()
     clip = (clips or {}).get(update.device)
     steps = clip.steps if clip is not None else float(update.steps)
-    out = np.float32(staleness_weight(version - update.base_version)) * values
-    if clip is not None and clip.scale < 1:
-        out *= np.float32(clip.scale)
-    out *= np.float32(mixing * steps * 1.0 / steps)  # mixing x tau_eff x share / steps, as ``aggregate``
-    out += np.float32(0)
+    clipped = clip.scale if clip is not None and clip.scale < 1 else 1.0  # x 1 changes no bit
+    weight = staleness_weight(version - update.base_version)
+    out = scaled(values, weight, clipped, mixing * steps * 1.0 / steps)  # x tau_eff x share / steps, as ``aggregate``
     return Aggregate(out, 1.0, layout)
 
 

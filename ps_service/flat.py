@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from learning.model import Params
+from schemas.codecs.bits import kernels
 
 
 class Layout:
@@ -50,9 +51,42 @@ class Layout:
 def sum_squares(values: np.ndarray) -> float:
     """The sum of float32 ``values``' squares in double precision, in one pass: NaN or Inf exactly
     when a value is (a float32's square, 3.4e38² at most, and a sum of fewer than 2^53 of them stay
-    finite in a double), so that it is also the check that every value is finite."""
+    finite in a double), so that it is also the check that every value is finite. Summed as
+    ``schemas.codecs.bits.sum_squares`` sums (32 partial sums), compiled or in numpy alike."""
+    if kernels is not None:
+        return float(kernels.squares(values))
+    groups = len(values) // 32
     wide = values.astype(np.float64)
-    return float(np.dot(wide, wide))
+    wide *= wide
+    partial = np.add.reduce(wide[: 32 * groups].reshape(groups, 32), axis=0) if groups else np.zeros(32)
+    total = 0.0
+    for value in (*partial, *wide[32 * groups :]):  # in order: the partial sums, then the rest one by one
+        total += float(value)
+    return total
+
+
+def scaled(values: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
+    """A new vector ``((values * a) * b) * c + 0``, each step in float32 (the + 0 turns -0 into 0)."""
+    out = np.empty_like(values)
+    if kernels is not None:
+        kernels.scaled(values, a, b, c, out)
+        return out
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # Inf as the compiled loop makes it, silently
+        np.multiply(values, np.float32(a), out=out)
+        out *= np.float32(b)
+        out *= np.float32(c)
+        out += np.float32(0)
+    return out
+
+
+def add_finite(x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """A new vector ``x + y`` in float32, or None when a sum is NaN or Inf."""
+    out = np.empty_like(x)
+    if kernels is not None:
+        return out if kernels.add_finite(x, y, out) else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.add(x, y, out=out)
+    return out if np.isfinite(out).all() else None
 
 
 @functools.lru_cache(maxsize=8)

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ps_service.aggregate import staleness_weight
+from ps_service.flat import sum_squares
 from ps_service.update import Partial, SiteUpdate, Update
 
 #: Below this share of the upper median, a per-step norm is no update (a commit of zeros).
@@ -260,16 +261,18 @@ def _unrank(norms: list[float], steps: list[float], norm: float, step: float) ->
 def per_device(updates: list[Update], version: int) -> dict[str, tuple[float, float]]:
     """Each device's (per-step norm, steps) in an aggregate made at ``version``: the norm of its
     staleness-weighted commits' sum over its steps (FedNova's d_i), in double precision. A device's
-    lone commit whose squares the receiver summed (``Update.squares``) needs no pass over its values:
-    its norm is its staleness weight times the root of them."""
+    lone commit's norm is its staleness weight times the root of its squares, which the receiver
+    summed already (``Update.squares``): no pass over its values."""
     by_device: dict[str, list[Update]] = {}
     for u in updates:
         by_device.setdefault(u.device, []).append(u)
     out: dict[str, tuple[float, float]] = {}
     for device, own in by_device.items():
         steps = sum(u.steps for u in own)
-        if len(own) == 1 and own[0].squares is not None:
-            norm = staleness_weight(version - own[0].base_version) * math.sqrt(own[0].squares)
+        if len(own) == 1:
+            [u] = own
+            squares = u.squares if u.squares is not None else sum_squares(u.vector()[0])
+            norm = staleness_weight(version - u.base_version) * math.sqrt(squares)
         else:
             norm = math.sqrt(_squares(own, version))
         out[device] = (norm / steps, float(steps))

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from learning.model import Params
-from ps_service.flat import Layout
+from ps_service.flat import Layout, add_finite
 from schemas.frame import Frame, FrameKind, encode_frame
 
 
@@ -65,9 +65,8 @@ class ParameterStore:
         The sum is computed fully before anything is stored, so a failure leaves the
         model as it was.
         """
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected just below
-            updated = self._flat + flat
-        if not np.isfinite(updated).all():
+        updated = add_finite(self._flat, flat)
+        if updated is None:
             raise NonFinite("applying the delta would make the model non-finite")
         self._flat, self._views = updated, None
         self.version += 1

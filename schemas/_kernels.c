@@ -920,6 +920,69 @@ static PyObject *topk_encode(PyObject *self, PyObject *args) {
     return encoded(&x, out, ok > 0);
 }
 
+/* ---- the server's commit path (ps_service.flat): a few passes over the model's vector, GIL held ---- */
+
+/* The sum of x's squares in double: 32 partial sums (partial k takes x[32g + k], g in turn), added in
+ * order from 0, then the values past the last whole group one by one (bits.sum_squares's order). */
+HOT static double squares_loop(const float *restrict x, idx n) {
+    double partial[32] = {0}, total = 0;
+    idx i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 32; k++) partial[k] += (double)x[i + k] * (double)x[i + k];
+    for (int k = 0; k < 32; k++) total += partial[k];
+    for (; i < n; i++) total += (double)x[i] * (double)x[i];
+    return total;
+}
+
+/* out = ((x * a) * b) * c + 0, each step a float32 operation (the + 0 turns -0 into 0). */
+HOT static void scaled_loop(const float *restrict x, float a, float b, float c, float *restrict out, idx n) {
+    for (idx i = 0; i < n; i++) out[i] = ((x[i] * a) * b) * c + 0.0f;
+}
+
+/* out = x + y; whether every sum is finite. */
+HOT static int add_finite_loop(const float *restrict x, const float *restrict y, float *restrict out, idx n) {
+    uint32_t bad = 0;
+    for (idx i = 0; i < n; i++) {
+        float v = x[i] + y[i];
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u; /* exponent all ones: inf or nan */
+        out[i] = v;
+    }
+    return !bad;
+}
+
+/* squares(values f32[n]) -> float */
+static PyObject *squares(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    idx n;
+    double total = 0;
+    if (!PyArg_ParseTuple(args, "y*", &x)) return NULL;
+    if (floats(&x, &n)) total = squares_loop(x.buf, n);
+    return release(&x, NULL, NULL, NULL, PyErr_Occurred() ? NULL : PyFloat_FromDouble(total));
+}
+
+/* scaled(values f32[n], a, b, c, out f32[n]) */
+static PyObject *scaled(PyObject *self, PyObject *args) {
+    Py_buffer x, y;
+    float a, b, c;
+    idx n;
+    if (!PyArg_ParseTuple(args, "y*fffw*", &x, &a, &b, &c, &y)) return NULL;
+    if (floats(&x, &n) && need(&y, 4 * n, "scaled out")) scaled_loop(x.buf, a, b, c, y.buf, n);
+    return release(&x, &y, NULL, NULL, Py_NewRef(Py_None));
+}
+
+/* add_finite(x f32[n], y f32[n], out f32[n]) -> bool every sum finite */
+static PyObject *add_finite(PyObject *self, PyObject *args) {
+    Py_buffer x, y, z;
+    idx n;
+    int ok = 0;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &x, &y, &z)) return NULL;
+    if (floats(&x, &n) && need(&y, 4 * n, "add_finite y") && need(&z, 4 * n, "add_finite out"))
+        ok = add_finite_loop(x.buf, y.buf, z.buf, n);
+    return release(&x, &y, &z, NULL, PyBool_FromLong(ok));
+}
+
 /* use_avx512(on) -> whether the AVX-512 loops run from now on: with on, where this CPU has them (the tests run
  * the encoders both ways; EDGEPS_NO_AVX512 in the environment turns them off at import). */
 static PyObject *use_avx512(PyObject *self, PyObject *on) {
@@ -945,6 +1008,9 @@ static PyMethodDef methods[] = {
     {"qsgd_decode", qsgd_decode, METH_VARARGS, "Packed signed levels times per-bucket steps; False if invalid."},
     {"ternary_encode", ternary_encode, METH_VARARGS, "TernGrad's scales and bit planes; None if a value is not finite."},
     {"qsgd_encode", qsgd_encode, METH_VARARGS, "QSGD's norms and packed levels; None if a norm is not finite."},
+    {"squares", squares, METH_VARARGS, "The sum of float32 values' squares in double (32 partial sums)."},
+    {"scaled", scaled, METH_VARARGS, "out = ((x * a) * b) * c + 0 in float32 steps."},
+    {"add_finite", add_finite, METH_VARARGS, "out = x + y in float32; whether every sum is finite."},
     {"topk_encode", topk_encode, METH_VARARGS, "The k largest |x| (ties to the lowest index); None if not finite."},
     {NULL, NULL, 0, NULL},
 };
