@@ -983,6 +983,71 @@ static PyObject *add_finite(PyObject *self, PyObject *args) {
     return release(&x, &y, &z, NULL, PyBool_FromLong(ok));
 }
 
+/* ---- CRC-32 (zlib's: reflected 0x04C11DB7) by carry-less multiplication, for a frame's check ---- */
+
+static uint32_t crc_table[256];
+
+static void crc_table_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* The register (no pre- or post-inversion) after bytes p[0..n), one byte at a time. */
+static uint32_t crc_bytes(uint32_t c, const uint8_t *p, idx n) {
+    for (idx i = 0; i < n; i++) c = crc_table[(c ^ p[i]) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+#if X86_DISPATCH
+static int pclmul_cpu;
+
+/* Four 16-byte lanes folded 64 bytes at a time, then into one lane 16 bytes at a time (x^(512+-32) and
+ * x^(128+-32) mod P, bit-reflected: the constants of Intel's "Fast CRC Computation for Generic Polynomials
+ * Using PCLMULQDQ"); the last lane and the bytes past it go through the table. The register c enters
+ * xor-ed into the first four bytes. Needs n >= 64. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_pclmul(uint32_t c, const uint8_t *p, idx n) {
+    const __m128i k4 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL), k1 = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL);
+    __m128i x0 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)c));
+    __m128i x1 = _mm_loadu_si128((const __m128i *)(p + 16)), x2 = _mm_loadu_si128((const __m128i *)(p + 32)),
+            x3 = _mm_loadu_si128((const __m128i *)(p + 48));
+    idx i = 64;
+#define FOLD(x, k, next) _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next)
+    for (; i + 64 <= n; i += 64) {
+        x0 = FOLD(x0, k4, _mm_loadu_si128((const __m128i *)(p + i)));
+        x1 = FOLD(x1, k4, _mm_loadu_si128((const __m128i *)(p + i + 16)));
+        x2 = FOLD(x2, k4, _mm_loadu_si128((const __m128i *)(p + i + 32)));
+        x3 = FOLD(x3, k4, _mm_loadu_si128((const __m128i *)(p + i + 48)));
+    }
+    x0 = FOLD(x0, k1, x1);
+    x0 = FOLD(x0, k1, x2);
+    x0 = FOLD(x0, k1, x3);
+    for (; i + 16 <= n; i += 16) x0 = FOLD(x0, k1, _mm_loadu_si128((const __m128i *)(p + i)));
+#undef FOLD
+    uint8_t lane[16];
+    _mm_storeu_si128((__m128i *)lane, x0);
+    return crc_bytes(crc_bytes(0, lane, 16), p + i, n - i);
+}
+#endif
+
+/* crc32(data, value=0) -> zlib.crc32(data, value) */
+static PyObject *crc32(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &b, &value)) return NULL;
+    uint32_t c = ~(uint32_t)value;
+    const uint8_t *p = b.buf;
+#if X86_DISPATCH
+    if (pclmul_cpu && b.len >= 64)
+        c = crc_pclmul(c, p, b.len);
+    else
+#endif
+        c = crc_bytes(c, p, b.len);
+    return release(&b, NULL, NULL, NULL, PyLong_FromUnsignedLong(~c));
+}
+
 /* use_avx512(on) -> whether the AVX-512 loops run from now on: with on, where this CPU has them (the tests run
  * the encoders both ways; EDGEPS_NO_AVX512 in the environment turns them off at import). */
 static PyObject *use_avx512(PyObject *self, PyObject *on) {
@@ -1008,6 +1073,7 @@ static PyMethodDef methods[] = {
     {"qsgd_decode", qsgd_decode, METH_VARARGS, "Packed signed levels times per-bucket steps; False if invalid."},
     {"ternary_encode", ternary_encode, METH_VARARGS, "TernGrad's scales and bit planes; None if a value is not finite."},
     {"qsgd_encode", qsgd_encode, METH_VARARGS, "QSGD's norms and packed levels; None if a norm is not finite."},
+    {"crc32", crc32, METH_VARARGS, "zlib.crc32(data, value=0), by carry-less multiplication where the CPU has it."},
     {"squares", squares, METH_VARARGS, "The sum of float32 values' squares in double (32 partial sums)."},
     {"scaled", scaled, METH_VARARGS, "out = ((x * a) * b) * c + 0 in float32 steps."},
     {"add_finite", add_finite, METH_VARARGS, "out = x + y in float32; whether every sum is finite."},
@@ -1023,6 +1089,14 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     avx512_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
     avx512 = avx512_cpu && !getenv("EDGEPS_NO_AVX512");
+    pclmul_cpu = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
-    return PyModule_Create(&module);
+    crc_table_init();
+    PyObject *m = PyModule_Create(&module);
+#if X86_DISPATCH
+    if (m && PyModule_AddIntConstant(m, "fast_crc32", pclmul_cpu) < 0) Py_CLEAR(m);
+#else
+    if (m && PyModule_AddIntConstant(m, "fast_crc32", 0) < 0) Py_CLEAR(m);
+#endif
+    return m;
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -249,3 +250,26 @@ def test_numpy_l2_norms_sum_in_the_compiled_order(x: np.ndarray) -> None:
     np.testing.assert_array_equal(bits.bucket_reduce(x, "l2"), expected)
     payload = bits.kernels.qsgd_encode(x, 0, 0, 16, 8, BUCKET)
     np.testing.assert_array_equal(np.frombuffer(payload, "<f4", len(rows)), expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.binary(min_size=0, max_size=700), start=st.integers(0, 15), value=st.sampled_from([0, 1, 0xFFFFFFFF]))
+def test_crc32_is_zlibs_at_every_length_and_alignment(data, start, value) -> None:
+    """Frames are checked with the compiled CRC-32 where the CPU multiplies carry-less (64 bytes on
+    folded, the rest by table): every length, offset (an unaligned view) and starting value gives
+    zlib's."""
+    assert bits.kernels is not None
+    view = memoryview(data)[start:]
+    assert bits.kernels.crc32(view, value) == zlib.crc32(view, value)
+
+
+def test_crc32_is_zlibs_on_a_commit_with_any_one_bit_flipped() -> None:
+    from edgeps.bench.load import commit_template
+
+    assert bits.kernels is not None
+    body = bytearray(commit_template("d1"))
+    assert bits.kernels.crc32(body) == zlib.crc32(body)
+    for position in range(0, len(body) * 8, 997):  # every 997th bit flipped alone
+        body[position // 8] ^= 1 << (position % 8)
+        assert bits.kernels.crc32(body) == zlib.crc32(body)
+        body[position // 8] ^= 1 << (position % 8)
