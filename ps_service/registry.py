@@ -125,7 +125,10 @@ class DeviceRegistry:
     def limits(self, device: str) -> DeviceRecord:
         """``device``'s record, made if it has none, for its rate limits: a device the server hears
         from before its hello (one on the allow-list) is limited too; it is not ``known`` by this."""
-        return self._devices.setdefault(device, DeviceRecord())
+        record = self._devices.get(device)
+        if record is None:  # (not setdefault: a record is made only when there is none)
+            record = self._devices[device] = DeviceRecord()
+        return record
 
     def listening(self) -> list[str]:
         """The devices whose commits the server wants to receive, sorted: those on the allow-list and

@@ -75,7 +75,7 @@ def validate_commit(
     if raw.codec.spec not in codecs:
         raise Rejection(R.WRONG_CODEC, f"codec {raw.codec.spec} is not the job's ({', '.join(sorted(codecs))})", seq)
     if not raw.matches(shapes):
-        declared = f"{raw.count} tensors" if raw.compact is not None else f"tensors {raw.shapes}"
+        declared = f"{raw.tensors} tensors" if raw.compact is not None else f"tensors {raw.shapes}"
         raise Rejection(R.SHAPE_MISMATCH, f"{declared} do not match the model's {shapes}", seq)
     try:  # a compact commit's values as one vector, the tensors views of it; else each tensor's, copied into one
         flat = raw.values(layout.size) if raw.compact is not None else layout.flatten(raw.decode(shapes).tensors)

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -44,6 +44,9 @@ class FrameKind(IntEnum):
     PARAMS = 2  # a full snapshot of version ``base_version``
     DELTA = 3  # version ``base_version`` = version ``seq`` + these tensors
     PARTIAL = 4  # a site's commits summed (schemas/sitecommit.py): the weighted sums, fp32
+
+
+_KINDS = {int(kind): kind for kind in FrameKind}
 
 
 class FrameError(ValueError):
@@ -167,11 +170,11 @@ class RawTensor:
         return math.prod(self.shape)
 
 
-@dataclass(frozen=True)
-class RawFrame:
+class RawFrame(NamedTuple):
     """A frame whose header, lengths and CRC are verified and whose tensor payloads are still
     bytes: a receiver checks names and shapes against what it expects *before* ``decode``
-    allocates anything (a small top-k payload may declare a huge tensor)."""
+    allocates anything (a small top-k payload may declare a huge tensor). (A NamedTuple: one is
+    made for every message, and a frozen dataclass's fields cost a call each.)"""
 
     kind: FrameKind
     base_version: int
@@ -182,7 +185,7 @@ class RawFrame:
     samples: int = 0
     steps: int = 0
     compact: memoryview | None = None  # a compact commit's one payload (``records`` is then empty)
-    count: int = 0  # the tensors it holds
+    tensors: int = 0  # how many it holds
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -191,7 +194,7 @@ class RawFrame:
 
     def matches(self, shapes: Mapping[str, tuple[int, ...]]) -> bool:
         """Whether the frame holds exactly the tensors of a model of ``shapes`` (a compact commit: as many)."""
-        return self.count == len(shapes) if self.compact is not None else self.shapes == shapes
+        return self.tensors == len(shapes) if self.compact is not None else self.shapes == shapes
 
     def decode(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> Frame:
         """Decode every payload; FrameError if one does not fit its codec. A compact commit needs
@@ -200,7 +203,7 @@ class RawFrame:
         values = None
         if self.compact is not None:
             if shapes is None or not self.matches(shapes):
-                raise FrameError(f"a compact commit of {self.count} tensors needs the model's shapes")
+                raise FrameError(f"a compact commit of {self.tensors} tensors needs the model's shapes")
             sizes = [math.prod(shape) for shape in shapes.values()]
             values = self.values(sum(sizes))
             end = 0
@@ -280,10 +283,9 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
     )
     if fmt_version != FORMAT_VERSION:
         raise FrameError(f"unsupported frame format version {fmt_version}")
-    try:
-        kind = FrameKind(kind)
-    except ValueError:
-        raise FrameError(f"unknown frame kind {kind}") from None
+    if kind not in _KINDS:
+        raise FrameError(f"unknown frame kind {kind}")
+    kind = _KINDS[kind]
     if flags & ~COMPACT or (flags and kind != FrameKind.COMMIT):
         raise FrameError(f"flags {flags:#x}: only a commit may be compact (0x01); the other bits are reserved")
     try:
@@ -302,7 +304,7 @@ def parse_frame(data: bytes, max_bytes: int = 64 << 20, max_elements: int = MAX_
         if reader.pos != len(reader.data):
             raise FrameError(f"{len(reader.data) - reader.pos} trailing bytes after the compact payload")
         fields = {"device": device, "seq": seq, "samples": samples, "steps": steps}
-        return RawFrame(kind, base_version, [], codec, **fields, compact=compact, count=count)
+        return RawFrame(kind, base_version, [], codec, **fields, compact=compact, tensors=count)
     records: list[RawTensor] = []
     names: set[str] = set()
     total = 0

@@ -110,7 +110,10 @@ def refuse_outlier(job: Job, device: str, seq: int) -> Publish:
 
 
 def sizes(job: Job, updates: list[Update]) -> dict[str, int]:
-    """The data size each device of an aggregate is weighted by: its claim, bounded by ``weight_cap``."""
+    """The data size each device of an aggregate is weighted by: its claim, bounded by ``weight_cap``
+    (none for a lone commit, asp's every version: one device's share is 1 whatever its size)."""
+    if len(updates) == 1:
+        return {}
     return bounded_sizes(claimed_sizes(updates, job.registry.sizes()), job.weight_cap())
 
 

@@ -167,7 +167,7 @@ def test_a_compact_commit_carries_the_model_in_one_payload_and_reads_back_in_its
     frame = Frame(FrameKind.COMMIT, 3, tensors, "dev-01", 7, 32, 1, codec)
     compact = encode_compact(frame, payload)
     raw = parse_frame(compact)
-    assert raw.compact is not None and raw.count == 4 and raw.records == [] and raw.matches(SHAPES)
+    assert raw.compact is not None and raw.tensors == 4 and raw.records == [] and raw.matches(SHAPES)
     decoded = decode_frame(compact, shapes=SHAPES)
     expected = make_codec(codec).decode_compact(payload, vector.size)
     np.testing.assert_array_equal(np.concatenate([t.ravel() for t in decoded.tensors.values()]), expected)
