@@ -227,7 +227,6 @@ class RawFrame(NamedTuple):
             flat=values if self.compact is not None else None,
         )
 
-
     def values(self, n: int) -> np.ndarray:
         """A compact commit's values decoded into one vector: the ``n`` of a model whose tensors it
         ``matches``, in the model's order (``decode`` without the tensors' views and the ``Frame``)."""
