@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from schemas.codecs import bits
@@ -33,7 +35,9 @@ class Fp32(_PlainFloat):
 
     def decode_compact(self, payload: bytes | memoryview, n: int) -> np.ndarray:
         expect(payload, 4 * n, self.name)
-        return np.frombuffer(payload, _FLOAT32).astype(np.float32)  # a copy: the payload's buffer is not kept
+        if sys.byteorder == "little":  # a copy (the payload's buffer is not kept) that holds the GIL: numpy's
+            return np.frombuffer(bytearray(payload), np.float32)  # lets the network thread in mid-commit
+        return np.frombuffer(payload, _FLOAT32).astype(np.float32)
 
 
 @register
