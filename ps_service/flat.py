@@ -28,10 +28,11 @@ class Layout:
             self.bounds.append((name, start, start + math.prod(shape)))
             start += math.prod(shape)
         self.size = start
+        self._slices = [(name, slice(a, b), self.shapes[name]) for name, a, b in self.bounds]
 
     def views(self, flat: np.ndarray) -> Params:
         """The tensors of ``flat`` (views: no copy)."""
-        return {name: flat[a:b].reshape(self.shapes[name]) for name, a, b in self.bounds}
+        return {name: flat[where].reshape(shape) for name, where, shape in self._slices}
 
     def flatten(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         """``params`` (the model's names and shapes) as a new float32 vector."""

@@ -7,7 +7,7 @@ edgeps/+/grad/%u``); the server checks that a body's device id matches its topic
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 ROOT = "edgeps"
@@ -31,11 +31,17 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
+#: Topics a ``Topics`` keeps parsed (a server parses every message's).
+PARSED = 1 << 16
+
+
 @dataclass(frozen=True)
 class Topics:
     """Every topic of one job, by name."""
 
     job: str
+    #: Topics ``parse`` read already (at most ``PARSED`` of them: the job's own, a few per device).
+    _parsed: dict[str, tuple[str, str | None]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_name(self.job, "job name")
@@ -121,6 +127,14 @@ class Topics:
 
     def parse(self, topic: str) -> tuple[str, str | None]:
         """Split a topic of this job into (kind, device or None); raise TopicError otherwise."""
+        parsed = self._parsed.get(topic)
+        if parsed is None:
+            parsed = self._parse(topic)
+            if len(self._parsed) < PARSED:
+                self._parsed[topic] = parsed
+        return parsed
+
+    def _parse(self, topic: str) -> tuple[str, str | None]:
         head = self.prefix + "/"
         if not topic.startswith(head):
             raise TopicError(f"topic {topic!r} is not under {head!r}")

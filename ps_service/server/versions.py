@@ -62,8 +62,9 @@ def advance(job: Job, now: float) -> list[Publish]:
         clips = {d: Clip(v.scale, v.steps) for d, v in judged.items() if not v.refused and d in current}
         try:
             weights = sizes(job, kept)
-            cap = job.step_guard.limit(job.pace.step_cap(version, job.config.extrapolation, steady(job)))
-            result = job.pace.aggregate(updates, version, weights, cap, steady(job), norm_kept(job.codec), clips)
+            even = steady(job)
+            cap = job.step_guard.limit(job.pace.step_cap(version, job.config.extrapolation, even))
+            result = job.pace.aggregate(updates, version, weights, cap, even, norm_kept(job.codec), clips)
             job.store.apply_flat(result.flat)
             job.server_step = result.step
         except NonFinite as exc:  # validated updates summing to Inf: refuse the aggregate, keep the model

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from schemas import topics
 from schemas.messages import Command, Control, DeviceStatus, MessageError, Metrics, Notice, RejectReason
 from schemas.topics import Topics
 
@@ -22,6 +23,19 @@ def test_topic_tree_and_parse_round_trip() -> None:
 def test_foreign_or_malformed_topics_are_refused(topic) -> None:
     with pytest.raises(ValueError):
         Topics("job1").parse(topic)
+
+
+def test_parsed_topics_are_kept_within_a_bound_and_refused_ones_never(monkeypatch) -> None:
+    """A server parses every message's topic: kept once parsed, at most ``PARSED`` of them."""
+    monkeypatch.setattr(topics, "PARSED", 3)
+    t = Topics("job1")
+    for device in ("a", "b", "c", "d", "a"):
+        assert t.parse(t.grad(device)) == ("grad", device)
+    for _ in range(2):  # refused every time, never kept
+        with pytest.raises(ValueError):
+            t.parse("edgeps/job1/grad/+")
+    assert sorted(t._parsed) == [t.grad("a"), t.grad("b"), t.grad("c")]
+    assert t == Topics("job1") and hash(t) == hash(Topics("job1"))  # what it keeps is not what it is
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "+", "#", "-lead", "x" * 65, "sp ace"])
