@@ -76,6 +76,7 @@ def drive(
     until: float | None = None,
     idle_s: float = IDLE_S,
     confirmed: bool = False,
+    before_turn: Callable[[list[Inbound]], None] | None = None,
     before_publish: Callable[[list[Inbound], list[Publish]], None] | None = None,
     after_turn: Callable[[], None] | None = None,
     log: logging.Logger,
@@ -84,8 +85,10 @@ def drive(
 
     ``confirmed``: a settled message is acknowledged only once the broker acknowledged what was
     published with it (a site aggregator: a device's commit is let go only once the site commit
-    holding it is with the broker). ``before_publish(batch, out)``: what the role does before a
-    turn's results leave (the server's checkpoint). ``after_turn``: what it does after."""
+    holding it is with the broker). ``before_turn(batch)``: what the role does with a turn's messages
+    before the core has them (the server starts writing them to its journal); ``before_publish(batch,
+    out)``: what it does before a turn's results leave (the server's checkpoint). ``after_turn``: what
+    it does after."""
     unacked: list[Inbound] = []
 
     def running() -> bool:
@@ -99,6 +102,8 @@ def drive(
         if until is not None:
             wait = min(wait, max(0.0, until - clock()))
         batch = transport.receive_many(wait, BATCH)
+        if before_turn is not None:
+            before_turn(batch)
         out = core.on_tick(clock())
         for message in batch:
             out += core.receive(message, clock())

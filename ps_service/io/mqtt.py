@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker.client import BrokerAddress, MqttTransport, connect
 from broker.driver import Core, drive
@@ -74,16 +75,28 @@ def serve(
     for message in outgoing:
         transport.publish(message)
     turns.show(outgoing)
-    before, after, driven = turns.before_publish, turns.after_turn, turns.driven
+
+    def run(**limits: Any) -> None:  # the driver, with what the server does around its turns
+        before, after = turns.before_publish, turns.after_turn
+        drive(
+            turns.driven,
+            transport,
+            clock,
+            stop,
+            before_turn=turns.before_turn,
+            before_publish=before,
+            after_turn=after,
+            log=log,
+            **limits,
+        )
+
     try:
-        drive(driven, transport, clock, stop, before_publish=before, after_turn=after, log=log)
+        run()
         if stop is not None and stop.is_set():
             return
         # The job is over: refuse (and count) late commits for a moment so that devices leave cleanly.
         until, idle = clock() + linger_s, LINGER_IDLE_S
-        drive(
-            driven, transport, clock, stop, until=until, idle_s=idle, before_publish=before, after_turn=after, log=log
-        )
+        run(until=until, idle_s=idle)
     finally:
         turns.close()
 
@@ -151,6 +164,11 @@ class _Turns:
                     self.endpoint.update(Metrics.from_bytes(message.payload))
                 except MessageError as exc:  # never: metrics are built finite; but not worth a crash
                     log.error("metrics record not shown on /metrics: %s", exc)
+
+    def before_turn(self, batch: list[Inbound]) -> None:
+        """A turn's messages go to the journal at once: written while the core processes them."""
+        if self.journal is not None and batch:
+            self.journal.begin(batch)
 
     def before_publish(self, batch: list[Inbound], out: list[Publish]) -> None:
         """The state a turn led to is on disk before its results leave and its messages are acknowledged:

@@ -3,7 +3,10 @@ record cut short is dropped, a forged one refused, a stale journal ignored."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -12,9 +15,13 @@ from hypothesis import strategies as st
 
 from ps_service.io.checkpoint import CheckpointError, save
 from ps_service.io.journal import (
+    MAGIC_1,
     Journal,
+    Record,
     Recorded,
     decode_calls,
+    decode_record,
+    encode_inbound,
     encode_message,
     journal_path,
     read_journal,
@@ -28,7 +35,9 @@ KEY = b"k" * 32
 
 
 def _turn(recorded: Recorded, journal: Journal, now: float, *messages: Inbound) -> None:
-    """One driver turn: tick, messages, after_batch; its record synced."""
+    """One driver turn: its messages to the journal, tick, messages, after_batch; its record synced."""
+    if messages:
+        journal.begin(messages)
     recorded.on_tick(now)
     for message in messages:
         recorded.receive(message, now)
@@ -93,16 +102,21 @@ def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path
     path = journal_path(checkpoint)
     whole = path.read_bytes()
     assert len(read_journal(path, KEY, 1)) == 5
-    path.write_bytes(whole[:-10])  # the last record half written: never synced, never acknowledged
-    assert len(read_journal(path, KEY, 1)) == 4
+    last = read_journal(path, KEY, 1)[-1]
+    assert last.messages is not None
+    size = 4 + len(last.messages) + 4 + len(last.calls) + 32
+    for cut in range(1, size + 1, 5):  # its MAC, its calls, its messages: never synced, never acknowledged
+        path.write_bytes(whole[:-cut])
+        assert len(read_journal(path, KEY, 1)) == 4, cut
     restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
     assert recover(restored, checkpoint, 50.0, KEY) == (1, 6)
     assert restored.store.version == 2 and not restored.pace.take_all()  # the cut commit: from the broker again
-    forged = bytearray(whole)
-    forged[len(whole) // 2] ^= 1
-    path.write_bytes(bytes(forged))
-    with pytest.raises(CheckpointError, match="damaged or forged"):
-        read_journal(path, KEY, 1)
+    for at in (len(whole) // 2, len(whole) - 40):  # a byte of a message, a byte of a call
+        forged = bytearray(whole)
+        forged[at] ^= 1
+        path.write_bytes(bytes(forged))
+        with pytest.raises(CheckpointError, match="damaged or forged"):
+            read_journal(path, KEY, 1)
     path.write_bytes(whole)
     with pytest.raises(CheckpointError, match="not signed"):
         read_journal(path, b"x" * 32, 1)
@@ -117,6 +131,41 @@ def test_a_journal_of_an_earlier_snapshot_is_ignored(tmp_path) -> None:
     restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
     assert recover(restored, checkpoint, 10.0, KEY) == (2, 0)
     assert restored.store.version == 2 and restored.traffic.applied == 4
+
+
+def test_a_journal_of_1x_with_each_message_inside_its_call_is_still_read(tmp_path) -> None:
+    """A server upgraded after a crash finds the journal its 1.x wrote: ``EPSWAL01``, one part a
+    record (each message after its call's clock), signed over the id, the index and the calls."""
+    original, checkpoint = _job(tmp_path)
+    path = journal_path(checkpoint)
+    records = read_journal(path, KEY, 1)
+    head = MAGIC_1 + struct.pack("<Q", 1)
+    legacy = bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest())
+    for index, record in enumerate(records):
+        calls = bytearray()
+        for kind, now, message in decode_record(record):
+            calls += encode_message(now, message) if message is not None else kind + struct.pack("<d", now)
+        mac = hmac.new(KEY, struct.pack("<QQ", 1, index) + calls, hashlib.sha256).digest()
+        legacy += struct.pack("<I", len(calls)) + calls + mac
+    path.write_bytes(bytes(legacy))
+    assert [decode_record(r) for r in read_journal(path, KEY, 1)] == [decode_record(r) for r in records]
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
+    assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
+
+
+def test_a_record_begun_and_never_finished_is_not_in_the_journal(tmp_path) -> None:
+    """A turn whose state went into a new snapshot instead: its messages part was written, and
+    closing the journal leaves it as a crash would (cut short: nothing of it is read)."""
+    server = small_server()
+    path = tmp_path / "ps.ckpt.wal"
+    journal = Journal(path, KEY, 1)
+    journal.begin([_hello(server, "a")])
+    journal.append(b"M" + struct.pack("<d", 1.0))
+    journal.begin([_hello(server, "b")])
+    journal.close()
+    [record] = read_journal(path, KEY, 1)
+    assert decode_record(record) == [(b"M", 1.0, _hello(server, "a"))]
 
 
 @given(
@@ -135,8 +184,7 @@ def test_a_message_call_reads_back_as_it_was_written(
 ) -> None:
     message = Inbound(topic, payload, mid, qos, response, correlation, retain, duplicate)
     tick = b"T" + np.float64(now).tobytes()
-    assert decode_calls(tick + encode_message(now, message) + tick) == [
-        (b"T", now, None),
-        (b"M", now, message),
-        (b"T", now, None),
-    ]
+    expected = [(b"T", now, None), (b"M", now, message), (b"T", now, None)]
+    assert decode_calls(tick + encode_message(now, message) + tick) == expected  # 1.x
+    calls = tick + b"M" + np.float64(now).tobytes() + tick
+    assert decode_record(Record(bytes(encode_inbound(message, bytearray())), calls)) == expected
