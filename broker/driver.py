@@ -67,6 +67,11 @@ def coalesce(messages: list[Publish]) -> list[Publish]:
     return [m for i, m in enumerate(messages) if not m.retain or last[m.topic] == i]
 
 
+#: What ``before_publish`` may return: a wait until the turn's state is durable, which the driver
+#: calls before the turn's results leave (a turn of a full batch first lets the next turn's work run).
+Settle = Callable[[], None]
+
+
 def drive(
     core: Core,
     transport: Transport,
@@ -77,7 +82,7 @@ def drive(
     idle_s: float = IDLE_S,
     confirmed: bool = False,
     before_turn: Callable[[list[Inbound]], None] | None = None,
-    before_publish: Callable[[list[Inbound], list[Publish]], None] | None = None,
+    before_publish: Callable[[list[Inbound], list[Publish]], Settle | None] | None = None,
     after_turn: Callable[[], None] | None = None,
     log: logging.Logger,
 ) -> None:
@@ -87,31 +92,24 @@ def drive(
     published with it (a site aggregator: a device's commit is let go only once the site commit
     holding it is with the broker). ``before_turn(batch)``: what the role does with a turn's messages
     before the core has them (the server starts writing them to its journal); ``before_publish(batch,
-    out)``: what it does before a turn's results leave (the server's checkpoint). ``after_turn``: what
-    it does after."""
+    out)``: what it does before a turn's results leave (the server's checkpoint), returning None when
+    that is done or a ``Settle`` that waits for it: then a turn of a full batch (the broker has more)
+    lets the next turn's messages be processed meanwhile, and publishes and acknowledges only after
+    the wait, before the next turn's results (one turn later: its results never leave, nor are its
+    messages acknowledged, before its state is durable). ``after_turn``: what it does after."""
     unacked: list[Inbound] = []
+    held: tuple[list[Inbound], list[Publish], Settle] | None = None  # a turn whose state is being made durable
 
     def running() -> bool:
         if stop is not None and stop.is_set():
             return False
         return not core.done if until is None else clock() < until
 
-    while running():
-        due = core.next_deadline()
-        wait = idle_s if due is None else min(idle_s, max(0.0, due - clock()))
-        if until is not None:
-            wait = min(wait, max(0.0, until - clock()))
-        batch = transport.receive_many(wait, BATCH)
-        if before_turn is not None:
-            before_turn(batch)
-        out = core.on_tick(clock())
-        for message in batch:
-            out += core.receive(message, clock())
-        out += core.after_batch(clock())
-        for event in core.events.take():  # what the core had to say about the turn
-            log.log(event.level, event.message)
-        if before_publish is not None:
-            before_publish(batch, out)
+    def finish(batch: list[Inbound], out: list[Publish], settle: Settle | None = None) -> None:
+        """A turn's end: its state durable, the subscriptions, its results out, its messages acknowledged."""
+        nonlocal unacked
+        if settle is not None:
+            settle()
         transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
         again = core.resubscriptions()
         if again:
@@ -124,3 +122,28 @@ def drive(
             unacked = []
         if after_turn is not None:
             after_turn()
+
+    while running():
+        due = core.next_deadline()
+        wait = 0.0 if held is not None else idle_s if due is None else min(idle_s, max(0.0, due - clock()))
+        if until is not None:
+            wait = min(wait, max(0.0, until - clock()))
+        batch = transport.receive_many(wait, BATCH)
+        if before_turn is not None:
+            before_turn(batch)
+        out = core.on_tick(clock())
+        for message in batch:
+            out += core.receive(message, clock())
+        out += core.after_batch(clock())
+        for event in core.events.take():  # what the core had to say about the turn
+            log.log(event.level, event.message)
+        settle = before_publish(batch, out) if before_publish is not None else None
+        if held is not None:
+            finish(*held)
+            held = None
+        if settle is not None and len(batch) == BATCH and running():
+            held = batch, out, settle  # more waits in the broker: its processing overlaps this turn's sync
+        else:
+            finish(batch, out, settle)
+    if held is not None:  # the loop ended: the held turn's state is durable once settled, and what it says goes out
+        finish(*held)

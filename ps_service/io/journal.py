@@ -16,11 +16,11 @@ short by a crash was never synced, so nothing it holds was acknowledged: recover
 Turns that fed the core only time (an idle ``on_tick``) are kept and written with the next record
 that carries a message or a result, so that an idle server does not sync four times a second.
 
-A record is written in two parts. The turn's messages are known when the turn starts (``begin``):
-the journal's own thread signs and writes them while the core processes them (hashlib and the
-write release the GIL), and only the calls (a few bytes each), the signature and the sync are
-left for the end of the turn (``append``): the cost a commit of the checkpoint is then little more
-than the sync's share.
+A record is written in two parts, on the journal's own thread (hashlib, the write and the sync
+release the GIL). The turn's messages are known when the turn starts (``begin``): they are signed
+and written while the core processes them. The calls (a few bytes each), the signature and the
+sync follow at the end of the turn (``end``, a future); the driver waits for it before the turn's
+results leave, and after a full batch it processes the next one meanwhile (broker.driver).
 
 A new snapshot is taken when the journal passes ``SNAPSHOT_BYTES`` (recovery replays at most
 that much), when the server starts or resumes, and then the journal starts afresh. The snapshot
@@ -95,8 +95,8 @@ def _write(fd: int, parts: list[bytes | bytearray | memoryview]) -> int:
 
 class Journal:
     """An open journal, appended to turn by turn: ``begin`` a record with the turn's messages (signed
-    and written meanwhile by the journal's own thread), ``append`` its calls (it returns once the
-    record is synced)."""
+    and written meanwhile by the journal's own thread), ``end`` it with its calls (its future is done
+    once the record is synced; ``append`` waits for it). ``size``: the bytes of the records synced."""
 
     def __init__(self, path: Path, key: bytes, journal: int) -> None:
         """Start the journal of snapshot ``journal`` afresh: written beside ``path`` and renamed over
@@ -125,20 +125,27 @@ class Journal:
         mac.update(part)
         return _write(self.fd, [head, part])
 
-    def append(self, calls: bytes | bytearray) -> None:
-        """Finish the record begun (one without messages where none was) with ``calls``: on disk
-        when this returns."""
+    def end(self, calls: bytes | bytearray) -> Future[None]:
+        """Finish the record begun (one without messages where none was) with ``calls``, its HMAC and
+        the sync, on the journal's thread: the record is on disk when the future is done."""
         if self._open is None:
             self.begin(())
         assert self._open is not None
         (mac, written), self._open = self._open, None
-        size = written.result()  # the messages part is written (or this raises what failed it)
+        self.index += 1  # the next record's (``begin`` signs with it)
+        return self._writer.submit(self._end, mac, written, calls)
+
+    def append(self, calls: bytes | bytearray) -> None:
+        """``end`` the record, and wait until it is on disk."""
+        self.end(calls).result()
+
+    def _end(self, mac: Any, written: Future[int], calls: bytes | bytearray) -> None:
+        size = written.result()  # written already: the thread does one thing after another
         tail = _LEN.pack(len(calls))
         mac.update(tail)
         mac.update(calls)
         size += _write(self.fd, [tail, calls, mac.digest()])
         os.fdatasync(self.fd)
-        self.index += 1
         self.size += size
 
     def _finish_open(self) -> None:

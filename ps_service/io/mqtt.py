@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import BrokerAddress, MqttTransport, connect
-from broker.driver import Core, drive
+from broker.driver import Core, Settle, drive
 from broker.inbox import Inbox
 from broker.transport import Transport
 from ps_service.io.checkpoint import load_key, save
@@ -170,15 +170,19 @@ class _Turns:
         if self.journal is not None and batch:
             self.journal.begin(batch)
 
-    def before_publish(self, batch: list[Inbound], out: list[Publish]) -> None:
+    def before_publish(self, batch: list[Inbound], out: list[Publish]) -> Settle | None:
         """The state a turn led to is on disk before its results leave and its messages are acknowledged:
-        the turn in the journal (an idle turn's ticks kept for the next record), or a new snapshot."""
+        the turn in the journal (an idle turn's ticks kept for the next record), or a new snapshot.
+        The record is synced on the journal's thread: the driver waits for it (``Settle``) before the
+        turn's results leave, and may process the next turn's messages meanwhile."""
+        settle: Settle | None = None
         if self.journal is not None and self.recorded is not None:
             if self.journal.size >= SNAPSHOT_BYTES:
                 self.save()
             elif batch or out or len(self.recorded.calls) >= IDLE_BYTES:
-                self.journal.append(self.recorded.take())
+                settle = self.journal.end(self.recorded.take()).result
         self.show(out)
+        return settle
 
     def after_turn(self) -> None:
         core = self.core
