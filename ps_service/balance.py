@@ -70,11 +70,18 @@ class Balancer:
 
     def on_commit(self, device: str, steps: int, now: float) -> None:
         """``device`` committed ``steps`` local steps at ``now``."""
-        self.rates.setdefault(device, StepRate()).commit(steps, now)
+        self._rate(device).commit(steps, now)
 
     def on_ready(self, device: str, now: float) -> None:
         """``device`` may train again from ``now`` (it was waiting for parameters)."""
-        self.rates.setdefault(device, StepRate()).ready_at = now
+        self._rate(device).ready_at = now
+
+    def _rate(self, device: str) -> StepRate:
+        """``device``'s measured rate, made when it has none (not setdefault: it would make one a call)."""
+        rate = self.rates.get(device)
+        if rate is None:
+            rate = self.rates[device] = StepRate()
+        return rate
 
     def on_report(self, device: str, step_s: float) -> None:
         """``device`` timed its local steps at ``step_s`` seconds each."""

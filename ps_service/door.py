@@ -53,10 +53,10 @@ def finished(seq: int | None) -> Rejection:
     return Rejection(R.FINISHED, "the job has finished", seq)
 
 
-@dataclass(frozen=True)
-class Checks:
+class Checks(NamedTuple):
     """What the receiver checks a commit against: the version it knows, the model's ``shapes``,
-    the ``codecs`` it accepts, and whether the job has ``finished``."""
+    the ``codecs`` it accepts, and whether the job has ``finished``. (A NamedTuple: one is made
+    for every commit.)"""
 
     version: int
     shapes: dict[str, tuple[int, ...]]

@@ -56,10 +56,17 @@ class Membership:
         """``devices`` let a round's deadline pass: they leave, with a strike each."""
         self._missed = self._missed or bool(devices)
         for device in devices:
-            standing = self.standing.setdefault(device, Standing())
+            standing = self._standing(device)
             standing.strikes += 1
             standing.streak = 0
             self.left.add(device)
+
+    def _standing(self, device: str) -> Standing:
+        """``device``'s standing, made when it has none (not setdefault: it would make one a call)."""
+        standing = self.standing.get(device)
+        if standing is None:
+            standing = self.standing[device] = Standing()
+        return standing
 
     def release(self, devices: set[str]) -> None:
         """Release balancing lets ``devices`` go (no strike: they are slow, not failing)."""
@@ -73,7 +80,7 @@ class Membership:
     def on_commit(self, device: str, staleness: int) -> bool:
         """``device`` committed, based ``staleness`` versions back; True if it takes its place again.
         A device without strikes rejoins with any commit."""
-        standing = self.standing.setdefault(device, Standing())
+        standing = self._standing(device)
         on_time = staleness <= 1
         standing.streak = standing.streak + 1 if on_time else 0
         if device in self.left:

@@ -95,10 +95,10 @@ class Judged(NamedTuple):
     refused: bool
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """The bounds in force for one aggregate: ``norm`` (per-step norms are clipped to it),
-    ``small`` (shorter ones are refused), ``steps`` (step counts are bounded by it)."""
+    ``small`` (shorter ones are refused), ``steps`` (step counts are bounded by it). (A NamedTuple:
+    one is made at every version.)"""
 
     norm: float = math.inf
     small: float = 0.0
