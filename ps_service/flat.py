@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from learning.model import Params
+from schemas.codecs import bits
 from schemas.codecs.bits import kernels
 
 
@@ -56,14 +57,7 @@ def sum_squares(values: np.ndarray) -> float:
     ``schemas.codecs.bits.sum_squares`` sums (32 partial sums), compiled or in numpy alike."""
     if kernels is not None:
         return float(kernels.squares(values))
-    groups = len(values) // 32
-    wide = values.astype(np.float64)
-    wide *= wide
-    partial = np.add.reduce(wide[: 32 * groups].reshape(groups, 32), axis=0) if groups else np.zeros(32)
-    total = 0.0
-    for value in (*partial, *wide[32 * groups :]):  # in order: the partial sums, then the rest one by one
-        total += float(value)
-    return total
+    return float(bits.sum_squares(values[None, :])[0])
 
 
 def scaled(values: np.ndarray, a: float, b: float, c: float) -> np.ndarray:

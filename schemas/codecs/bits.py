@@ -60,9 +60,7 @@ def sum_squares(block: np.ndarray) -> np.ndarray:
     total = np.zeros(wide.shape[0])
     if groups:
         grouped = wide[:, : 32 * groups].reshape(wide.shape[0], groups, 32)
-        partial = grouped[:, 0].copy()
-        for g in range(1, groups):
-            partial += grouped[:, g]
+        partial = np.add.reduce(grouped, axis=1)  # along a strided axis: group after group, in turn
         for k in range(32):
             total += partial[:, k]
     for i in range(32 * groups, wide.shape[1]):
