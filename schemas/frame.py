@@ -121,29 +121,26 @@ class _Reader:
         self.data = data
         self.pos = 0
 
+    def _advance(self, n: int, what: str) -> int:
+        """Move past ``n`` bytes (FrameError if the buffer has fewer left); where they start."""
+        at = self.pos
+        if n < 0 or at + n > len(self.data):
+            raise FrameError(f"truncated frame: {what} needs {n} bytes at offset {at}")
+        self.pos = at + n
+        return at
+
     def take(self, n: int, what: str) -> memoryview:
-        end = self.pos + n
-        if n < 0 or end > len(self.data):
-            raise FrameError(f"truncated frame: {what} needs {n} bytes at offset {self.pos}")
-        chunk = self.data[self.pos : end]
-        self.pos = end
-        return chunk
+        at = self._advance(n, what)
+        return self.data[at : self.pos]
 
     def unpack(self, fmt: struct.Struct, what: str) -> tuple[Any, ...]:
-        at = self.pos
-        if at + fmt.size > len(self.data):
-            raise FrameError(f"truncated frame: {what} needs {fmt.size} bytes at offset {at}")
-        self.pos = at + fmt.size
-        return fmt.unpack_from(self.data, at)
+        return fmt.unpack_from(self.data, self._advance(fmt.size, what))
 
     def varint(self, what: str) -> int:
         """An LEB128 unsigned integer of at most 4 bytes (below 2^28)."""
-        data, value = self.data, 0
+        value = 0
         for shift in (0, 7, 14, 21):
-            if self.pos >= len(data):
-                raise FrameError(f"truncated frame: {what} needs 1 bytes at offset {self.pos}")
-            byte = data[self.pos]
-            self.pos += 1
+            byte = self.data[self._advance(1, what)]
             value |= (byte & 0x7F) << shift
             if byte < 0x80:
                 return value
