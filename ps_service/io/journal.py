@@ -226,13 +226,6 @@ def encode_inbound(message: Inbound, out: bytearray) -> bytearray:
     return out
 
 
-def encode_message(now: float, message: Inbound, out: bytearray | None = None) -> bytearray:
-    """A 1.x ``receive`` call (its message inside), appended to ``out`` (a new buffer where none is given)."""
-    out = bytearray() if out is None else out
-    out += _NOW.pack(b"M", now)
-    return encode_inbound(message, out)
-
-
 Call = tuple[bytes, float, Inbound | None]
 
 

@@ -22,7 +22,6 @@ from ps_service.io.journal import (
     decode_calls,
     decode_record,
     encode_inbound,
-    encode_message,
     journal_path,
     read_journal,
     recover,
@@ -43,6 +42,11 @@ def _turn(recorded: Recorded, journal: Journal, now: float, *messages: Inbound) 
         recorded.receive(message, now)
     recorded.after_batch(now)
     journal.append(recorded.take())
+
+
+def encode_message(now: float, message: Inbound) -> bytearray:
+    """A 1.x ``receive`` call, as a 1.x server wrote it: its message inside, after the clock."""
+    return encode_inbound(message, bytearray(b"M" + struct.pack("<d", now)))
 
 
 def _hello(server, device: str) -> Inbound:
