@@ -68,7 +68,7 @@ def coalesce(messages: list[Publish]) -> list[Publish]:
 
 
 #: What ``before_publish`` may return: a wait until the turn's state is durable, which the driver
-#: calls before the turn's results leave (a turn of a full batch first lets the next turn's work run).
+#: calls before the turn's results leave (a turn that had messages first lets the next turn's work run).
 Settle = Callable[[], None]
 
 
@@ -81,7 +81,6 @@ def drive(
     until: float | None = None,
     idle_s: float = IDLE_S,
     confirmed: bool = False,
-    before_turn: Callable[[list[Inbound]], None] | None = None,
     before_publish: Callable[[list[Inbound], list[Publish]], Settle | None] | None = None,
     after_turn: Callable[[], None] | None = None,
     log: logging.Logger,
@@ -90,13 +89,13 @@ def drive(
 
     ``confirmed``: a settled message is acknowledged only once the broker acknowledged what was
     published with it (a site aggregator: a device's commit is let go only once the site commit
-    holding it is with the broker). ``before_turn(batch)``: what the role does with a turn's messages
-    before the core has them (the server starts writing them to its journal); ``before_publish(batch,
-    out)``: what it does before a turn's results leave (the server's checkpoint), returning None when
-    that is done or a ``Settle`` that waits for it: then a turn of a full batch (the broker has more)
-    lets the next turn's messages be processed meanwhile, and publishes and acknowledges only after
-    the wait, before the next turn's results (one turn later: its results never leave, nor are its
-    messages acknowledged, before its state is durable). ``after_turn``: what it does after."""
+    holding it is with the broker). ``before_publish(batch, out)``: what the role does before a
+    turn's results leave (the server's checkpoint), returning None when that is done or a
+    ``Settle`` that waits for it: then a turn that had messages lets the next turn (what came
+    meanwhile, if anything: it does not wait for more) be processed while it settles, and publishes
+    and acknowledges only after the wait, before the next turn's results (its results never leave,
+    nor are its messages acknowledged, before its state is durable). ``after_turn``: what it does
+    after."""
     unacked: list[Inbound] = []
     held: tuple[list[Inbound], list[Publish], Settle] | None = None  # a turn whose state is being made durable
 
@@ -129,8 +128,6 @@ def drive(
         if until is not None:
             wait = min(wait, max(0.0, until - clock()))
         batch = transport.receive_many(wait, BATCH)
-        if before_turn is not None:
-            before_turn(batch)
         out = core.on_tick(clock())
         for message in batch:
             out += core.receive(message, clock())
@@ -141,8 +138,8 @@ def drive(
         if held is not None:
             finish(*held)
             held = None
-        if settle is not None and len(batch) == BATCH and running():
-            held = batch, out, settle  # more waits in the broker: its processing overlaps this turn's sync
+        if settle is not None and batch and running():
+            held = batch, out, settle  # the next turn's processing overlaps this turn's sync
         else:
             finish(batch, out, settle)
     if held is not None:  # the loop ended: the held turn's state is durable once settled, and what it says goes out

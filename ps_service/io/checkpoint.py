@@ -34,6 +34,7 @@ import os
 import secrets
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,21 +75,21 @@ def parse_key(text: str, where: str) -> bytes:
     return key
 
 
-def _split(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """``tree`` with every array and bytes value replaced by a reference into ``arrays``."""
-    if isinstance(tree, np.ndarray):
+def _splitter(arrays: dict[str, np.ndarray]) -> Callable[[Any], Any]:
+    """``json.dumps``'s ``default``: an array or bytes value becomes a reference into ``arrays``
+    (the rest of the tree is written by json's own encoder, in one pass)."""
+
+    def split(value: Any) -> Any:
         key = f"t{len(arrays)}"
-        arrays[key] = tree
-        return {"$tensor": key}
-    if isinstance(tree, bytes):
-        key = f"t{len(arrays)}"
-        arrays[key] = np.frombuffer(tree, np.uint8)
-        return {"$bytes": key}
-    if isinstance(tree, dict):
-        return {str(k): _split(v, arrays) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_split(v, arrays) for v in tree]
-    return tree
+        if isinstance(value, np.ndarray):
+            arrays[key] = value
+            return {"$tensor": key}
+        if isinstance(value, bytes):
+            arrays[key] = np.frombuffer(value, np.uint8)
+            return {"$bytes": key}
+        raise TypeError(f"a checkpoint holds no {type(value).__name__}")
+
+    return split
 
 
 def _join(tree: Any, arrays: Any) -> Any:
@@ -109,7 +110,7 @@ def encode(core: Any, now: float, key: bytes, journal: int = 0) -> bytes:
     arrays: dict[str, np.ndarray] = {}
     config = json.loads(core.config.model_dump_json())
     state = {"format": FORMAT, "config": config, "journal": {"id": journal, "clock": now}, "core": core.to_state(now)}
-    text = json.dumps(_split(state, arrays), separators=(",", ":")).encode()
+    text = json.dumps(state, separators=(",", ":"), default=_splitter(arrays)).encode()
     history = b"[" + b",".join(core.history_json) + b"]"
     archive = io.BytesIO()
     np.savez(archive, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool

@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from broker.client import BrokerAddress, MqttTransport, connect
 from broker.driver import Core, Settle, drive
 from broker.inbox import Inbox
 from broker.transport import Transport
-from ps_service.io.checkpoint import load_key, save
+from ps_service.io.checkpoint import encode, load_key, write_atomic
 from ps_service.io.journal import IDLE_BYTES, SNAPSHOT_BYTES, Journal, Recorded, journal_path, recover
 from ps_service.io.prometheus import MetricsEndpoint
 from ps_service.server.core import ServerCore
@@ -61,36 +63,35 @@ def serve(
     if checkpoint is not None and key is None:
         key = load_key(default_key_path(checkpoint), create=not checkpoint.exists())
     turns = _Turns(core, clock, checkpoint, key, endpoint, on_metrics)
-    outgoing = turns.begin()
-    # The persistent session may hold an earlier process's subscriptions (a muted device's commit
-    # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
-    known = [core.topics.grad(d) for d in sorted(core.registry.devices())]
-    if core.config.sites_only:  # not even for a moment: beside the workers' shared one, it would take copies
-        transport.unsubscribe([core.topics.all_grad, *known])
-    else:
-        transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
-    transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
-    for event in core.events.take():
-        log.log(event.level, event.message)
-    for message in outgoing:
-        transport.publish(message)
-    turns.show(outgoing)
-
-    def run(**limits: Any) -> None:  # the driver, with what the server does around its turns
-        before, after = turns.before_publish, turns.after_turn
-        drive(
-            turns.driven,
-            transport,
-            clock,
-            stop,
-            before_turn=turns.before_turn,
-            before_publish=before,
-            after_turn=after,
-            log=log,
-            **limits,
-        )
-
     try:
+        outgoing = turns.begin()
+        # The persistent session may hold an earlier process's subscriptions (a muted device's commit
+        # topic, or grad/+): name every commit topic it may hold once, then narrow down to ours.
+        known = [core.topics.grad(d) for d in sorted(core.registry.devices())]
+        if core.config.sites_only:  # not even for a moment: beside the workers' shared one, it would take copies
+            transport.unsubscribe([core.topics.all_grad, *known])
+        else:
+            transport.subscribe_only([*core.subscriptions(), core.topics.all_grad, *known])
+        transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
+        for event in core.events.take():
+            log.log(event.level, event.message)
+        for message in outgoing:
+            transport.publish(message)
+        turns.show(outgoing)
+
+        def run(**limits: Any) -> None:  # the driver, with what the server does around its turns
+            before, after = turns.before_publish, turns.after_turn
+            drive(
+                turns.driven,
+                transport,
+                clock,
+                stop,
+                before_publish=before,
+                after_turn=after,
+                log=log,
+                **limits,
+            )
+
         run()
         if stop is not None and stop.is_set():
             return
@@ -121,7 +122,7 @@ class _Turns:
         self.seen, self.noted = 0, clock()
         self.recorded = Recorded(core) if checkpoint is not None else None
         self.driven: Core = self.recorded or core  # what the driver runs
-        self.journal: Journal | None = None
+        self.journal = Journal(journal_path(checkpoint), key) if checkpoint is not None and key is not None else None
         self.number = 0  # the journal's id: the snapshot on disk names it
 
     def begin(self) -> list[Publish]:
@@ -136,20 +137,19 @@ class _Turns:
             outgoing = core.resume(clock())
         else:
             outgoing = core.start(clock())
-        self.save()
+        if self.journal is not None:
+            self.save().result()
         return outgoing
 
-    def save(self) -> None:
-        """A snapshot of the whole state, and a fresh journal after it."""
-        if self.checkpoint is None:
-            return
-        assert self.key is not None and self.recorded is not None
+    def save(self) -> Future[None]:
+        """A snapshot of the whole state, and a fresh journal after it: the state encoded now, both
+        written on the journal's thread (after the records before them); done once both are on disk."""
+        assert self.checkpoint is not None and self.key is not None and self.journal is not None
+        assert self.recorded is not None
         self.number += 1
-        save(self.core, self.checkpoint, self.clock(), self.key, self.number)
-        if self.journal is not None:
-            self.journal.close()
-        self.journal = Journal(journal_path(self.checkpoint), self.key, self.number)
+        blob = encode(self.core, self.clock(), self.key, self.number)
         self.recorded.take()  # in the snapshot
+        return self.journal.restart(self.number, partial(write_atomic, self.checkpoint, blob))
 
     def close(self) -> None:
         if self.journal is not None:
@@ -165,11 +165,6 @@ class _Turns:
                 except MessageError as exc:  # never: metrics are built finite; but not worth a crash
                     log.error("metrics record not shown on /metrics: %s", exc)
 
-    def before_turn(self, batch: list[Inbound]) -> None:
-        """A turn's messages go to the journal at once: written while the core processes them."""
-        if self.journal is not None and batch:
-            self.journal.begin(batch)
-
     def before_publish(self, batch: list[Inbound], out: list[Publish]) -> Settle | None:
         """The state a turn led to is on disk before its results leave and its messages are acknowledged:
         the turn in the journal (an idle turn's ticks kept for the next record), or a new snapshot.
@@ -178,9 +173,9 @@ class _Turns:
         settle: Settle | None = None
         if self.journal is not None and self.recorded is not None:
             if self.journal.size >= SNAPSHOT_BYTES:
-                self.save()
+                settle = self.save().result
             elif batch or out or len(self.recorded.calls) >= IDLE_BYTES:
-                settle = self.journal.end(self.recorded.take()).result
+                settle = self.journal.write(batch, self.recorded.take()).result
         self.show(out)
         return settle
 

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import struct
+from functools import partial
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from ps_service.io.checkpoint import CheckpointError, save
 from ps_service.io.journal import (
     MAGIC_1,
+    MAGIC_2,
     Journal,
     Record,
     Recorded,
@@ -34,19 +36,17 @@ KEY = b"k" * 32
 
 
 def _turn(recorded: Recorded, journal: Journal, now: float, *messages: Inbound) -> None:
-    """One driver turn: its messages to the journal, tick, messages, after_batch; its record synced."""
-    if messages:
-        journal.begin(messages)
+    """One driver turn: tick, messages, after_batch; its record synced."""
     recorded.on_tick(now)
     for message in messages:
         recorded.receive(message, now)
     recorded.after_batch(now)
-    journal.append(recorded.take())
+    journal.write(messages, recorded.take()).result()
 
 
 def encode_message(now: float, message: Inbound) -> bytearray:
     """A 1.x ``receive`` call, as a 1.x server wrote it: its message inside, after the clock."""
-    return encode_inbound(message, bytearray(b"M" + struct.pack("<d", now)))
+    return bytearray(b"".join(encode_inbound(message, [b"M" + struct.pack("<d", now)])))
 
 
 def _hello(server, device: str) -> Inbound:
@@ -65,7 +65,8 @@ def _job(tmp_path):
     server.start(0.0)
     checkpoint = tmp_path / "ps.ckpt"
     save(server, checkpoint, 0.0, KEY, journal=1)
-    recorded, journal = Recorded(server), Journal(journal_path(checkpoint), KEY, 1)
+    recorded, journal = Recorded(server), Journal(journal_path(checkpoint), KEY)
+    journal.restart(1).result()
     _turn(recorded, journal, 0.5, _hello(server, "a"), _hello(server, "b"))
     _turn(recorded, journal, 1.0, _commit(server, "a", 1), _commit(server, "b", 1))
     _turn(recorded, journal, 1.2)  # time only
@@ -108,14 +109,14 @@ def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path
     assert len(read_journal(path, KEY, 1)) == 5
     last = read_journal(path, KEY, 1)[-1]
     assert last.messages is not None
-    size = 4 + len(last.messages) + 4 + len(last.calls) + 32
+    size = 4 + len(last.messages) + 4 + len(last.calls) + 16  # its Poly1305 tag
     for cut in range(1, size + 1, 5):  # its MAC, its calls, its messages: never synced, never acknowledged
         path.write_bytes(whole[:-cut])
         assert len(read_journal(path, KEY, 1)) == 4, cut
     restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
     assert recover(restored, checkpoint, 50.0, KEY) == (1, 6)
     assert restored.store.version == 2 and not restored.pace.take_all()  # the cut commit: from the broker again
-    for at in (len(whole) // 2, len(whole) - 40):  # a byte of a message, a byte of a call
+    for at in (len(whole) // 2, len(whole) - 20):  # a byte of a message, a byte of a call
         forged = bytearray(whole)
         forged[at] ^= 1
         path.write_bytes(bytes(forged))
@@ -158,18 +159,71 @@ def test_a_journal_of_1x_with_each_message_inside_its_call_is_still_read(tmp_pat
     assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
 
 
-def test_a_record_begun_and_never_finished_is_not_in_the_journal(tmp_path) -> None:
-    """A turn whose state went into a new snapshot instead: its messages part was written, and
-    closing the journal leaves it as a crash would (cut short: nothing of it is read)."""
-    server = small_server()
-    path = tmp_path / "ps.ckpt.wal"
-    journal = Journal(path, KEY, 1)
-    journal.begin([_hello(server, "a")])
-    journal.append(b"M" + struct.pack("<d", 1.0))
-    journal.begin([_hello(server, "b")])
+def test_a_journal_of_the_release_before_signed_with_hmac_is_still_read(tmp_path) -> None:
+    """``EPSWAL02``: two parts a record as now, no salt, each record's MAC the HMAC-SHA256 of the id,
+    the index and the record's bytes before it."""
+    original, checkpoint = _job(tmp_path)
+    path = journal_path(checkpoint)
+    records = read_journal(path, KEY, 1)
+    head = MAGIC_2 + struct.pack("<Q", 1)
+    legacy = bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest())
+    for index, record in enumerate(records):
+        assert record.messages is not None
+        body = struct.pack("<I", len(record.messages)) + record.messages + struct.pack("<I", len(record.calls))
+        body += record.calls
+        legacy += body + hmac.new(KEY, struct.pack("<QQ", 1, index) + body, hashlib.sha256).digest()
+    path.write_bytes(bytes(legacy))
+    assert read_journal(path, KEY, 1) == records
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
+    assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
+    legacy[-40] ^= 1  # a byte of the last record's calls
+    path.write_bytes(bytes(legacy))
+    with pytest.raises(CheckpointError, match="record 4 damaged or forged"):
+        read_journal(path, KEY, 1)
+
+
+def test_a_restart_writes_the_snapshot_after_the_records_before_it_and_journals_afresh(tmp_path) -> None:
+    """``restart`` with a snapshot: written on the journal's thread in order, then the journal of the
+    new id; what follows is recorded there, and the snapshot and it make the server."""
+    server = small_server(pace="bsp", rounds=20)
+    server.start(0.0)
+    checkpoint = tmp_path / "ps.ckpt"
+    save(server, checkpoint, 0.0, KEY, journal=1)
+    recorded, journal = Recorded(server), Journal(journal_path(checkpoint), KEY)
+    journal.restart(1).result()
+    _turn(recorded, journal, 0.5, _hello(server, "a"), _hello(server, "b"))
+    recorded.receive(_commit(server, "a", 1), 1.0)  # a turn whose state goes into the snapshot instead
+    snapshot = partial(save, server, checkpoint, 1.0, KEY, 2)  # the state now, written on the thread
+    recorded.take()
+    journal.restart(2, snapshot).result()
+    assert journal.size == 0 and read_journal(journal_path(checkpoint), KEY, 2) == []
+    _turn(recorded, journal, 2.0, _commit(server, "b", 1))
     journal.close()
-    [record] = read_journal(path, KEY, 1)
-    assert decode_record(record) == [(b"M", 1.0, _hello(server, "a"))]
+    assert server.store.version == 1
+    restored = small_server(pace="bsp", rounds=20)
+    assert recover(restored, checkpoint, 10.0, KEY) == (2, 1)  # the snapshot, then one commit made again
+    assert restored.store.version == 1 and restored.traffic.applied == 2
+
+
+def test_a_record_from_another_journal_of_the_same_id_is_refused(tmp_path) -> None:
+    """Each journal has its salt, so its records' key: a backup restored makes journal ids again,
+    and a record of one never verifies in another (nor does a nonce come again under a key)."""
+    server = small_server()
+    journals = []
+    for name in ("one.wal", "two.wal"):
+        journal = Journal(tmp_path / name, KEY)
+        journal.restart(1).result()
+        journal.write([_hello(server, "a")], b"M" + struct.pack("<d", 1.0))
+        journal.close()
+        journals.append((tmp_path / name).read_bytes())
+    head = 8 + 8 + 16 + 32
+    assert journals[0][:8] == b"EPSWAL03" and journals[0][8:16] == journals[1][8:16]
+    assert journals[0][16:32] != journals[1][16:32]  # the salts
+    assert journals[0][head:-16] == journals[1][head:-16] and journals[0][-16:] != journals[1][-16:]  # the tags
+    (tmp_path / "spliced.wal").write_bytes(journals[0][:head] + journals[1][head:])
+    with pytest.raises(CheckpointError, match="record 0 damaged or forged"):
+        read_journal(tmp_path / "spliced.wal", KEY, 1)
 
 
 @given(
@@ -191,4 +245,4 @@ def test_a_message_call_reads_back_as_it_was_written(
     expected = [(b"T", now, None), (b"M", now, message), (b"T", now, None)]
     assert decode_calls(tick + encode_message(now, message) + tick) == expected  # 1.x
     calls = tick + b"M" + np.float64(now).tobytes() + tick
-    assert decode_record(Record(bytes(encode_inbound(message, bytearray())), calls)) == expected
+    assert decode_record(Record(b"".join(encode_inbound(message, [])), calls)) == expected
