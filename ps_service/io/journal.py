@@ -158,14 +158,15 @@ class Journal:
         parts: list[bytes | bytearray] = [b""]
         for message in messages:
             encode_inbound(message, parts)
-        parts[0] = _LEN.pack(sum(len(part) for part in parts))
+        size = sum(len(part) for part in parts)
+        parts[0] = _LEN.pack(size)
         parts += _LEN.pack(len(calls)), calls
         tag = Poly1305(_record_key(self.key, self.id, self.salt, self.index))
         for part in parts:
             tag.update(part)
         parts.append(tag.finalize())
         self.index += 1
-        self.size += sum(len(part) for part in parts)
+        self.size += 2 * _LEN.size + size + len(calls) + _TAG
         return self._writer.submit(self._append, parts)
 
     def _append(self, record: list[bytes | bytearray]) -> None:

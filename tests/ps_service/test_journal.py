@@ -138,14 +138,26 @@ def test_a_journal_of_an_earlier_snapshot_is_ignored(tmp_path) -> None:
     assert restored.store.version == 2 and restored.traffic.applied == 4
 
 
+def _signed_head(magic: bytes) -> bytearray:
+    """An earlier release's journal head for journal 1: magic, id, and their HMAC-SHA256."""
+    head = magic + struct.pack("<Q", 1)
+    return bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest())
+
+
+def _resumes_as(original, checkpoint) -> None:
+    """A server recovered from ``checkpoint`` makes the journal's 7 messages again and is at ``original``'s version."""
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
+    assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
+
+
 def test_a_journal_of_1x_with_each_message_inside_its_call_is_still_read(tmp_path) -> None:
     """A server upgraded after a crash finds the journal its 1.x wrote: ``EPSWAL01``, one part a
     record (each message after its call's clock), signed over the id, the index and the calls."""
     original, checkpoint = _job(tmp_path)
     path = journal_path(checkpoint)
     records = read_journal(path, KEY, 1)
-    head = MAGIC_1 + struct.pack("<Q", 1)
-    legacy = bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest())
+    legacy = _signed_head(MAGIC_1)
     for index, record in enumerate(records):
         calls = bytearray()
         for kind, now, message in decode_record(record):
@@ -154,9 +166,7 @@ def test_a_journal_of_1x_with_each_message_inside_its_call_is_still_read(tmp_pat
         legacy += struct.pack("<I", len(calls)) + calls + mac
     path.write_bytes(bytes(legacy))
     assert [decode_record(r) for r in read_journal(path, KEY, 1)] == [decode_record(r) for r in records]
-    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
-    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
-    assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
+    _resumes_as(original, checkpoint)
 
 
 def test_a_journal_of_the_release_before_signed_with_hmac_is_still_read(tmp_path) -> None:
@@ -165,8 +175,7 @@ def test_a_journal_of_the_release_before_signed_with_hmac_is_still_read(tmp_path
     original, checkpoint = _job(tmp_path)
     path = journal_path(checkpoint)
     records = read_journal(path, KEY, 1)
-    head = MAGIC_2 + struct.pack("<Q", 1)
-    legacy = bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest())
+    legacy = _signed_head(MAGIC_2)
     for index, record in enumerate(records):
         assert record.messages is not None
         body = struct.pack("<I", len(record.messages)) + record.messages + struct.pack("<I", len(record.calls))
@@ -174,9 +183,7 @@ def test_a_journal_of_the_release_before_signed_with_hmac_is_still_read(tmp_path
         legacy += body + hmac.new(KEY, struct.pack("<QQ", 1, index) + body, hashlib.sha256).digest()
     path.write_bytes(bytes(legacy))
     assert read_journal(path, KEY, 1) == records
-    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
-    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
-    assert restored.store.version == original.store.version == 2 and restored.traffic.applied == 4
+    _resumes_as(original, checkpoint)
     legacy[-40] ^= 1  # a byte of the last record's calls
     path.write_bytes(bytes(legacy))
     with pytest.raises(CheckpointError, match="record 4 damaged or forged"):
