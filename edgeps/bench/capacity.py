@@ -117,10 +117,10 @@ def apply_rate(
     ingest: list[subprocess.Popen[bytes]] = []
     try:
         ingest = start_workers(host, port, job, workdir, workers, names)
-        samples: list[tuple[float, int, int]] = []  # (server's elapsed_s, applied, commits) from its metrics
+        samples: list[tuple[float, int, int, int]] = []  # (server's elapsed_s, applied, commits, version): its metrics
 
         def take(records: list[Metrics]) -> Metrics | None:
-            samples.extend((m.elapsed_s, m.applied, m.commits) for m in records)
+            samples.extend((m.elapsed_s, m.applied, m.commits, m.version) for m in records)
             return records[-1] if records else None
 
         def read_metrics(timeout: float) -> Metrics | None:
@@ -180,7 +180,7 @@ def apply_rate(
         window = [s for s in samples if begun + seconds / 4 <= s[0] <= begun + seconds]
         if len(window) < 2:
             raise RuntimeError("too few metrics records from the server during the load")
-        (t0, a0, c0), (t1, a1, c1) = window[0], window[-1]
+        (t0, a0, c0, v0), (t1, a1, c1, v1) = window[0], window[-1]
         for loader in loaders:
             loader.join(timeout=30)
         return {
@@ -188,6 +188,7 @@ def apply_rate(
             "offered_rate": round(sent / seconds, 1),
             "apply_rate": round((a1 - a0) / (t1 - t0), 1),
             "receive_rate": round((c1 - c0) / (t1 - t0), 1),
+            "version_rate": round((v1 - v0) / (t1 - t0), 1),  # the server's batches (asp: a version each)
             "server_rss_mib": [round(min(rss[len(rss) // 4 :]), 1), round(max(rss[len(rss) // 4 :]), 1)],
             "cores": cpu,  # CPU seconds a second of each process over the last three quarters of the load
             "rejected": dict(server.last.rejected) if server.last is not None else {},
@@ -208,12 +209,18 @@ def bench_capacity(
     say: Any = print,
     profile: Path | None = None,
     workers: tuple[int, ...] = (),
+    repeats: int = 2,
 ) -> dict[str, Any]:
     """The broker's raw rate and the server's apply rate for the same payload, in one run; with ``profile``,
     the server's cProfile statistics (of the run without a checkpoint) there; with ``workers``, the apply
-    rate of a server behind that many ingest workers, for each count, in the same run."""
+    rate of a server behind that many ingest workers, for each count, in the same run. With ``checkpoint``,
+    ``repeats`` phases with it and as many without, in the order ABBA (plain, checkpoint, checkpoint,
+    plain, ...: a drift of the machine's speed over the run weighs on both alike); the rate ratio is
+    that of their sums."""
     from broker.launcher import start_broker
 
+    if repeats < 1:
+        raise ValueError(f"--repeats takes 1 or more phases, not {repeats}")
     with tempfile.TemporaryDirectory(prefix="edgeps-capacity-") as tmp, start_broker(workdir=Path(tmp) / "b") as broker:
         payload = bytes(commit_template("cap-0000"))
         say(f"broker: {count} QoS 1 publishes of the {len(payload):,}-byte commit payload to one mosquitto_sub ...")
@@ -254,6 +261,38 @@ def bench_capacity(
             "ratio_mosquitto_pub": round(plain["apply_rate"] / pub, 3),
             "server": plain,
         }
+        if checkpoint:
+            phases = [(False, plain)]
+            order = [saving for k in range(repeats) for saving in ((False, True) if k % 2 == 0 else (True, False))]
+            for k, saving in enumerate(order[1:]):
+                phase = Path(tmp) / f"ps-{k}{'-ckpt' if saving else ''}"
+                run = apply_rate(
+                    broker.host, broker.port, phase, devices, seconds, generators, saving, say, broker_pid=pid
+                )
+                phases.append((saving, run))
+                say(f"  {run['apply_rate']:,.0f} commits applied/s" + (" with --checkpoint" if saving else ""))
+            saves, plains = ([run for saving, run in phases if saving is kind] for kind in (True, False))
+            rate, saved_rate = (sum(run["apply_rate"] for run in runs) for runs in (plains, saves))
+            plain_us, saved_us = (
+                sum(run["cores"]["server"] for run in runs) / sum(run["apply_rate"] for run in runs) * 1e6
+                for runs in (plains, saves)
+            )
+            say(
+                f"  --checkpoint: {saved_rate / rate:.2f}x the apply rate without it ({repeats} phases of each),"
+                f" {saved_us:.0f} µs of the server's CPU a commit ({saved_us / plain_us:.2f}x without)"
+            )
+            report.update(
+                apply_rate_checkpoint=round(saved_rate / len(saves), 1),
+                ratio_checkpoint=round(saved_rate / len(saves) / raw, 3),
+                checkpoint_rate_ratio=round(saved_rate / rate, 3),
+                checkpoint_phases=[
+                    {"checkpoint": saving, "apply_rate": run["apply_rate"], "server_cores": run["cores"]["server"]}
+                    for saving, run in phases
+                ],
+                cpu_per_commit_us_checkpoint=round(saved_us, 1),
+                checkpoint_cpu_ratio=round(saved_us / plain_us, 3),
+                server_checkpoint=saves[0],
+            )
         for count in workers:
             say(f"server behind {count} ingest workers (edgeps aggregator --shared) under the same load ...")
             shared = apply_rate(
@@ -270,22 +309,6 @@ def bench_capacity(
             )
             say(f"  {shared['apply_rate']:,.0f} commits applied/s: {shared['apply_rate'] / plain['apply_rate']:.2f}x")
             report.setdefault("workers", {})[count] = shared
-        if checkpoint:
-            saved = apply_rate(broker.host, broker.port, Path(tmp) / "ps-ckpt", devices, seconds, generators, True, say)
-            saved_us = saved["cores"]["server"] / saved["apply_rate"] * 1e6
-            say(
-                f"  {saved['apply_rate']:,.0f} commits applied/s with --checkpoint"
-                f" ({saved['apply_rate'] / plain['apply_rate']:.2f}x without), {saved_us:.0f} µs of the server's CPU"
-                f" each ({saved_us / server_us:.2f}x without)"
-            )
-            report.update(
-                apply_rate_checkpoint=saved["apply_rate"],
-                ratio_checkpoint=round(saved["apply_rate"] / raw, 3),
-                checkpoint_rate_ratio=round(saved["apply_rate"] / plain["apply_rate"], 3),
-                cpu_per_commit_us_checkpoint=round(saved_us, 1),
-                checkpoint_cpu_ratio=round(saved_us / server_us, 3),
-                server_checkpoint=saved,
-            )
     return report
 
 
@@ -322,7 +345,12 @@ def format_capacity(report: dict[str, Any]) -> Table:
     if "cpu_per_commit_us_checkpoint" in report:
         table.after.append(
             f"--checkpoint: {report['checkpoint_rate_ratio']:.2f}x the apply rate without it,"
-            f" {report['cpu_per_commit_us_checkpoint']:.0f} µs of CPU a commit ({report['checkpoint_cpu_ratio']:.2f}x)"
+            f" {report['cpu_per_commit_us_checkpoint']:.0f} µs of CPU a commit ({report['checkpoint_cpu_ratio']:.2f}x);"
+            " phases: "
+            + ", ".join(
+                f"{phase['apply_rate']:,.0f}{' ckpt' if phase['checkpoint'] else ''}"
+                for phase in report["checkpoint_phases"]
+            )
         )
     low, high = report["server"]["server_rss_mib"]
     table.after.append(f"server RSS under the load: {low}..{high} MiB")

@@ -114,6 +114,7 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
                 checkpoint=args.checkpoint,
                 profile=profile,
                 workers=tuple(args.workers or ()),
+                repeats=args.repeats,
             ),
             format_capacity,
         )

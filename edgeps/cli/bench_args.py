@@ -121,6 +121,12 @@ def _load_and_attack(bench: Subparsers) -> None:
         help="the broker's raw rate for the commit payload and the server's apply rate, and their ratio",
     )
     load.add_argument("--checkpoint", action="store_true", help="with --capacity: the apply rate with --checkpoint too")
+    load.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="with --checkpoint: phases with it and as many without, in the order ABBA (default: 2)",
+    )
     load.add_argument("--profile", help="with --capacity: run the server under cProfile, its statistics to this file")
     load.add_argument(
         "--workers",
