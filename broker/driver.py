@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -22,6 +23,11 @@ from schemas.topics import Inbound, Publish
 
 #: Inbound messages handled in one turn (the server checkpoints once per turn).
 BATCH = 64
+#: Turns with messages whose state is being made durable while the next ones are processed (the
+#: server's journal: its thread takes the GIL to start a write and again when the write returns,
+#: each time up to a switch interval after asking, while the driver is busy). Their messages are
+#: unacknowledged meanwhile: (HELD + 1) * BATCH fit the server's inbox (its Receive Maximum).
+HELD = 3
 #: The longest sleep of a turn: how soon a stop request is seen.
 IDLE_S = 0.25
 
@@ -91,13 +97,14 @@ def drive(
     published with it (a site aggregator: a device's commit is let go only once the site commit
     holding it is with the broker). ``before_publish(batch, out)``: what the role does before a
     turn's results leave (the server's checkpoint), returning None when that is done or a
-    ``Settle`` that waits for it: then a turn that had messages lets the next turn (what came
-    meanwhile, if anything: it does not wait for more) be processed while it settles, and publishes
-    and acknowledges only after the wait, before the next turn's results (its results never leave,
-    nor are its messages acknowledged, before its state is durable). ``after_turn``: what it does
+    ``Settle`` that waits for it: then a turn that had messages lets the next ``HELD`` turns (what
+    came meanwhile, if anything: it does not wait for more) be processed while it settles, and
+    publishes and acknowledges only after the wait, before the next turn's results (its results never
+    leave, nor are its messages acknowledged, before its state is durable); a turn without messages
+    lets every held turn finish first. ``after_turn``: what it does
     after."""
     unacked: list[Inbound] = []
-    held: tuple[list[Inbound], list[Publish], Settle] | None = None  # a turn whose state is being made durable
+    held: deque[tuple[list[Inbound], list[Publish], Settle]] = deque()  # turns whose state is being made durable
 
     def running() -> bool:
         if stop is not None and stop.is_set():
@@ -124,7 +131,7 @@ def drive(
 
     while running():
         due = core.next_deadline()
-        wait = 0.0 if held is not None else idle_s if due is None else min(idle_s, max(0.0, due - clock()))
+        wait = 0.0 if held else idle_s if due is None else min(idle_s, max(0.0, due - clock()))
         if until is not None:
             wait = min(wait, max(0.0, until - clock()))
         batch = transport.receive_many(wait, BATCH)
@@ -135,12 +142,13 @@ def drive(
         for event in core.events.take():  # what the core had to say about the turn
             log.log(event.level, event.message)
         settle = before_publish(batch, out) if before_publish is not None else None
-        if held is not None:
-            finish(*held)
-            held = None
         if settle is not None and batch and running():
-            held = batch, out, settle  # the next turn's processing overlaps this turn's sync
+            held.append((batch, out, settle))  # the next turns' processing overlaps this turn's sync
+            if len(held) > HELD:
+                finish(*held.popleft())
         else:
+            while held:
+                finish(*held.popleft())
             finish(batch, out, settle)
-    if held is not None:  # the loop ended: the held turn's state is durable once settled, and what it says goes out
-        finish(*held)
+    while held:  # the loop ended: a held turn's state is durable once settled, and what it says goes out
+        finish(*held.popleft())

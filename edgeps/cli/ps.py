@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import re
-import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 def cmd_ps(args: argparse.Namespace) -> int:
     """The composition root of the server: the job's options and task, its core, the checkpoint, the
     metrics endpoint and the broker, served until the job ends; then the models and the report."""
-    from ps_service.io.journal import SWITCH_S
     from ps_service.io.mqtt import connect_server, serve
 
     for path, flag in ((args.save_model, "--save-model"), (args.report, "--report"), (args.checkpoint, "--checkpoint")):
@@ -35,8 +33,6 @@ def cmd_ps(args: argparse.Namespace) -> int:
     task, config, model = _job(args)
     core = _core(args, task, config)
     checkpoint, key = _checkpoint(args)
-    if checkpoint is not None:  # the journal's thread gets the GIL soon after its write returns
-        sys.setswitchinterval(SWITCH_S)
     stop = stop_on_signals()
     endpoint = _endpoint(args, config.job)
     transport = connect_server(core, address(args))

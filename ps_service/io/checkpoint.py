@@ -161,9 +161,14 @@ def write_atomic(path: Path, blob: bytes) -> None:
         file.flush()
         os.fsync(file.fileno())
     os.replace(partial, path)
+    sync_folder(path)
+
+
+def sync_folder(path: Path) -> None:
+    """Make a rename to ``path`` durable: fsync the folder that holds it."""
     directory = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(directory)  # make the rename itself durable
+        os.fsync(directory)
     finally:
         os.close(directory)
 

@@ -102,21 +102,33 @@ def _plain(state) -> str:
     )
 
 
+def _records_end(path) -> int:
+    """Where the journal at ``path`` (journal 1) ends: its head and its records (zeros follow)."""
+    return 64 + sum(4 + len(r.messages or b"") + 4 + len(r.calls) + 16 for r in read_journal(path, KEY, 1))
+
+
 def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path) -> None:
     _, checkpoint = _job(tmp_path)
     path = journal_path(checkpoint)
     whole = path.read_bytes()
     assert len(read_journal(path, KEY, 1)) == 5
+    end = _records_end(path)
+    assert len(whole) > end and not any(whole[end:])  # the file's blocks written before the records
     last = read_journal(path, KEY, 1)[-1]
     assert last.messages is not None
     size = 4 + len(last.messages) + 4 + len(last.calls) + 16  # its Poly1305 tag
     for cut in range(1, size + 1, 5):  # its MAC, its calls, its messages: never synced, never acknowledged
-        path.write_bytes(whole[:-cut])
+        path.write_bytes(whole[: end - cut])  # a copy cut short
         assert len(read_journal(path, KEY, 1)) == 4, cut
+        path.write_bytes(whole[: end - cut] + bytes(len(whole) - end + cut))  # a write torn: zeros were there
+        assert len(read_journal(path, KEY, 1)) == 4, cut
+    stale = bytes(range(256)) * (len(whole) // 256 + 1)  # or an older journal's bytes
+    path.write_bytes(whole[: end - size // 2] + stale[: len(whole) - end + size // 2])
+    assert len(read_journal(path, KEY, 1)) == 4
     restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
     assert recover(restored, checkpoint, 50.0, KEY) == (1, 6)
     assert restored.store.version == 2 and not restored.pace.take_all()  # the cut commit: from the broker again
-    for at in (len(whole) // 2, len(whole) - 20):  # a byte of a message, a byte of a call
+    for at in (end // 2, end - size - 20):  # a byte of a message, a byte of a call, in records others follow
         forged = bytearray(whole)
         forged[at] ^= 1
         path.write_bytes(bytes(forged))
@@ -125,6 +137,39 @@ def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path
     path.write_bytes(whole)
     with pytest.raises(CheckpointError, match="not signed"):
         read_journal(path, b"x" * 32, 1)
+
+
+def test_a_new_journal_writes_over_the_old_ones_file_and_reads_back_only_its_own(tmp_path) -> None:
+    """The blocks a record lands on are written before it (a sync then writes no file metadata):
+    a new journal takes the old one's file, and what lies past its records is not read."""
+    server, checkpoint = _job(tmp_path)
+    path = journal_path(checkpoint)
+    before, inode = path.stat().st_size, path.stat().st_ino
+    recorded, journal = Recorded(server), Journal(path, KEY)
+    journal.restart(2, partial(save, server, checkpoint, 3.0, KEY, 2)).result()
+    _turn(recorded, journal, 3.5, _hello(server, "c"))
+    journal.close()
+    assert path.stat().st_ino == inode and path.stat().st_size == before  # the same file, grown by nothing
+    assert len(read_journal(path, KEY, 2)) == 1  # the five records of journal 1 after it: stale
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 10.0, KEY) == (2, 1)
+    assert restored.store.version == 2 and restored.traffic.applied == 4
+
+
+def test_a_journal_grows_by_zeros_ahead_of_its_records(tmp_path, monkeypatch) -> None:
+    """Past the file's end, zeros first (``EXTEND_BYTES`` beyond the record), then the record over them."""
+    monkeypatch.setattr("ps_service.io.journal.EXTEND_BYTES", 10_000)
+    server = small_server()
+    journal = Journal(tmp_path / "j.wal", KEY)
+    journal.restart(1).result()
+    sizes = []
+    for seq in range(1, 40):
+        journal.write([_commit(server, "a", seq)], b"M" + struct.pack("<d", float(seq))).result()
+        sizes.append((tmp_path / "j.wal").stat().st_size)
+    journal.close()
+    assert sizes == sorted(sizes) and len(set(sizes)) <= len(sizes) // 4  # a record of 1.9 KB: one growth in 5
+    assert _records_end(tmp_path / "j.wal") < sizes[-1] <= _records_end(tmp_path / "j.wal") + 10_000
+    assert len(read_journal(tmp_path / "j.wal", KEY, 1)) == 39
 
 
 def test_a_journal_of_an_earlier_snapshot_is_ignored(tmp_path) -> None:
@@ -221,16 +266,41 @@ def test_a_record_from_another_journal_of_the_same_id_is_refused(tmp_path) -> No
     for name in ("one.wal", "two.wal"):
         journal = Journal(tmp_path / name, KEY)
         journal.restart(1).result()
-        journal.write([_hello(server, "a")], b"M" + struct.pack("<d", 1.0))
+        for _ in range(2):
+            journal.write([_hello(server, "a")], b"M" + struct.pack("<d", 1.0))
         journal.close()
         journals.append((tmp_path / name).read_bytes())
-    head = 8 + 8 + 16 + 32
-    assert journals[0][:8] == b"EPSWAL03" and journals[0][8:16] == journals[1][8:16]
+    head, end = 8 + 8 + 16 + 32, _records_end(tmp_path / "one.wal")
+    record = (end - head) // 2
+    assert journals[0][:8] == b"EPSWAL04" and journals[0][8:16] == journals[1][8:16]
     assert journals[0][16:32] != journals[1][16:32]  # the salts
-    assert journals[0][head:-16] == journals[1][head:-16] and journals[0][-16:] != journals[1][-16:]  # the tags
-    (tmp_path / "spliced.wal").write_bytes(journals[0][:head] + journals[1][head:])
-    with pytest.raises(CheckpointError, match="record 0 damaged or forged"):
-        read_journal(tmp_path / "spliced.wal", KEY, 1)
+    assert journals[0][head : head + record - 16] == journals[1][head : head + record - 16]
+    assert journals[0][head + record - 16 : head + record] != journals[1][head + record - 16 : head + record]  # tags
+    spliced = tmp_path / "spliced.wal"
+    spliced.write_bytes(journals[0][:head] + journals[1][head : head + record] + journals[0][head + record :])
+    with pytest.raises(CheckpointError, match="record 0 damaged or forged"):  # one record in another's place
+        read_journal(spliced, KEY, 1)
+    spliced.write_bytes(journals[0][:head] + journals[1][head:])  # all of another's: none of them read
+    assert read_journal(spliced, KEY, 1) == [] and len(read_journal(tmp_path / "two.wal", KEY, 1)) == 2
+
+
+def test_a_journal_of_the_release_before_appended_to_refuses_any_record_that_fails(tmp_path) -> None:
+    """``EPSWAL03``: laid out as now, but the file ended where its records did, so a record that does
+    not verify is damage even at the end (a crash could only cut it short)."""
+    original, checkpoint = _job(tmp_path)
+    path = journal_path(checkpoint)
+    records, end = read_journal(path, KEY, 1), _records_end(path)
+    head = b"EPSWAL03" + path.read_bytes()[8:32]
+    legacy = bytearray(head + hmac.new(KEY, head, hashlib.sha256).digest() + path.read_bytes()[64:end])
+    path.write_bytes(bytes(legacy))
+    assert read_journal(path, KEY, 1) == records
+    _resumes_as(original, checkpoint)
+    path.write_bytes(bytes(legacy[:-7]))
+    assert len(read_journal(path, KEY, 1)) == 4
+    legacy[-20] ^= 1  # a byte of the last record's calls
+    path.write_bytes(bytes(legacy))
+    with pytest.raises(CheckpointError, match="record 4 damaged or forged"):
+        read_journal(path, KEY, 1)
 
 
 @given(
