@@ -121,7 +121,7 @@ def test_a_record_a_crash_cut_short_is_dropped_and_a_forged_one_refused(tmp_path
         path.write_bytes(whole[: end - cut])  # a copy cut short
         assert len(read_journal(path, KEY, 1)) == 4, cut
         path.write_bytes(whole[: end - cut] + bytes(len(whole) - end + cut))  # a write torn: zeros were there
-        assert len(read_journal(path, KEY, 1)) == 4, cut
+        assert len(read_journal(path, KEY, 1)) == (4 if any(whole[end - cut : end]) else 5), cut  # (zeros kept)
     stale = bytes(range(256)) * (len(whole) // 256 + 1)  # or an older journal's bytes
     path.write_bytes(whole[: end - size // 2] + stale[: len(whole) - end + size // 2])
     assert len(read_journal(path, KEY, 1)) == 4
