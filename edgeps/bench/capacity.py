@@ -274,8 +274,8 @@ def bench_capacity(
             saves, plains = ([run for saving, run in phases if saving is kind] for kind in (True, False))
             rate, saved_rate = (sum(run["apply_rate"] for run in runs) for runs in (plains, saves))
             plain_us, saved_us = (
-                sum(run["cores"]["server"] for run in runs) / sum(run["apply_rate"] for run in runs) * 1e6
-                for runs in (plains, saves)
+                sum(run["cores"]["server"] for run in runs) / total * 1e6
+                for runs, total in ((plains, rate), (saves, saved_rate))
             )
             say(
                 f"  --checkpoint: {saved_rate / rate:.2f}x the apply rate without it ({repeats} phases of each),"

@@ -180,7 +180,7 @@ class Journal:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._offset, self._extent = fd, len(head), max(os.fstat(fd).st_size, len(head))
+        self._fd, self._offset, self._extent = fd, len(head), os.fstat(fd).st_size
 
     def write(self, messages: Sequence[Inbound], calls: bytes | bytearray) -> Future[None]:
         """Append a turn's record: its ``messages`` and ``calls``, encoded and signed here, written
@@ -272,10 +272,9 @@ def read_journal(path: Path, key: bytes, journal: int) -> list[Record]:
         bodies, after, verified = record
         if not verified:
             index = len(records)
-            following = signed(after, index + 1) if magic == MAGIC else None
-            if magic == MAGIC and not (following is not None and following[2]):
-                return records  # the end: what follows is an older journal's, or zeros (or cut short)
-            raise CheckpointError(f"{path}: record {index} damaged or forged: refusing the journal")
+            if magic != MAGIC or ((following := signed(after, index + 1)) is not None and following[2]):
+                raise CheckpointError(f"{path}: record {index} damaged or forged: refusing the journal")
+            return records  # the end: what follows is an older journal's, or zeros (or cut short)
         records.append(Record(bytes(bodies[0]), bytes(bodies[1])) if parts == 2 else Record(None, bytes(bodies[0])))
         pos = after
     return records  # never synced, nothing in the record cut short acknowledged
