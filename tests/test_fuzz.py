@@ -77,13 +77,16 @@ def test_parsers_raise_only_their_own_errors(payload) -> None:
 
 
 def _signed_checkpoint() -> bytes:
-    from ps_service.io.checkpoint import encode
+    from pathlib import Path
+
+    from ps_service.io.checkpoint import History, encode
 
     server = small_server(pace="bsp", rounds=1000)
     server.start(0.0)
     hello(server, "dev")
     server.on_message(server.topics.grad("dev"), commit_bytes(server, "dev", 1), 0.5)
-    return encode(server, 1.0, KEY)
+    _, history = History(Path("unwritten.history")).take(server.history_json)
+    return encode(server, 1.0, KEY, 0, history)
 
 
 KEY = b"k" * 32
@@ -109,7 +112,7 @@ def test_a_damaged_checkpoint_signed_with_the_key_is_refused_or_read_never_a_cra
     blob = MAGIC + hmac.new(KEY, bytes(body), hashlib.sha256).digest() + bytes(body)
     with contextlib.suppress(CheckpointError):
         state, history = decode(blob, KEY)
-        assert isinstance(state, dict) and isinstance(history, list)
+        assert isinstance(state, dict) and history is None and isinstance(state["history"], dict)
 
 
 def _compact_commit(codec: str) -> bytes:

@@ -10,8 +10,8 @@ real server core, codecs and device cores:
 For each job: virtual seconds per round, bytes per round (both ways, frame payloads as the
 server counts them), server CPU seconds per commit (process time spent in the server core, which
 runs in this process between the devices' steps; the devices' statuses, their hellos and speed
-reports, apart), and one checkpoint of the server's state at the
-end: its bytes and the seconds it took to encode and write. A log-log fit of each against the
+reports, apart), and one checkpoint of the server's state at the end (the snapshot and its
+metrics history): its bytes and the seconds it took to encode and write. A log-log fit of each against the
 fleet size (or the parameter count) gives its exponent: 1 is linear growth, 0 flat.
 
 The digits data is tiled (with a little noise) so that every device holds at least 24 samples.
@@ -56,7 +56,7 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
     """One bsp job of ``rounds`` versions in the simulator; its costs."""
     from edgeps.scenario import Scenario
     from edgeps.simulator import Simulation, scenario_data
-    from ps_service.io.checkpoint import save
+    from ps_service.io.checkpoint import history_path, save
 
     job = {"rounds": rounds, "duration_s": 1e6}  # ServerConfig's fields, nested by the model
     scenario = Scenario.model_validate({"devices": devices, "hidden": hidden, "alpha": 100.0, "seed": seed, **job})
@@ -77,7 +77,7 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
         started = time.perf_counter()
         save(server, path, result.run_s, b"k" * 32)
         checkpoint_s = time.perf_counter() - started
-        checkpoint_bytes = path.stat().st_size
+        checkpoint_bytes = path.stat().st_size + history_path(path).stat().st_size
     return {
         "devices": devices,
         "hidden": list(hidden),

@@ -10,16 +10,20 @@ File layout (nothing in it is code: no pickle):
 
 | bytes | content |
 |---|---|
-| 8 | magic ``EPSCKPT2`` |
+| 8 | magic ``EPSCKPT3`` |
 | 32 | HMAC-SHA256, keyed with the server's checkpoint key, of everything after it |
 | 4 + n | u32 little-endian n, then the state: UTF-8 JSON (``ServerCore.to_state``); tensors and |
 |  | payloads in it are references into the archive below |
-| 4 + m | u32 m, then the metrics history: a JSON array of Metrics records |
 | rest | a NumPy ``.npz`` archive of the tensors and payloads (read with ``allow_pickle=False``) |
 
-The state JSON has ``format`` (``edgeps-checkpoint/2``), the configuration the server ran with
-(refused if the server now runs another), and the core's fields by name; times are ages in
-seconds. The key (32 random bytes) lives in a file of its own (by default ``PATH.key`` beside
+The state JSON has ``format`` (``edgeps-checkpoint/3``), the configuration the server ran with
+(refused if the server now runs another), the core's fields by name (times are ages in
+seconds), and ``history``: how much of the metrics history file beside it (``PATH.history``,
+``History``) is this snapshot's. The history grows with the job (a record a version) and is
+written once: each snapshot appends the records new since the one before, so that a snapshot
+costs the state and not the job's past. ``EPSCKPT2`` (the release before) held the history in
+the file, between the state and the archive (u32 m, then a JSON array of Metrics records), and
+is still read. The key (32 random bytes) lives in a file of its own (by default ``PATH.key`` beside
 the checkpoint, created mode 600 on first use): a file that does not verify under it is refused
 before anything in it is parsed. The checkpoint is mode 600 too.
 """
@@ -34,16 +38,19 @@ import os
 import secrets
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from schemas.messages import MessageError, Metrics
 
-MAGIC = b"EPSCKPT2"
-FORMAT = "edgeps-checkpoint/2"
+MAGIC = b"EPSCKPT3"
+FORMAT = "edgeps-checkpoint/3"
+#: The checkpoints of the release before, still read: the metrics history inside.
+MAGIC_2, FORMAT_2 = b"EPSCKPT2", "edgeps-checkpoint/2"
+HISTORY_MAGIC = b"EPSHIST1"
 KEY_BYTES = 32
 _U32 = struct.Struct("<I")
 
@@ -104,35 +111,45 @@ def _join(tree: Any, arrays: Any) -> Any:
     return tree
 
 
-def encode(core: Any, now: float, key: bytes, journal: int = 0) -> bytes:
+def encode(core: Any, now: float, key: bytes, journal: int, history: dict[str, Any]) -> bytes:
     """``core``'s state at ``now``; ``journal``: the id of the journal that follows this snapshot
-    (ps_service.io.journal), written with the clock it was taken at."""
+    (ps_service.io.journal), written with the clock it was taken at; ``history``: the reference
+    to the metrics history file that ``History.take`` gave."""
     arrays: dict[str, np.ndarray] = {}
     config = json.loads(core.config.model_dump_json())
-    state = {"format": FORMAT, "config": config, "journal": {"id": journal, "clock": now}, "core": core.to_state(now)}
+    state = {
+        "format": FORMAT,
+        "config": config,
+        "journal": {"id": journal, "clock": now},
+        "history": history,
+        "core": core.to_state(now),
+    }
     text = json.dumps(state, separators=(",", ":"), default=_splitter(arrays)).encode()
-    history = b"[" + b",".join(core.history_json) + b"]"
     archive = io.BytesIO()
     np.savez(archive, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
-    body = _U32.pack(len(text)) + text + _U32.pack(len(history)) + history + archive.getvalue()
+    body = _U32.pack(len(text)) + text + archive.getvalue()
     return MAGIC + hmac.new(key, body, hashlib.sha256).digest() + body
 
 
-def decode(blob: bytes, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
-    """(state, metrics history) of a checkpoint; CheckpointError unless it verifies under ``key``."""
-    if blob[: len(MAGIC)] != MAGIC:
+def decode(blob: bytes, key: bytes) -> tuple[dict[str, Any], list[Metrics] | None]:
+    """(state, metrics history) of a checkpoint; CheckpointError unless it verifies under ``key``.
+    The history is None where it is in the file beside the snapshot (``read_history``)."""
+    magic = blob[: len(MAGIC)]
+    if magic not in (MAGIC, MAGIC_2):
         raise CheckpointError("not an edgeps checkpoint of this version (bad magic)")
     mac, body = blob[len(MAGIC) : len(MAGIC) + 32], blob[len(MAGIC) + 32 :]
     if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
         raise CheckpointError("checkpoint damaged or not signed with this server's key: refusing it")
+    history: list[Metrics] | None = None
     try:
         (n,) = _U32.unpack_from(body)
-        text = body[4 : 4 + n]
-        (m,) = _U32.unpack_from(body, 4 + n)
-        history_text = body[8 + n : 8 + n + m]
-        with np.load(io.BytesIO(body[8 + n + m :]), allow_pickle=False) as arrays:
+        text, archive = body[4 : 4 + n], 4 + n
+        if magic == MAGIC_2:
+            (m,) = _U32.unpack_from(body, archive)
+            history = [Metrics.model_validate(record) for record in json.loads(body[archive + 4 : archive + 4 + m])]
+            archive += 4 + m
+        with np.load(io.BytesIO(body[archive:]), allow_pickle=False) as arrays:
             state = _join(json.loads(text), arrays)
-        history = [Metrics.model_validate(record) for record in json.loads(history_text)]
     except (
         struct.error,
         ValueError,
@@ -145,9 +162,129 @@ def decode(blob: bytes, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
         MessageError,
     ) as exc:  # NotImplementedError: zipfile reading a damaged "version needed" field
         raise CheckpointError(f"checkpoint unreadable: {exc}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") != (FORMAT if magic == MAGIC else FORMAT_2):
         raise CheckpointError(f"checkpoint format {state.get('format') if isinstance(state, dict) else '?'}")
+    if history is None and not isinstance(state.get("history"), dict):
+        raise CheckpointError("checkpoint names no metrics history")
     return state, history
+
+
+def history_path(checkpoint: Path) -> Path:
+    """Where the metrics history of the snapshot at ``checkpoint`` lives."""
+    return checkpoint.with_name(checkpoint.name + ".history")
+
+
+class History:
+    """The metrics history beside a snapshot (``PATH.history``), only appended: ``HISTORY_MAGIC``,
+    then a chunk per snapshot of the records new since the one before (u32 n, then n bytes: each
+    record u32 m and m bytes of Metrics JSON). A snapshot names how far the file is its:
+    ``{"records", "bytes", "sha256"}``, the last link of the chain sha256(link before + chunk)
+    that starts at sha256(magic), so that the history is signed with the snapshot and a snapshot
+    goes on from its own reference (after a crash, what a snapshot that did not land appended
+    is written over)."""
+
+    def __init__(self, path: Path, reference: dict[str, Any] | None = None) -> None:
+        """The history at ``path``, as a snapshot's ``reference`` names it (None: none yet)."""
+        self.path = path
+        self.resume(reference)
+
+    def resume(self, reference: dict[str, Any] | None) -> None:
+        """Go on from the end of the history a snapshot's ``reference`` names (None: a new file)."""
+        reference = reference or {"records": 0, "bytes": 0, "sha256": hashlib.sha256(HISTORY_MAGIC).hexdigest()}
+        self.records, self.size = int(reference["records"]), int(reference["bytes"])
+        self.link = bytes.fromhex(reference["sha256"])
+
+    def take(self, records: Sequence[bytes]) -> tuple[HistoryPart, dict[str, Any]]:
+        """For a snapshot of a history of ``records`` (serialised Metrics, those named before
+        first): the part to append before the snapshot is written, and the reference it names."""
+        if len(records) < self.records:  # not the history this file holds the start of: a new file
+            self.resume(None)
+        body = b"".join(_U32.pack(len(record)) + record for record in records[self.records :])
+        chunk = _U32.pack(len(body)) + body if body else b""
+        start, head = self.size, b"" if self.size else HISTORY_MAGIC
+        self.link = hashlib.sha256(self.link + chunk).digest() if chunk else self.link
+        self.records, self.size = len(records), self.size + len(head) + len(chunk)
+        reference = {"records": self.records, "bytes": self.size, "sha256": self.link.hex()}
+        return HistoryPart(self.path, start, head + chunk), reference
+
+
+class HistoryPart(NamedTuple):
+    """Bytes of a history file to write at ``start`` (``History.take``)."""
+
+    path: Path
+    start: int
+    data: bytes
+
+    def write(self) -> None:
+        """Write and sync them, and cut what lies after them (a crash's leftovers)."""
+        if not self.data and self.path.exists():
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(self.data)
+            while view:
+                view = view[os.pwrite(fd, view, self.start + len(self.data) - len(view)) :]
+            os.ftruncate(fd, self.start + len(self.data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.start == 0:
+            sync_folder(self.path)
+
+
+def read_history(path: Path, reference: Any) -> list[Metrics]:
+    """The metrics history a snapshot names (``History``); CheckpointError unless the file's first
+    ``bytes`` make the chain the reference ends with (nothing is parsed before)."""
+    try:
+        records, size, link = int(reference["records"]), int(reference["bytes"]), bytes.fromhex(reference["sha256"])
+        with open(path, "rb") as file:
+            data = file.read(size)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: the snapshot's metrics history is missing") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint names its metrics history wrongly: {exc!r}") from None
+    if len(data) < size or data[: len(HISTORY_MAGIC)] != HISTORY_MAGIC:
+        raise CheckpointError(f"{path}: not the metrics history of this checkpoint (short or bad magic)")
+    chain, chunks, pos = hashlib.sha256(HISTORY_MAGIC).digest(), [], len(HISTORY_MAGIC)
+    while pos + 4 <= size:
+        end = pos + 4 + _U32.unpack_from(data, pos)[0]
+        chain = hashlib.sha256(chain + data[pos:end]).digest()
+        chunks.append((pos + 4, end))
+        pos = end
+    if pos != size or not hmac.compare_digest(chain, link):
+        raise CheckpointError(f"{path}: metrics history damaged or not this checkpoint's: refusing it")
+    history = []
+    try:
+        for start, end in chunks:
+            while start < end:
+                (m,) = _U32.unpack_from(data, start)
+                history.append(Metrics.model_validate_json(data[start + 4 : start + 4 + m]))
+                start += 4 + m
+    except (struct.error, ValueError, MessageError) as exc:
+        raise CheckpointError(f"{path}: metrics history unreadable: {exc}") from None
+    if len(history) != records:
+        raise CheckpointError(f"{path}: {len(history)} metrics records where the checkpoint names {records}")
+    return history
+
+
+class Snapshot(NamedTuple):
+    """A snapshot ready to be written: the file, and the history's part it names (written first)."""
+
+    path: Path
+    blob: bytes
+    history: HistoryPart
+
+    def write(self) -> None:
+        self.history.write()
+        write_atomic(self.path, self.blob)
+
+
+def snapshot(core: Any, path: Path, now: float, key: bytes, journal: int, history: History) -> Snapshot:
+    """``core``'s snapshot at ``now`` for ``path``, naming journal ``journal`` and the records of
+    its history that ``history`` (this checkpoint's) has not written yet."""
+    part, reference = history.take(core.history_json)
+    return Snapshot(path, encode(core, now, key, journal, reference), part)
 
 
 def write_atomic(path: Path, blob: bytes) -> None:
@@ -174,14 +311,17 @@ def sync_folder(path: Path) -> None:
 
 
 def save(core: Any, path: Path, now: float, key: bytes, journal: int = 0) -> None:
-    write_atomic(path, encode(core, now, key, journal))
+    """Write ``core``'s snapshot at ``path`` (and its whole history beside it)."""
+    snapshot(core, path, now, key, journal, History(history_path(path))).write()
 
 
 def read(core: Any, path: Path, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:
-    """The snapshot at ``path`` (``decode``), refused unless ``core``'s configuration wrote it."""
+    """The snapshot at ``path`` (``decode``) and its history, refused unless ``core``'s configuration wrote it."""
     state, history = decode(path.read_bytes(), key)
     if state["config"] != json.loads(core.config.model_dump_json()):
         raise CheckpointError(f"{path} was written by a server with another configuration; refusing to resume")
+    if history is None:
+        history = read_history(history_path(path), state["history"])
     return state, history
 
 

@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from broker.driver import Core
-from ps_service.io.checkpoint import CheckpointError, load, read, sync_folder
+from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder
 from schemas.codecs import bits
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
@@ -419,19 +419,22 @@ def replay(core: Core, records: list[Record]) -> tuple[int, float | None]:
     return messages, last
 
 
-def recover(core: Any, checkpoint: Path, now: float, key: bytes) -> tuple[int, int]:
+def recover(core: Any, checkpoint: Path, now: float, key: bytes, history: History | None = None) -> tuple[int, int]:
     """Make ``core`` the server that wrote the snapshot at ``checkpoint`` and its journal: the
     snapshot loaded at the clock it was taken at, the journal's calls made again, then every time
     moved to ``now`` (as a snapshot taken after the last record would be). (The journal's id,
-    the messages made again.)"""
-    state, history = read(core, checkpoint, key)
+    the messages made again.) ``history``: the history file's writer, made to go on from where
+    this snapshot's history ends."""
+    state, metrics = read(core, checkpoint, key)
+    if history is not None:
+        history.resume(state.get("history"))  # a snapshot of the release before holds its history: a new file
     journal = state.get("journal") or {}  # a snapshot from before the journal has none
     number = int(journal.get("id", 0))
     records = read_journal(journal_path(checkpoint), key, number)
     if not records:
-        load(core, state, history, now, checkpoint)
+        load(core, state, metrics, now, checkpoint)
         return number, 0
-    load(core, state, history, float(journal["clock"]), checkpoint)
+    load(core, state, metrics, float(journal["clock"]), checkpoint)
     messages, last = replay(core, records)
     core.events.take()  # said when the calls were first made
     if last is not None:

@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from broker.client import BrokerAddress, MqttTransport, connect
 from broker.driver import Core, Settle, drive
 from broker.inbox import Inbox
 from broker.transport import Transport
-from ps_service.io.checkpoint import encode, load_key, write_atomic
+from ps_service.io.checkpoint import History, history_path, load_key, snapshot
 from ps_service.io.journal import IDLE_BYTES, SNAPSHOT_BYTES, Journal, Recorded, journal_path, recover
 from ps_service.io.prometheus import MetricsEndpoint
 from ps_service.server.core import ServerCore
@@ -123,6 +122,7 @@ class _Turns:
         self.recorded = Recorded(core) if checkpoint is not None else None
         self.driven: Core = self.recorded or core  # what the driver runs
         self.journal = Journal(journal_path(checkpoint), key) if checkpoint is not None and key is not None else None
+        self.history = History(history_path(checkpoint)) if checkpoint is not None else None
         self.number = 0  # the journal's id: the snapshot on disk names it
 
     def begin(self) -> list[Publish]:
@@ -130,7 +130,7 @@ class _Turns:
         core, checkpoint, clock = self.core, self.checkpoint, self.clock
         if checkpoint is not None and checkpoint.exists():
             assert self.key is not None
-            self.number, replayed = recover(core, checkpoint, clock(), self.key)
+            self.number, replayed = recover(core, checkpoint, clock(), self.key, self.history)
             job, run, version = core.config.job, core.run, core.store.version
             again = f", {replayed} messages of its journal made again" if replayed else ""
             log.info("resumed job %s (run %d) from %s at version %d%s", job, run, checkpoint, version, again)
@@ -142,14 +142,15 @@ class _Turns:
         return outgoing
 
     def save(self) -> Future[None]:
-        """A snapshot of the whole state, and a fresh journal after it: the state encoded now, both
-        written on the journal's thread (after the records before them); done once both are on disk."""
+        """A snapshot of the whole state (its metrics history's new records appended beside it), and a
+        fresh journal after it: the state encoded now, both written on the journal's thread (after the
+        records before them); done once both are on disk."""
         assert self.checkpoint is not None and self.key is not None and self.journal is not None
-        assert self.recorded is not None
+        assert self.recorded is not None and self.history is not None
         self.number += 1
-        blob = encode(self.core, self.clock(), self.key, self.number)
+        state = snapshot(self.core, self.checkpoint, self.clock(), self.key, self.number, self.history)
         self.recorded.take()  # in the snapshot
-        return self.journal.restart(self.number, partial(write_atomic, self.checkpoint, blob))
+        return self.journal.restart(self.number, state.write)
 
     def close(self) -> None:
         if self.journal is not None:

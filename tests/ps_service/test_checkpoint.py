@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import pickle
 import stat
+import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from ps_service.io.checkpoint import MAGIC, CheckpointError, load_key, restore, save
+from ps_service.io.checkpoint import (
+    MAGIC,
+    MAGIC_2,
+    CheckpointError,
+    History,
+    history_path,
+    load_key,
+    restore,
+    save,
+    snapshot,
+)
+from ps_service.io.journal import recover
 from schemas.messages import Notice
 from tests.helpers import commit_bytes, hello, small_server
 
@@ -58,7 +73,6 @@ def test_a_restored_server_goes_on_exactly_like_the_saved_one(tmp_path) -> None:
 
 def _same_state(restored, original) -> bool:
     """Every field but the arrays compared by value (dicts of arrays do not compare with ==)."""
-    import json
 
     def plain(state):
         return json.dumps(
@@ -120,8 +134,6 @@ class _Payload:
 def test_a_crafted_file_runs_no_code_when_the_server_starts(tmp_path) -> None:
     marker = tmp_path / "pwned"
     evil = pickle.dumps({"config": "{}", "saved_at": 0, "state": _Payload(str(marker))})
-    import hashlib
-
     path = tmp_path / "ps.ckpt"
     # the old format, its bare SHA-256 recomputed by the attacker; and the new magic in front of a pickle
     for blob in (b"EPSCKPT1" + hashlib.sha256(evil).digest() + evil, MAGIC + hashlib.sha256(evil).digest() + evil):
@@ -184,6 +196,106 @@ def test_writes_are_atomic_and_private(tmp_path) -> None:
     save(server, path, now=2.0, key=KEY)
     assert path.read_bytes() != first and not (tmp_path / "ps.ckpt.partial").exists()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(history_path(path).stat().st_mode) == 0o600
+
+
+def _versions(server, start: int, count: int, at: float) -> None:
+    """``count`` bsp rounds of devices a and b from sequence number ``start`` (a metrics record each)."""
+    for seq in range(start, start + count):
+        for device in ("a", "b"):
+            server.on_message(server.topics.grad(device), commit_bytes(server, device, seq), at + seq)
+
+
+def test_a_snapshot_appends_only_the_history_new_since_the_one_before(tmp_path) -> None:
+    """The metrics history grows with the job; a snapshot's cost must not: each one appends the
+    records new since the last, and the snapshot file stays the state's size."""
+    path, server = tmp_path / "ps.ckpt", started()
+    history = History(history_path(path))
+    sizes = []
+    for round_ in range(3):
+        _versions(server, 1 + 5 * round_, 5, 10.0 * round_)
+        written = snapshot(server, path, 10.0 * round_ + 6, KEY, round_ + 1, history)
+        written.write()
+        new = b"".join(len(r).to_bytes(4, "little") + r for r in server.history_json[-5:])
+        if round_:  # the five records of the five versions since the last snapshot, nothing before them
+            assert written.history.data == len(new).to_bytes(4, "little") + new
+        sizes.append(path.stat().st_size)
+    assert server.store.version == 15 and len(server.history) == 16
+    assert max(sizes) - min(sizes) < 200  # the state's counters grow a few digits; the history is beside it
+    restored = small_server(pace="bsp", rounds=20)
+    restore(restored, path, now=100.0, key=KEY)
+    assert restored.history == server.history and restored.store.version == 15
+
+
+def test_a_history_damaged_missing_or_of_another_snapshot_is_refused(tmp_path) -> None:
+    path, server = tmp_path / "ps.ckpt", started()
+    _versions(server, 1, 3, 0.0)
+    save(server, path, now=5.0, key=KEY)
+    whole = history_path(path).read_bytes()
+    for damaged, why in (
+        (whole[:-1], "short"),
+        (whole[:-3] + bytes([whole[-3] ^ 1]) + whole[-2:], "damaged"),
+        (b"EPSHIST0" + whole[8:], "bad magic"),
+    ):
+        history_path(path).write_bytes(damaged)
+        with pytest.raises(CheckpointError, match=why):
+            restore(small_server(pace="bsp", rounds=20), path, now=9.0, key=KEY)
+    history_path(path).unlink()
+    with pytest.raises(CheckpointError, match="history is missing"):
+        restore(small_server(pace="bsp", rounds=20), path, now=9.0, key=KEY)
+    _versions(server, 4, 1, 5.0)  # another snapshot's history, one record longer: the prefix is not enough
+    other = tmp_path / "other.ckpt"
+    save(server, other, now=9.0, key=KEY)
+    history_path(path).write_bytes(history_path(other).read_bytes()[: len(whole)])
+    with pytest.raises(CheckpointError, match="damaged or not this checkpoint's"):
+        restore(small_server(pace="bsp", rounds=20), path, now=9.0, key=KEY)
+
+
+def test_what_a_snapshot_that_did_not_land_appended_is_ignored_then_written_over(tmp_path) -> None:
+    """A crash between appending the history and writing the snapshot leaves records the snapshot on
+    disk does not name: a resumed server reads its own and writes over the rest."""
+    path, server = tmp_path / "ps.ckpt", started()
+    history = History(history_path(path))
+    snapshot(server, path, 1.0, KEY, 1, history).write()
+    _versions(server, 1, 2, 1.0)
+    snapshot(server, path, 4.0, KEY, 2, history).history.write()  # the history part landed, the snapshot not
+    landed = history_path(path).stat().st_size
+    restored = small_server(pace="bsp", rounds=20)
+    again = History(history_path(path))
+    assert recover(restored, path, 10.0, KEY, again) == (1, 0)  # snapshot 1 (no journal beside it here)
+    assert len(restored.history) == 1 and again.records == 1 and again.size < landed
+    _versions(restored, 1, 1, 10.0)
+    snapshot(restored, path, 12.0, KEY, 3, again).write()
+    assert history_path(path).stat().st_size < landed  # the leftovers cut
+    final = small_server(pace="bsp", rounds=20)
+    restore(final, path, now=20.0, key=KEY)
+    assert final.history == restored.history and len(final.history) == 2
+
+
+def test_a_checkpoint_of_the_release_before_with_its_history_inside_is_still_read(tmp_path) -> None:
+    """``EPSCKPT2`` held the metrics history between the state and the archive; a server upgraded
+    with one on disk resumes, and its next snapshot writes the whole history beside it."""
+    path, server = tmp_path / "ps.ckpt", started()
+    _versions(server, 1, 2, 0.0)
+    save(server, path, now=3.0, key=KEY)
+    body = path.read_bytes()[len(MAGIC) + 32 :]
+    (n,) = struct.unpack_from("<I", body)
+    state = json.loads(body[4 : 4 + n])
+    state["format"] = "edgeps-checkpoint/2"
+    del state["history"]
+    text, history = json.dumps(state).encode(), b"[" + b",".join(server.history_json) + b"]"
+    old = struct.pack("<I", len(text)) + text + struct.pack("<I", len(history)) + history + body[4 + n :]
+    path.write_bytes(MAGIC_2 + hmac.new(KEY, old, hashlib.sha256).digest() + old)
+    history_path(path).unlink()
+    restored = small_server(pace="bsp", rounds=20)
+    fresh = History(history_path(path))
+    recover(restored, path, 10.0, KEY, fresh)
+    assert restored.history == server.history and restored.store.version == 2
+    snapshot(restored, path, 11.0, KEY, 1, fresh).write()
+    final = small_server(pace="bsp", rounds=20)
+    restore(final, path, now=20.0, key=KEY)
+    assert final.history == server.history and path.read_bytes()[: len(MAGIC)] == MAGIC
+    assert history_path(path).read_bytes()[:8] == b"EPSHIST1"
 
 
 def test_the_key_is_made_once_private_and_must_be_there_to_resume(tmp_path) -> None:
