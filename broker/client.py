@@ -92,8 +92,8 @@ class MqttTransport(Transport):
             )
             connect_properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             connect_properties.SessionExpiryInterval = 0xFFFFFFFF if persistent else 0
-            if self._inbox.max_messages:  # ask the broker to hold back what the inbox cannot take
-                connect_properties.ReceiveMaximum = min(self._inbox.max_messages, 65535)
+            if self._inbox.receive_maximum:  # ask the broker to hold back what the inbox cannot take
+                connect_properties.ReceiveMaximum = self._inbox.receive_maximum
             connect_options: dict[str, Any] = {"clean_start": not persistent, "properties": connect_properties}
         else:
             client = FlowControlledClient(

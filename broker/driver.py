@@ -26,7 +26,8 @@ BATCH = 64
 #: Turns with messages whose state is being made durable while the next ones are processed (the
 #: server's journal: its thread takes the GIL to start a write and again when the write returns,
 #: each time up to a switch interval after asking, while the driver is busy). Their messages are
-#: unacknowledged meanwhile: (HELD + 1) * BATCH fit the server's inbox (its Receive Maximum).
+#: unacknowledged meanwhile: the server's Receive Maximum counts (HELD + 1) * BATCH of them beside
+#: its inbox (``broker.inbox.Inbox.in_hand``), so that the broker goes on sending while they are held.
 HELD = 3
 #: The longest sleep of a turn: how soon a stop request is seen.
 IDLE_S = 0.25

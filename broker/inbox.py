@@ -27,13 +27,22 @@ class Inbox:
     from the socket (``wait_for_room``), so TCP flow control keeps the backlog in the broker,
     bounded by the broker's own limits, instead of in this process's memory. It goes on writing
     meanwhile (acknowledgements, publishes). At least one message always fits.
+
+    ``in_hand``: messages the process takes from the inbox and holds unacknowledged besides it (the
+    server's turns whose state is being made durable); the broker may have that many more in flight
+    (``receive_maximum``), so that the inbox fills while they are held.
     """
 
-    def __init__(self, max_messages: int = 0, max_bytes: int = 0) -> None:
-        self.max_messages, self.max_bytes = max_messages, max_bytes
+    def __init__(self, max_messages: int = 0, max_bytes: int = 0, in_hand: int = 0) -> None:
+        self.max_messages, self.max_bytes, self.in_hand = max_messages, max_bytes, in_hand
         self._items: deque[Inbound] = deque()
         self._bytes = 0
         self._changed = threading.Condition()
+
+    @property
+    def receive_maximum(self) -> int:
+        """The QoS 1 messages the broker may send unacknowledged (MQTT 5 Receive Maximum; 0: no bound)."""
+        return min(self.max_messages + self.in_hand, 65535) if self.max_messages else 0
 
     def full(self) -> bool:
         if not self._items:

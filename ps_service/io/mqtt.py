@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import BrokerAddress, MqttTransport, connect
-from broker.driver import Core, Settle, drive
+from broker.driver import BATCH, HELD, Core, Settle, drive
 from broker.inbox import Inbox
 from broker.transport import Transport
 from ps_service.io.checkpoint import History, history_path, load_key, snapshot
@@ -197,7 +197,7 @@ def connect_server(core: ServerCore, broker: BrokerAddress, timeout: float = 10.
     where the broker speaks it (commands may then carry response topics and correlation data), else 3.1.1. Its
     inbox is bounded (``INBOX_MESSAGES``, ``INBOX_BYTES``): under overload the backlog stays in
     the broker and the server's memory stays flat."""
-    inbox = Inbox(INBOX_MESSAGES, INBOX_BYTES)
+    inbox = Inbox(INBOX_MESSAGES, INBOX_BYTES, in_hand=(HELD + 1) * BATCH)  # held turns and the turn in hand
     return connect(broker, f"edgeps-ps-{core.config.job}", core.subscriptions(), timeout, inbox=inbox)
 
 

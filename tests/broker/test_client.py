@@ -35,3 +35,37 @@ def test_a_bounded_inbox_leaves_the_backlog_in_the_broker_and_loses_nothing(mosq
             assert len(inbox) <= bound
         assert seen == list(range(2000))  # all of them, in order, once
         sink.close()
+
+
+def test_messages_held_unacknowledged_beside_the_inbox_leave_the_broker_sending(mosquitto) -> None:
+    """The MQTT 5 Receive Maximum counts the inbox and what the process holds unacknowledged besides
+    it (``in_hand``: the server's turns whose journal record is being written): with it the inbox
+    fills again while those are held; without it the broker waits for their acknowledgements."""
+    address = BrokerAddress(mosquitto.host, mosquitto.port)
+    for in_hand in (0, 100):
+        inbox = Inbox(max_messages=50, max_bytes=1 << 20, in_hand=in_hand)
+        assert inbox.receive_maximum == 50 + in_hand
+        topic = f"held{in_hand}/x"
+        sink = MqttTransport(address, f"held-sink-{in_hand}", [topic], mqtt5=True, inbox=inbox)
+        sink.wait_connected(10)
+        source = MqttTransport(address, f"held-source-{in_hand}", [], persistent=False)
+        source.wait_connected(10)
+        for i in range(400):
+            source.publish(Publish(topic, i.to_bytes(4, "little") + bytes(96), qos=1))
+        source.close(timeout=60)
+        held = []
+        for _ in range(in_hand // 50 or 1):  # take what the inbox holds, acknowledge none of it
+            wait_until(lambda inbox=inbox: len(inbox) >= 50, what="the inbox to fill")
+            held += sink.receive_many(0, 50)
+        if in_hand:
+            wait_until(lambda inbox=inbox: len(inbox) >= 50, what="the inbox to fill while 100 are held")
+        else:
+            time.sleep(0.5)  # a moment in which the broker would send more if it could
+            assert len(inbox) == 0
+        seen = [int.from_bytes(m.payload[:4], "little") for m in held]
+        sink.ack_many(held)
+        while (message := sink.receive(timeout=2)) is not None:
+            seen.append(int.from_bytes(message.payload[:4], "little"))
+            sink.ack(message)
+        assert seen == list(range(400))  # all of them, in order, once
+        sink.close()
