@@ -96,24 +96,6 @@ def test_a_snapshot_and_its_journal_make_the_server_that_wrote_them(tmp_path) ->
     assert _plain(restored.to_state(200.0)) == _plain(original.to_state(102.5))  # every field, times as ages
 
 
-@pytest.mark.parametrize("writer", ["compiled", "cryptography"])
-def test_records_signed_by_the_kernel_or_by_cryptography_read_back_either_way(tmp_path, monkeypatch, writer) -> None:
-    """A record's Poly1305 tag is the same whether ``schemas._kernels`` made it (the journal's thread,
-    GIL released) or the cryptography package did (a server built without the module)."""
-    from schemas.codecs import bits
-
-    if bits.kernels is None:
-        pytest.skip("schemas._kernels is not built here")
-    kernels = bits.kernels
-    if writer == "cryptography":
-        monkeypatch.setattr(bits, "kernels", None)
-    _, checkpoint = _job(tmp_path)
-    monkeypatch.setattr(bits, "kernels", None if writer == "compiled" else kernels)
-    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
-    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
-    assert restored.store.version == 2 and restored.traffic.applied == 4
-
-
 def _plain(state) -> str:
     return json.dumps(
         state, default=lambda v: np.asarray(v).tolist() if hasattr(v, "shape") else list(v), sort_keys=True
