@@ -51,6 +51,10 @@ FORMAT = "edgeps-checkpoint/3"
 #: The checkpoints of the release before, still read: the metrics history inside.
 MAGIC_2, FORMAT_2 = b"EPSCKPT2", "edgeps-checkpoint/2"
 HISTORY_MAGIC = b"EPSHIST1"
+#: Zeros a history file grows by when a snapshot's part would pass its end (written, then written over).
+HISTORY_EXTEND = 1 << 20
+#: The parts one ``pwritev`` takes at most (Linux's IOV_MAX is 1024).
+_IOV = 512
 KEY_BYTES = 32
 _U32 = struct.Struct("<I")
 
@@ -216,20 +220,20 @@ class HistoryPart(NamedTuple):
     data: bytes
 
     def write(self) -> None:
-        """Write and sync them, and cut what lies after them (a crash's leftovers)."""
-        if not self.data and self.path.exists():
-            return
+        """Write and sync them. Past the file's end, zeros first (``HISTORY_EXTEND`` beyond them,
+        synced with the file's new size): the part's own sync then writes data and no file metadata."""
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            view = memoryview(self.data)
-            while view:
-                view = view[os.pwrite(fd, view, self.start + len(self.data) - len(view)) :]
-            os.ftruncate(fd, self.start + len(self.data))
-            os.fsync(fd)
+            end, size = self.start + len(self.data), os.fstat(fd).st_size
+            if end > size:
+                write_zeros(fd, size, end + HISTORY_EXTEND)
+                os.fsync(fd)
+            write_at(fd, [self.data], self.start)
+            os.fdatasync(fd)
         finally:
             os.close(fd)
-        if self.start == 0:
+        if size == 0:
             sync_folder(self.path)
 
 
@@ -299,6 +303,24 @@ def write_atomic(path: Path, blob: bytes) -> None:
         os.fsync(file.fileno())
     os.replace(partial, path)
     sync_folder(path)
+
+
+def write_at(fd: int, parts: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
+    """Write ``parts`` whole at ``offset`` (a short write of a few MB is possible: what is left is written)."""
+    left: list[bytes | bytearray | memoryview] = list(parts)
+    while left:
+        written = os.pwritev(fd, left[:_IOV], offset)
+        offset += written
+        while left and written >= len(left[0]):
+            written -= len(left.pop(0))
+        if left and written:
+            left[0] = memoryview(left[0])[written:]
+
+
+def write_zeros(fd: int, start: int, end: int) -> None:
+    """Write zeros from ``start`` to ``end`` (in one system call)."""
+    zeros = memoryview(bytes(1 << 20))
+    write_at(fd, [zeros] * ((end - start) >> 20) + [zeros[: (end - start) & 0xFFFFF]], start)
 
 
 def sync_folder(path: Path) -> None:

@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from broker.driver import Core
-from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder
+from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder, write_at, write_zeros
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
 
@@ -92,8 +92,6 @@ IDLE_BYTES = 64 << 10
 _MAC = 32  # an EPSWAL02 or EPSWAL01 record's HMAC-SHA256, and a journal's head's
 _TAG = 16  # an EPSWAL04 (and 03) record's Poly1305 tag
 _SALT = 16
-#: The parts one ``pwritev`` takes at most (Linux's IOV_MAX is 1024).
-_IOV = 512
 _ID = struct.Struct("<Q")
 _LEN = struct.Struct("<I")
 _NOW = struct.Struct("<cd")
@@ -118,24 +116,6 @@ def _record_key(key: bytes, journal: int, salt: bytes, index: int) -> bytes:
 def _record_mac(key: bytes, journal: int, index: int, body: bytes | bytearray | memoryview) -> bytes:
     """An ``EPSWAL02`` or ``EPSWAL01`` record's HMAC."""
     return hmac.new(key, _ID.pack(journal) + _ID.pack(index) + body, hashlib.sha256).digest()
-
-
-def _write(fd: int, record: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
-    """Write ``record``'s parts whole at ``offset`` (a short write of a few MB is possible: what is left is written)."""
-    parts: list[bytes | bytearray | memoryview] = list(record)
-    while parts:
-        written = os.pwritev(fd, parts[:_IOV], offset)
-        offset += written
-        while parts and written >= len(parts[0]):
-            written -= len(parts.pop(0))
-        if parts and written:
-            parts[0] = memoryview(parts[0])[written:]
-
-
-def _zeros(fd: int, start: int, end: int) -> None:
-    """Write zeros from ``start`` to ``end`` (in one system call)."""
-    zeros = memoryview(bytes(1 << 20))
-    _write(fd, [zeros] * ((end - start) >> 20) + [zeros[: (end - start) & 0xFFFFF]], start)
 
 
 class Journal:
@@ -174,7 +154,7 @@ class Journal:
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            _write(fd, [head], 0)
+            write_at(fd, [head], 0)
             os.replace(aside, self.path)
             sync_folder(self.path)
         except BaseException:
@@ -205,9 +185,9 @@ class Journal:
         assert self._fd is not None
         end = self._offset + size
         if end > self._extent:  # zeros first, synced with the file's new size; the record then writes over them
-            _zeros(self._fd, self._extent, end + EXTEND_BYTES)
+            write_zeros(self._fd, self._extent, end + EXTEND_BYTES)
             self._extent = end + EXTEND_BYTES
-        _write(self._fd, record, self._offset)
+        write_at(self._fd, record, self._offset)
         self._offset = end
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ps_service.io.checkpoint import (
+    HISTORY_EXTEND,
     MAGIC,
     MAGIC_2,
     CheckpointError,
@@ -231,7 +232,7 @@ def test_a_history_damaged_missing_or_of_another_snapshot_is_refused(tmp_path) -
     path, server = tmp_path / "ps.ckpt", started()
     _versions(server, 1, 3, 0.0)
     save(server, path, now=5.0, key=KEY)
-    whole = history_path(path).read_bytes()
+    whole = history_path(path).read_bytes().rstrip(b"\0")  # its records (zeros follow, written ahead)
     for damaged, why in (
         (whole[:-1], "short"),
         (whole[:-3] + bytes([whole[-3] ^ 1]) + whole[-2:], "damaged"),
@@ -258,18 +259,35 @@ def test_what_a_snapshot_that_did_not_land_appended_is_ignored_then_written_over
     history = History(history_path(path))
     snapshot(server, path, 1.0, KEY, 1, history).write()
     _versions(server, 1, 2, 1.0)
-    snapshot(server, path, 4.0, KEY, 2, history).history.write()  # the history part landed, the snapshot not
-    landed = history_path(path).stat().st_size
+    landed = snapshot(server, path, 4.0, KEY, 2, history).history  # the history part landed, the snapshot not
+    landed.write()
     restored = small_server(pace="bsp", rounds=20)
     again = History(history_path(path))
     assert recover(restored, path, 10.0, KEY, again) == (1, 0)  # snapshot 1 (no journal beside it here)
-    assert len(restored.history) == 1 and again.records == 1 and again.size < landed
+    assert len(restored.history) == 1 and again.records == 1 and again.size == landed.start
     _versions(restored, 1, 1, 10.0)
-    snapshot(restored, path, 12.0, KEY, 3, again).write()
-    assert history_path(path).stat().st_size < landed  # the leftovers cut
+    part = snapshot(restored, path, 12.0, KEY, 3, again)
+    part.write()
+    assert part.history.start == landed.start and part.history.data != landed.data  # written over
     final = small_server(pace="bsp", rounds=20)
     restore(final, path, now=20.0, key=KEY)
     assert final.history == restored.history and len(final.history) == 2
+
+
+def test_a_history_grows_by_zeros_ahead_of_its_records(tmp_path) -> None:
+    """Past the file's end, zeros first (``HISTORY_EXTEND`` beyond the part), then the part over them:
+    a snapshot's history sync then writes data, not the file's size."""
+    path, server = tmp_path / "ps.ckpt", started()
+    history = History(history_path(path))
+    sizes = []
+    for round_ in range(4):
+        _versions(server, 1 + round_, 1, float(round_))
+        snapshot(server, path, round_ + 0.5, KEY, round_ + 1, history).write()
+        sizes.append(history_path(path).stat().st_size)
+    assert len(set(sizes)) == 1 and history.size < sizes[0] <= history.size + HISTORY_EXTEND  # one growth
+    restored = small_server(pace="bsp", rounds=20)
+    restore(restored, path, now=9.0, key=KEY)
+    assert restored.history == server.history
 
 
 def test_a_checkpoint_of_the_release_before_with_its_history_inside_is_still_read(tmp_path) -> None:
