@@ -23,12 +23,14 @@ from schemas.topics import Inbound, Publish
 
 #: Inbound messages handled in one turn (the server checkpoints once per turn).
 BATCH = 64
-#: Turns with messages whose state is being made durable while the next ones are processed (the
-#: server's journal: its thread takes the GIL to start a write and again when the write returns,
-#: each time up to a switch interval after asking, while the driver is busy). Their messages are
-#: unacknowledged meanwhile: the server's Receive Maximum counts (HELD + 1) * BATCH of them beside
-#: its inbox (``broker.inbox.Inbox.in_hand``), so that the broker goes on sending while they are held.
-HELD = 3
+#: Turns with messages whose state is being made durable while the next ones are processed, at
+#: most (the server's journal: its thread takes the GIL to start a write and again when the write
+#: returns, each time up to a switch interval after asking, while the driver is busy; a snapshot
+#: holds the records after it for 5-35 ms). A held turn finishes as soon as its state is durable;
+#: the driver waits only when more are held. Their messages are unacknowledged meanwhile: the
+#: server's Receive Maximum counts (HELD + 1) * BATCH of them beside its inbox
+#: (``broker.inbox.Inbox.in_hand``), so that the broker goes on sending while they are held.
+HELD = 8
 #: The longest sleep of a turn: how soon a stop request is seen.
 IDLE_S = 0.25
 
@@ -74,9 +76,16 @@ def coalesce(messages: list[Publish]) -> list[Publish]:
     return [m for i, m in enumerate(messages) if not m.retain or last[m.topic] == i]
 
 
-#: What ``before_publish`` may return: a wait until the turn's state is durable, which the driver
-#: calls before the turn's results leave (a turn that had messages first lets the next turn's work run).
-Settle = Callable[[], None]
+class Settle(Protocol):
+    """What ``before_publish`` may return: the turn's state being made durable (a
+    ``concurrent.futures.Future`` is one). The driver waits for it (``result``) before the turn's
+    results leave; a turn that had messages first lets the next turns' work run."""
+
+    def done(self) -> bool:
+        """Whether the state is durable (or making it so failed: ``result`` then raises)."""
+
+    def result(self) -> object:
+        """Wait until the state is durable; raises what making it so raised."""
 
 
 def drive(
@@ -98,11 +107,12 @@ def drive(
     published with it (a site aggregator: a device's commit is let go only once the site commit
     holding it is with the broker). ``before_publish(batch, out)``: what the role does before a
     turn's results leave (the server's checkpoint), returning None when that is done or a
-    ``Settle`` that waits for it: then a turn that had messages lets the next ``HELD`` turns (what
-    came meanwhile, if anything: it does not wait for more) be processed while it settles, and
-    publishes and acknowledges only after the wait, before the next turn's results (its results never
-    leave, nor are its messages acknowledged, before its state is durable); a turn without messages
-    lets every held turn finish first. ``after_turn``: what it does
+    ``Settle``: then a turn that had messages is held while the next turns (what came meanwhile, if
+    anything: it does not wait for more) are processed, and publishes and acknowledges once it is
+    settled, before the next turn's results (its results never leave, nor are its messages
+    acknowledged, before its state is durable): as soon as it is, or, with ``HELD`` turns after it,
+    after waiting for it. A turn without messages lets every held turn finish first, or, when it
+    has nothing of its own to publish, the first (the next turn looks for messages again). ``after_turn``: what it does
     after."""
     unacked: list[Inbound] = []
     held: deque[tuple[list[Inbound], list[Publish], Settle]] = deque()  # turns whose state is being made durable
@@ -116,7 +126,7 @@ def drive(
         """A turn's end: its state durable, the subscriptions, its results out, its messages acknowledged."""
         nonlocal unacked
         if settle is not None:
-            settle()
+            settle.result()
         transport.subscribe_only(core.subscriptions())  # before publishing: a control follows its subscription
         again = core.resubscriptions()
         if again:
@@ -145,8 +155,10 @@ def drive(
         settle = before_publish(batch, out) if before_publish is not None else None
         if settle is not None and batch and running():
             held.append((batch, out, settle))  # the next turns' processing overlaps this turn's sync
-            if len(held) > HELD:
+            while held and (len(held) > HELD or held[0][2].done()):  # in order: the first held first
                 finish(*held.popleft())
+        elif held and not batch and not out and settle is None and running():
+            finish(*held.popleft())  # the inbox ran dry: wait for the first held turn only, then look again
         else:
             while held:
                 finish(*held.popleft())

@@ -10,9 +10,9 @@ what it measures (the machine's cores are shared by the broker, the generator an
   delivered message. Beside it, the same with ``mosquitto_pub --repeat`` as the publisher;
 * apply rate: the generator sends valid commits (each device's sequence numbers in order, CRCs
   patched) to a real ``edgeps ps --pace asp`` process as fast as the broker takes them, yet at most
-  ``BACKLOG`` ahead of what the server has received, for S seconds (its per-device rate limit lifted:
-  the measure is its ingest, not the limit); the rate is the growth of the
-  server's ``applied`` count over the last three quarters of those seconds by the server's own
+  ``BACKLOG`` (or a second of its receive rate, if more) ahead of what the server has received,
+  for S seconds (its per-device rate limit lifted: the measure is its ingest, not the limit); the
+  rate is the growth of the server's ``applied`` count over the last three quarters of those seconds by the server's own
   clock (its metrics records, every 0.5 s, carry ``elapsed_s``).
 
 A load sent flat out instead swamps the broker, whose CPU is the server's too here: the server
@@ -32,7 +32,7 @@ from typing import Any
 
 from edgeps.bench.common import rss_mib
 from edgeps.bench.load import ROOT, BenchServer, commit_template
-from edgeps.bench.rawload import BACKLOG, broker_rate, generate, mosquitto_pub_rate
+from edgeps.bench.rawload import AHEAD_S, BACKLOG, broker_rate, generate, mosquitto_pub_rate
 from edgeps.tables import Table
 
 
@@ -83,6 +83,16 @@ def start_workers(
     return workers
 
 
+def ahead(samples: list[tuple[float, int, int, int]]) -> int:
+    """How many commits the load keeps ahead of what the server received: ``BACKLOG``, or ``AHEAD_S``
+    of its receive rate over its last second of metrics records (elapsed_s, applied, commits, version)."""
+    last = samples[-1]
+    before = next((s for s in reversed(samples) if last[0] - s[0] >= 1.0), None)
+    if before is None:
+        return BACKLOG
+    return max(BACKLOG, round(AHEAD_S * (last[2] - before[2]) / (last[0] - before[0])))
+
+
 def apply_rate(
     host: str,
     port: int,
@@ -96,7 +106,7 @@ def apply_rate(
     workers: int = 0,
     broker_pid: int | None = None,
 ) -> dict[str, Any]:
-    """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``BACKLOG`` ahead of it: its
+    """A real ``edgeps ps`` (asp) under valid commits for ``seconds``, kept ``ahead`` of it: its
     sustained apply rate. ``profile``: run the server under cProfile, writing its statistics there.
     ``workers``: that many ingest workers take the commits (a shared subscription) and the server only
     their site commits (``--sites-only``). The CPU seconds each process used over the measured window
@@ -148,7 +158,7 @@ def apply_rate(
         for loader in loaders:
             loader.start()
         say(
-            f"  {devices} devices' commits for {seconds:g} s, {BACKLOG} ahead of the server"
+            f"  {devices} devices' commits for {seconds:g} s, {BACKLOG} (or {AHEAD_S:g} s of them) ahead of the server"
             + (", with --checkpoint" if checkpoint else "")
         )
         time.sleep(1.0)  # the generators connected and built their frames
@@ -165,7 +175,7 @@ def apply_rate(
         cpu_from: dict[str, float] | None = None
         while time.monotonic() - started < seconds:
             read_metrics(0.2)
-            allowed.value = (samples[-1][2] - start_commits + BACKLOG) // generators
+            allowed.value = (samples[-1][2] - start_commits + ahead(samples)) // generators
             rss.append(rss_mib(server.process.pid) or 0.0)
             if cpu_from is None and time.monotonic() - started >= seconds / 4:  # the window the rate is taken on
                 cpu_from, cpu_at = {name: cpu_s(pid) for name, pid in pids.items()}, time.monotonic()

@@ -18,10 +18,13 @@ from typing import Any
 from edgeps.bench.load import commit_template, patch
 
 WINDOW = 64  # QoS 1 publishes in flight per generator connection
-#: Commits the load keeps sent and not yet received by the server: enough to keep it busy between two
-#: of its metrics records, few enough that the broker is not swamped queueing (its CPU is the
-#: server's too on a small machine) or dropping (max_queued_bytes) a flood the server cannot take.
+#: Commits the load keeps sent and not yet received by the server, at least: enough to keep it busy
+#: between two of its metrics records, few enough that the broker is not swamped queueing (its CPU is
+#: the server's too on a small machine) or dropping (max_queued_bytes) a flood the server cannot take.
 BACKLOG = 3000
+#: ... and at least this many seconds of the server's receive rate (its metrics come every 0.5 s: at
+#: 6,000 commits/s a backlog of 3,000 ran dry between two, and the server waited on an empty inbox).
+AHEAD_S = 1.0
 
 
 class RawPublisher:

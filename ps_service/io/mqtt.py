@@ -174,9 +174,9 @@ class _Turns:
         settle: Settle | None = None
         if self.journal is not None and self.recorded is not None:
             if self.journal.size >= SNAPSHOT_BYTES:
-                settle = self.save().result
+                settle = self.save()
             elif batch or out or len(self.recorded.calls) >= IDLE_BYTES:
-                settle = self.journal.write(batch, self.recorded.take()).result
+                settle = self.journal.write(batch, self.recorded.take())
         self.show(out)
         return settle
 

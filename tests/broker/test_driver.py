@@ -85,19 +85,31 @@ class Echo:
         return batch
 
 
-@pytest.mark.parametrize(("count", "gap"), [(BATCH // 2, 0), (BATCH, 0), (5 * BATCH + 5, 0), (100, 10)])
+class Sync:
+    """A turn's state made durable only when the driver waits for it (a sync slower than any turn)."""
+
+    def __init__(self, turn: int, log: list[tuple[str, int]], durable: bool = False) -> None:
+        self.turn, self.log, self.durable = turn, log, durable
+        if durable:
+            log.append(("durable", turn))
+
+    def done(self) -> bool:
+        return self.durable
+
+    def result(self) -> None:
+        if not self.durable:
+            self.durable = True
+            self.log.append(("durable", self.turn))
+
+
+@pytest.mark.parametrize(("count", "gap"), [(BATCH // 2, 0), (BATCH, 0), (11 * BATCH + 5, 0), (100, 10)])
 def test_a_turn_whose_checkpoint_settles_later_publishes_and_acknowledges_after_it(count, gap) -> None:
     log: list[tuple[str, int]] = []
     turns: list[list[int]] = []
 
     def before_publish(batch: list[Inbound], out: list[Publish]) -> Settle:
-        turn = len(turns)
         turns.append([m.mid for m in batch])
-
-        def settle() -> None:
-            log.append(("durable", turn))
-
-        return settle
+        return Sync(len(turns) - 1, log)
 
     drive(
         Echo(count, log), Queue(count, log, gap), time.monotonic, before_publish=before_publish, log=logging.getLogger()
@@ -120,3 +132,22 @@ def test_a_turn_whose_checkpoint_settles_later_publishes_and_acknowledges_after_
             )
     if gap:  # a turn of fewer than a batch is held too (it never waits for more)
         assert any(0 < len(mids) < BATCH for mids in turns)
+
+
+def test_a_turn_settled_before_the_next_one_finishes_at_once() -> None:
+    """A held turn whose state is already durable is not kept waiting for ``HELD`` more turns: its
+    results leave, and its messages are acknowledged, before the next turn's messages are taken."""
+    log: list[tuple[str, int]] = []
+    turns: list[list[int]] = []
+
+    def before_publish(batch: list[Inbound], out: list[Publish]) -> Settle:
+        turns.append([m.mid for m in batch])
+        return Sync(len(turns) - 1, log, durable=True)  # a sync faster than the turn
+
+    count = 4 * BATCH
+    drive(Echo(count, log), Queue(count, log), time.monotonic, before_publish=before_publish, log=logging.getLogger())
+    where = {event: i for i, event in enumerate(log)}
+    for turn, mids in enumerate(turns[:-1]):
+        if mids and turns[turn + 1]:
+            first_of_next = where[("receive", turns[turn + 1][0])]
+            assert all(where[("publish", mid)] < first_of_next and where[("ack", mid)] < first_of_next for mid in mids)
