@@ -56,7 +56,7 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
     """One bsp job of ``rounds`` versions in the simulator; its costs."""
     from edgeps.scenario import Scenario
     from edgeps.simulator import Simulation, scenario_data
-    from ps_service.io.checkpoint import history_path, save
+    from ps_service.io.checkpoint import save
 
     job = {"rounds": rounds, "duration_s": 1e6}  # ServerConfig's fields, nested by the model
     scenario = Scenario.model_validate({"devices": devices, "hidden": hidden, "alpha": 100.0, "seed": seed, **job})
@@ -75,9 +75,8 @@ def measure(devices: int, hidden: tuple[int, ...], rounds: int, seed: int = 0) -
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.ckpt"
         started = time.perf_counter()
-        save(server, path, result.run_s, b"k" * 32)
+        checkpoint_bytes = save(server, path, result.run_s, b"k" * 32)
         checkpoint_s = time.perf_counter() - started
-        checkpoint_bytes = path.stat().st_size + history_path(path).stat().st_size
     return {
         "devices": devices,
         "hidden": list(hidden),

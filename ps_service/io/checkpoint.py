@@ -332,9 +332,13 @@ def sync_folder(path: Path) -> None:
         os.close(directory)
 
 
-def save(core: Any, path: Path, now: float, key: bytes, journal: int = 0) -> None:
-    """Write ``core``'s snapshot at ``path`` (and its whole history beside it)."""
-    snapshot(core, path, now, key, journal, History(history_path(path))).write()
+def save(core: Any, path: Path, now: float, key: bytes, journal: int = 0) -> int:
+    """Write ``core``'s snapshot at ``path`` (and its whole history beside it): the bytes of both
+    (the history's records, not the zeros written ahead of them)."""
+    history = History(history_path(path))
+    written = snapshot(core, path, now, key, journal, history)
+    written.write()
+    return len(written.blob) + history.size
 
 
 def read(core: Any, path: Path, key: bytes) -> tuple[dict[str, Any], list[Metrics]]:

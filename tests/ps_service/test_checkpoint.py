@@ -194,7 +194,8 @@ def test_writes_are_atomic_and_private(tmp_path) -> None:
     server = started()
     save(server, path, now=1.0, key=KEY)
     first = path.read_bytes()
-    save(server, path, now=2.0, key=KEY)
+    written = save(server, path, now=2.0, key=KEY)  # the snapshot's bytes and the history's records'
+    assert written == path.stat().st_size + len(history_path(path).read_bytes().rstrip(b"\0"))
     assert path.read_bytes() != first and not (tmp_path / "ps.ckpt.partial").exists()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(history_path(path).stat().st_mode) == 0o600
