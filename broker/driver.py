@@ -112,8 +112,8 @@ def drive(
     settled, before the next turn's results (its results never leave, nor are its messages
     acknowledged, before its state is durable): as soon as it is, or, with ``HELD`` turns after it,
     after waiting for it. A turn without messages lets every held turn finish first, or, when it
-    has nothing of its own to publish, the first (the next turn looks for messages again). ``after_turn``: what it does
-    after."""
+    has nothing of its own to publish, the first (the next turn looks for messages again).
+    ``after_turn``: what it does after."""
     unacked: list[Inbound] = []
     held: deque[tuple[list[Inbound], list[Publish], Settle]] = deque()  # turns whose state is being made durable
 

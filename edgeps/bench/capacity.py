@@ -12,8 +12,8 @@ what it measures (the machine's cores are shared by the broker, the generator an
   patched) to a real ``edgeps ps --pace asp`` process as fast as the broker takes them, yet at most
   ``BACKLOG`` (or a second of its receive rate, if more) ahead of what the server has received,
   for S seconds (its per-device rate limit lifted: the measure is its ingest, not the limit); the
-  rate is the growth of the server's ``applied`` count over the last three quarters of those seconds by the server's own
-  clock (its metrics records, every 0.5 s, carry ``elapsed_s``).
+  rate is the growth of the server's ``applied`` count over the last three quarters of those
+  seconds by the server's own clock (its metrics records, every 0.5 s, carry ``elapsed_s``).
 
 A load sent flat out instead swamps the broker, whose CPU is the server's too here: the server
 then applied 880 commits/s where it applies 2,150 with the backlog bounded.

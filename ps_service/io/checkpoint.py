@@ -51,6 +51,7 @@ FORMAT = "edgeps-checkpoint/3"
 #: The checkpoints of the release before, still read: the metrics history inside.
 MAGIC_2, FORMAT_2 = b"EPSCKPT2", "edgeps-checkpoint/2"
 HISTORY_MAGIC = b"EPSHIST1"
+_HISTORY_START = hashlib.sha256(HISTORY_MAGIC).digest()  # the history's hash chain starts here
 #: Zeros a history file grows by when a snapshot's part would pass its end (written, then written over).
 HISTORY_EXTEND = 1 << 20
 #: The parts one ``pwritev`` takes at most (Linux's IOV_MAX is 1024).
@@ -194,7 +195,7 @@ class History:
 
     def resume(self, reference: dict[str, Any] | None) -> None:
         """Go on from the end of the history a snapshot's ``reference`` names (None: a new file)."""
-        reference = reference or {"records": 0, "bytes": 0, "sha256": hashlib.sha256(HISTORY_MAGIC).hexdigest()}
+        reference = reference or {"records": 0, "bytes": 0, "sha256": _HISTORY_START.hex()}
         self.records, self.size = int(reference["records"]), int(reference["bytes"])
         self.link = bytes.fromhex(reference["sha256"])
 
@@ -220,17 +221,12 @@ class HistoryPart(NamedTuple):
     data: bytes
 
     def write(self) -> None:
-        """Write and sync them. Past the file's end, zeros first (``HISTORY_EXTEND`` beyond them,
-        synced with the file's new size): the part's own sync then writes data and no file metadata."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        """Write them, on disk when this returns (``O_DSYNC``), over zeros written ahead (``write_ahead``)."""
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
         try:
             os.fchmod(fd, 0o600)
-            end, size = self.start + len(self.data), os.fstat(fd).st_size
-            if end > size:
-                write_zeros(fd, size, end + HISTORY_EXTEND)
-                os.fsync(fd)
-            write_at(fd, [self.data], self.start)
-            os.fdatasync(fd)
+            size = os.fstat(fd).st_size
+            write_ahead(fd, [self.data], self.start, size, HISTORY_EXTEND)
         finally:
             os.close(fd)
         if size == 0:
@@ -250,7 +246,7 @@ def read_history(path: Path, reference: Any) -> list[Metrics]:
         raise CheckpointError(f"checkpoint names its metrics history wrongly: {exc!r}") from None
     if len(data) < size or data[: len(HISTORY_MAGIC)] != HISTORY_MAGIC:
         raise CheckpointError(f"{path}: not the metrics history of this checkpoint (short or bad magic)")
-    chain, chunks, pos = hashlib.sha256(HISTORY_MAGIC).digest(), [], len(HISTORY_MAGIC)
+    chain, chunks, pos = _HISTORY_START, [], len(HISTORY_MAGIC)
     while pos + 4 <= size:
         end = pos + 4 + _U32.unpack_from(data, pos)[0]
         chain = hashlib.sha256(chain + data[pos:end]).digest()
@@ -321,6 +317,18 @@ def write_zeros(fd: int, start: int, end: int) -> None:
     """Write zeros from ``start`` to ``end`` (in one system call)."""
     zeros = memoryview(bytes(1 << 20))
     write_at(fd, [zeros] * ((end - start) >> 20) + [zeros[: (end - start) & 0xFFFFF]], start)
+
+
+def write_ahead(fd: int, parts: Sequence[bytes | bytearray | memoryview], offset: int, size: int, extend: int) -> int:
+    """Write ``parts`` at ``offset`` in a file of ``size`` bytes opened ``O_DSYNC``; where they would
+    pass its end, zeros first, ``extend`` bytes beyond them (synced with the file's new size), so that
+    the parts' own sync writes data and no file metadata. The file's size after."""
+    end = offset + sum(len(part) for part in parts)
+    if end > size:
+        write_zeros(fd, size, end + extend)
+        size = end + extend
+    write_at(fd, parts, offset)
+    return size
 
 
 def sync_folder(path: Path) -> None:

@@ -74,7 +74,7 @@ from typing import Any, NamedTuple
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from broker.driver import Core
-from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder, write_at, write_zeros
+from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder, write_ahead, write_at
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
 
@@ -183,12 +183,8 @@ class Journal:
 
     def _append(self, record: list[bytes | bytearray], size: int) -> None:
         assert self._fd is not None
-        end = self._offset + size
-        if end > self._extent:  # zeros first, synced with the file's new size; the record then writes over them
-            write_zeros(self._fd, self._extent, end + EXTEND_BYTES)
-            self._extent = end + EXTEND_BYTES
-        write_at(self._fd, record, self._offset)
-        self._offset = end
+        self._extent = write_ahead(self._fd, record, self._offset, self._extent, EXTEND_BYTES)
+        self._offset += size
 
     def close(self) -> None:
         """Write what was asked, and close."""
