@@ -16,12 +16,18 @@
  * The Python-facing functions take buffers (bytes, bytearray, memoryview, numpy arrays) and
  * check their sizes; the caller has already checked a payload's length against its shape. The
  * encoders return their payload as a new bytes object, written in place (no copy).
+ *
+ * poly1305 (the server journal's record tags) is OpenSSL's, found at load time in the libcrypto the
+ * interpreter's own hashlib links (dlopen: nothing to build against); called with the GIL released.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
 
 #if defined(__x86_64__) && defined(__GLIBC__) && (defined(__GNUC__) || defined(__clang__))
 #define X86_DISPATCH 1
@@ -1048,6 +1054,80 @@ static PyObject *crc32(PyObject *self, PyObject *args) {
     return release(&b, NULL, NULL, NULL, PyLong_FromUnsignedLong(~c));
 }
 
+/* Poly1305 by OpenSSL 3's EVP_MAC, looked up at import (fast_poly1305: whether it was found). Its
+ * vectorised code makes a 19 KB commit's tag in about 2 us; the point of calling it from here is
+ * that the GIL is released meanwhile (the cryptography package holds it). */
+typedef struct evp_mac EVP_MAC;
+typedef struct evp_mac_ctx EVP_MAC_CTX;
+static struct {
+    EVP_MAC *mac;
+    EVP_MAC_CTX *(*ctx_new)(EVP_MAC *);
+    void (*ctx_free)(EVP_MAC_CTX *);
+    int (*init)(EVP_MAC_CTX *, const unsigned char *, size_t, const void *);
+    int (*update)(EVP_MAC_CTX *, const unsigned char *, size_t);
+    int (*final)(EVP_MAC_CTX *, unsigned char *, size_t *, size_t);
+} ossl;
+
+static void poly1305_load(void) {
+#if defined(__linux__)
+    void *lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    EVP_MAC *(*fetch)(void *, const char *, const char *) = (EVP_MAC * (*)(void *, const char *, const char *))
+        dlsym(lib, "EVP_MAC_fetch");
+    *(void **)&ossl.ctx_new = dlsym(lib, "EVP_MAC_CTX_new");
+    *(void **)&ossl.ctx_free = dlsym(lib, "EVP_MAC_CTX_free");
+    *(void **)&ossl.init = dlsym(lib, "EVP_MAC_init");
+    *(void **)&ossl.update = dlsym(lib, "EVP_MAC_update");
+    *(void **)&ossl.final = dlsym(lib, "EVP_MAC_final");
+    if (fetch && ossl.ctx_new && ossl.ctx_free && ossl.init && ossl.update && ossl.final)
+        ossl.mac = fetch(NULL, "POLY1305", NULL);
+#endif
+}
+
+/* poly1305(key, parts) -> the 16-byte Poly1305 tag (RFC 8439) under the one-time 32-byte key of the
+ * parts' bytes in turn (buffers; none copied). */
+static PyObject *poly1305(PyObject *self, PyObject *args) {
+    Py_buffer key;
+    PyObject *parts;
+    if (!PyArg_ParseTuple(args, "y*O", &key, &parts)) return NULL;
+    if (!ossl.mac) {
+        PyErr_SetString(PyExc_RuntimeError, "poly1305: OpenSSL 3's libcrypto was not found at import");
+        return release(&key, NULL, NULL, NULL, NULL);
+    }
+    PyObject *seq = PySequence_Fast(parts, "poly1305: parts must be a sequence of buffers");
+    if (!seq || key.len != 32) {
+        if (seq) PyErr_SetString(PyExc_ValueError, "poly1305: the key must be 32 bytes");
+        Py_XDECREF(seq);
+        return release(&key, NULL, NULL, NULL, NULL);
+    }
+    idx count = PySequence_Fast_GET_SIZE(seq), got = 0;
+    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
+    if (!views) PyErr_NoMemory();
+    for (; views && got < count; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0) break;
+    PyObject *result = NULL;
+    if (views && got == count) {
+        unsigned char tag[16];
+        size_t size = 0;
+        int ok;
+        Py_BEGIN_ALLOW_THREADS
+        EVP_MAC_CTX *ctx = ossl.ctx_new(ossl.mac);
+        ok = ctx && ossl.init(ctx, key.buf, 32, NULL);
+        for (idx i = 0; ok && i < count; i++) ok = ossl.update(ctx, views[i].buf, (size_t)views[i].len);
+        ok = ok && ossl.final(ctx, tag, &size, sizeof tag) && size == sizeof tag;
+        if (ctx) ossl.ctx_free(ctx);
+        Py_END_ALLOW_THREADS
+        if (ok)
+            result = PyBytes_FromStringAndSize((const char *)tag, 16);
+        else
+            PyErr_SetString(PyExc_RuntimeError, "poly1305: OpenSSL failed");
+    }
+    for (idx i = 0; views && i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return release(&key, NULL, NULL, NULL, result);
+}
+
 /* use_avx512(on) -> whether the AVX-512 loops run from now on: with on, where this CPU has them (the tests run
  * the encoders both ways; EDGEPS_NO_AVX512 in the environment turns them off at import). */
 static PyObject *use_avx512(PyObject *self, PyObject *on) {
@@ -1074,6 +1154,7 @@ static PyMethodDef methods[] = {
     {"ternary_encode", ternary_encode, METH_VARARGS, "TernGrad's scales and bit planes; None if a value is not finite."},
     {"qsgd_encode", qsgd_encode, METH_VARARGS, "QSGD's norms and packed levels; None if a norm is not finite."},
     {"crc32", crc32, METH_VARARGS, "zlib.crc32(data, value=0), by carry-less multiplication where the CPU has it."},
+    {"poly1305", poly1305, METH_VARARGS, "Poly1305 (RFC 8439) of buffers in turn, by OpenSSL, the GIL released."},
     {"squares", squares, METH_VARARGS, "The sum of float32 values' squares in double (32 partial sums)."},
     {"scaled", scaled, METH_VARARGS, "out = ((x * a) * b) * c + 0 in float32 steps."},
     {"add_finite", add_finite, METH_VARARGS, "out = x + y in float32; whether every sum is finite."},
@@ -1092,7 +1173,9 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     pclmul_cpu = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
     crc_table_init();
+    poly1305_load();
     PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "fast_poly1305", ossl.mac != NULL) < 0) Py_CLEAR(m);
 #if X86_DISPATCH
     if (m && PyModule_AddIntConstant(m, "fast_crc32", pclmul_cpu) < 0) Py_CLEAR(m);
 #else

@@ -16,12 +16,15 @@ short by a crash was never synced, so nothing it holds was acknowledged: recover
 Turns that fed the core only time (an idle ``on_tick``) are kept and written with the next record
 that carries a message or a result, so that an idle server does not sync four times a second.
 
-A turn's record is encoded and signed by the driver (``write``: Poly1305, about 2.6 us a 19 KB
-commit, holding the GIL, so that the driver does not wait to take it back) and written by the
-journal's own thread in one system call (the journal is opened ``O_DSYNC``: the write returns
-once the record is on disk); the driver waits for it before the turn's results leave, and
-processes the next turns meanwhile (``broker.driver.HELD``). The payloads are not copied: the write takes
-them where they are.
+A turn's record is laid out and signed by the driver (``write``: the messages' headers, the
+payloads not copied; its Poly1305 tag by OpenSSL through ``schemas._kernels``, about 2 us a 19 KB
+commit with the GIL released, so that the network thread and the journal's run meanwhile; the
+cryptography package's, 2.6 us holding it, where the module is not built or finds no OpenSSL 3)
+and written by the journal's own thread in one system call (the journal is opened ``O_DSYNC``:
+the write returns once the record is on disk). The driver waits for it before the turn's results
+leave, and processes the next turns meanwhile (``broker.driver.HELD``). The MAC is not made on the
+journal's thread: taking the GIL back after it would be one more wait of up to a switch interval
+(5 ms) while the driver is busy.
 
 The file's blocks are written before a record lands on them, so that a record's sync writes data
 and no file metadata (an append that grows the file makes ext4 commit its own journal at each
@@ -75,6 +78,7 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from broker.driver import Core
 from ps_service.io.checkpoint import CheckpointError, History, load, read, sync_folder, write_ahead, write_at
+from schemas.codecs import bits
 from schemas.events import Events
 from schemas.topics import Inbound, Publish
 
@@ -111,6 +115,21 @@ def _head_mac(key: bytes, head: bytes) -> bytes:
 def _record_key(key: bytes, journal: int, salt: bytes, index: int) -> bytes:
     """The Poly1305 key of record ``index`` of journal ``journal`` with ``salt`` (used once)."""
     return hmac.new(key, b"edgeps journal record" + _ID.pack(journal) + salt + _ID.pack(index), hashlib.sha256).digest()
+
+
+def _record_tag(
+    key: bytes, journal: int, salt: bytes, index: int, parts: Sequence[bytes | bytearray | memoryview]
+) -> bytes:
+    """The Poly1305 tag of record ``index`` of journal ``journal`` with ``salt``: of ``parts`` in turn
+    (by OpenSSL with the GIL released where ``schemas._kernels`` has it)."""
+    one_time = _record_key(key, journal, salt, index)
+    if bits.kernels is not None and bits.kernels.fast_poly1305:
+        tag: bytes = bits.kernels.poly1305(one_time, parts)
+        return tag
+    poly = Poly1305(one_time)
+    for part in parts:
+        poly.update(part)
+    return poly.finalize()
 
 
 def _record_mac(key: bytes, journal: int, index: int, body: bytes | bytearray | memoryview) -> bytes:
@@ -163,7 +182,7 @@ class Journal:
         self._fd, self._offset, self._extent = fd, len(head), os.fstat(fd).st_size
 
     def write(self, messages: Sequence[Inbound], calls: bytes | bytearray) -> Future[None]:
-        """Append a turn's record: its ``messages`` and ``calls``, encoded and signed here, written
+        """Append a turn's record: its ``messages`` and ``calls``, laid out and signed here, written
         and synced on the journal's thread; the record is on disk when the future is done."""
         assert self.salt, "restart the journal first"
         parts: list[bytes | bytearray] = [b""]
@@ -172,10 +191,7 @@ class Journal:
         size = sum(len(part) for part in parts)
         parts[0] = _LEN.pack(size)
         parts += _LEN.pack(len(calls)), calls
-        tag = Poly1305(_record_key(self.key, self.id, self.salt, self.index))
-        for part in parts:
-            tag.update(part)
-        parts.append(tag.finalize())
+        parts.append(_record_tag(self.key, self.id, self.salt, self.index, parts))
         self.index += 1
         size += 2 * _LEN.size + len(calls) + _TAG  # the record's
         self.size += size
@@ -235,9 +251,7 @@ def read_journal(path: Path, key: bytes, journal: int) -> list[Record]:
         if end + mac_size > len(data):
             return None
         if salt is not None:
-            tag = Poly1305(_record_key(key, journal, salt, index))
-            tag.update(view[pos:end])
-            mac = tag.finalize()
+            mac = _record_tag(key, journal, salt, index, [view[pos:end]])
         else:  # 2: the record's bytes before its MAC; 1: its calls alone
             mac = _record_mac(key, journal, index, view[pos:end] if parts == 2 else bodies[0])
         return bodies, end + mac_size, hmac.compare_digest(data[end : end + mac_size], mac)

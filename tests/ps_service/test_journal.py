@@ -96,6 +96,26 @@ def test_a_snapshot_and_its_journal_make_the_server_that_wrote_them(tmp_path) ->
     assert _plain(restored.to_state(200.0)) == _plain(original.to_state(102.5))  # every field, times as ages
 
 
+@pytest.mark.parametrize("writer", ["openssl", "cryptography"])
+def test_records_signed_through_the_kernel_or_by_cryptography_read_back_either_way(
+    tmp_path, monkeypatch, writer
+) -> None:
+    """A record's Poly1305 tag is the same whether ``schemas._kernels`` had OpenSSL make it (the
+    journal's thread, GIL released) or the cryptography package did (a server without the module):
+    written one way, the journal is read back the other."""
+    from schemas.codecs import bits
+
+    if bits.kernels is None or not bits.kernels.fast_poly1305:
+        pytest.skip("schemas._kernels is not built here, or found no OpenSSL 3")
+    kernels = bits.kernels
+    monkeypatch.setattr(bits, "kernels", kernels if writer == "openssl" else None)
+    _, checkpoint = _job(tmp_path)
+    monkeypatch.setattr(bits, "kernels", None if writer == "openssl" else kernels)
+    restored = small_server(pace="bsp", rounds=20, frequency="trend", balance="release")
+    assert recover(restored, checkpoint, 100.0, KEY) == (1, 7)
+    assert restored.store.version == 2 and restored.traffic.applied == 4
+
+
 def _plain(state) -> str:
     return json.dumps(
         state, default=lambda v: np.asarray(v).tolist() if hasattr(v, "shape") else list(v), sort_keys=True

@@ -5,6 +5,7 @@ same bytes (sign's scales, summed in another order, to within float rounding).""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import zlib
 
@@ -273,3 +274,36 @@ def test_crc32_is_zlibs_on_a_commit_with_any_one_bit_flipped() -> None:
         body[position // 8] ^= 1 << (position % 8)
         assert bits.kernels.crc32(body) == zlib.crc32(body)
         body[position // 8] ^= 1 << (position % 8)
+
+
+poly1305_found = pytest.mark.skipif(
+    bits.kernels is None or not bits.kernels.fast_poly1305, reason="no OpenSSL 3 libcrypto found"
+)
+
+
+@poly1305_found
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=6))
+def test_poly1305_is_the_cryptography_packages_over_any_split_of_the_bytes(
+    key: bytes, data: bytes, cuts: list[int]
+) -> None:
+    """The journal's tag through OpenSSL is the cryptography package's Poly1305 of the parts joined,
+    however the bytes are split (blocks straddle parts; empty parts; a short last block)."""
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+    bounds = [0, *sorted(min(c, len(data)) for c in cuts), len(data)]
+    parts = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert bits.kernels.poly1305(key, parts) == Poly1305.generate_tag(key, data)
+
+
+@poly1305_found
+def test_poly1305_meets_the_rfcs_vector_and_refuses_what_is_not_a_key_and_buffers() -> None:
+    key = bytes.fromhex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b")  # RFC 8439 2.5.2
+    tag = bits.kernels.poly1305(key, [b"Cryptographic Forum ", memoryview(b"Research Group"), bytearray()])
+    assert tag.hex() == "a8061dc1305136c6c22b8baf0c0127a9"
+    with pytest.raises(ValueError, match="32 bytes"):
+        bits.kernels.poly1305(b"short", [b""])
+    with pytest.raises(TypeError):
+        bits.kernels.poly1305(key, [b"ok", "text"])
+    with pytest.raises(TypeError, match="sequence"):
+        bits.kernels.poly1305(key, 5)
