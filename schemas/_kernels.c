@@ -17,8 +17,8 @@
  * check their sizes; the caller has already checked a payload's length against its shape. The
  * encoders return their payload as a new bytes object, written in place (no copy).
  *
- * poly1305 (the server journal's record tags) is OpenSSL's, found at load time in the libcrypto the
- * interpreter's own hashlib links (dlopen: nothing to build against); called with the GIL released.
+ * poly1305 (the server journal's record tags) is OpenSSL 3's, its libcrypto.so.3 opened at import
+ * (dlopen: nothing to build against; Debian's Python links the same library); the GIL released.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
