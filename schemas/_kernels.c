@@ -17,7 +17,7 @@
  * check their sizes; the caller has already checked a payload's length against its shape. The
  * encoders return their payload as a new bytes object, written in place (no copy).
  *
- * poly1305 (the server journal's record tags) is OpenSSL 3's, its libcrypto.so.3 opened at import
+ * poly1305 (the server journal's record tags) is OpenSSL 3's, its libcrypto.so.3 opened on first use
  * (dlopen: nothing to build against; Debian's Python links the same library); the GIL released.
  */
 #define PY_SSIZE_T_CLEAN
@@ -1054,7 +1054,9 @@ static PyObject *crc32(PyObject *self, PyObject *args) {
     return release(&b, NULL, NULL, NULL, PyLong_FromUnsignedLong(~c));
 }
 
-/* Poly1305 by OpenSSL 3's EVP_MAC, looked up at import (fast_poly1305: whether it was found). Its
+/* Poly1305 by OpenSSL 3's EVP_MAC, looked up on first use (has_poly1305: whether it was found), not
+ * at import: opening libcrypto and fetching the MAC cost every importer ~3 ms, and only the server's
+ * journal signs. Its
  * vectorised code makes a 19 KB commit's tag in about 2 us; the point of calling it from here is
  * that the GIL is released meanwhile (the cryptography package holds it). */
 typedef struct evp_mac EVP_MAC;
@@ -1068,10 +1070,14 @@ static struct {
     int (*final)(EVP_MAC_CTX *, unsigned char *, size_t *, size_t);
 } ossl;
 
-static void poly1305_load(void) {
+/* Whether OpenSSL's Poly1305 is there, looked up the first time (with the GIL held: once). */
+static int poly1305_ready(void) {
+    static int looked;
+    if (looked) return ossl.mac != NULL;
+    looked = 1;
 #if defined(__linux__)
     void *lib = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return;
+    if (!lib) return 0;
     EVP_MAC *(*fetch)(void *, const char *, const char *) = (EVP_MAC * (*)(void *, const char *, const char *))
         dlsym(lib, "EVP_MAC_fetch");
     *(void **)&ossl.ctx_new = dlsym(lib, "EVP_MAC_CTX_new");
@@ -1082,7 +1088,11 @@ static void poly1305_load(void) {
     if (fetch && ossl.ctx_new && ossl.ctx_free && ossl.init && ossl.update && ossl.final)
         ossl.mac = fetch(NULL, "POLY1305", NULL);
 #endif
+    return ossl.mac != NULL;
 }
+
+/* has_poly1305() -> whether poly1305 can run (OpenSSL 3's libcrypto found). */
+static PyObject *has_poly1305(PyObject *self, PyObject *unused) { return PyBool_FromLong(poly1305_ready()); }
 
 /* poly1305(key, parts) -> the 16-byte Poly1305 tag (RFC 8439) under the one-time 32-byte key of the
  * parts' bytes in turn (buffers; none copied). */
@@ -1090,8 +1100,8 @@ static PyObject *poly1305(PyObject *self, PyObject *args) {
     Py_buffer key;
     PyObject *parts;
     if (!PyArg_ParseTuple(args, "y*O", &key, &parts)) return NULL;
-    if (!ossl.mac) {
-        PyErr_SetString(PyExc_RuntimeError, "poly1305: OpenSSL 3's libcrypto was not found at import");
+    if (!poly1305_ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "poly1305: OpenSSL 3's libcrypto was not found");
         return release(&key, NULL, NULL, NULL, NULL);
     }
     PyObject *seq = PySequence_Fast(parts, "poly1305: parts must be a sequence of buffers");
@@ -1154,6 +1164,7 @@ static PyMethodDef methods[] = {
     {"ternary_encode", ternary_encode, METH_VARARGS, "TernGrad's scales and bit planes; None if a value is not finite."},
     {"qsgd_encode", qsgd_encode, METH_VARARGS, "QSGD's norms and packed levels; None if a norm is not finite."},
     {"crc32", crc32, METH_VARARGS, "zlib.crc32(data, value=0), by carry-less multiplication where the CPU has it."},
+    {"has_poly1305", has_poly1305, METH_NOARGS, "Whether poly1305 runs here (OpenSSL 3's libcrypto found)."},
     {"poly1305", poly1305, METH_VARARGS, "Poly1305 (RFC 8439) of buffers in turn, by OpenSSL, the GIL released."},
     {"squares", squares, METH_VARARGS, "The sum of float32 values' squares in double (32 partial sums)."},
     {"scaled", scaled, METH_VARARGS, "out = ((x * a) * b) * c + 0 in float32 steps."},
@@ -1173,9 +1184,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     pclmul_cpu = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
     crc_table_init();
-    poly1305_load();
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddIntConstant(m, "fast_poly1305", ossl.mac != NULL) < 0) Py_CLEAR(m);
 #if X86_DISPATCH
     if (m && PyModule_AddIntConstant(m, "fast_crc32", pclmul_cpu) < 0) Py_CLEAR(m);
 #else

@@ -123,7 +123,7 @@ def _record_tag(
     """The Poly1305 tag of record ``index`` of journal ``journal`` with ``salt``: of ``parts`` in turn
     (by OpenSSL with the GIL released where ``schemas._kernels`` has it)."""
     one_time = _record_key(key, journal, salt, index)
-    if bits.kernels is not None and bits.kernels.fast_poly1305:
+    if bits.kernels is not None and bits.kernels.has_poly1305():
         tag: bytes = bits.kernels.poly1305(one_time, parts)
         return tag
     poly = Poly1305(one_time)

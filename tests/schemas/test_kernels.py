@@ -277,7 +277,7 @@ def test_crc32_is_zlibs_on_a_commit_with_any_one_bit_flipped() -> None:
 
 
 poly1305_found = pytest.mark.skipif(
-    bits.kernels is None or not bits.kernels.fast_poly1305, reason="no OpenSSL 3 libcrypto found"
+    bits.kernels is None or not bits.kernels.has_poly1305(), reason="no OpenSSL 3 libcrypto found"
 )
 
 
