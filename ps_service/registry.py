@@ -219,6 +219,8 @@ class DeviceRegistry:
         a number below the highest is taken if it is not among the recent ones and above every number
         that left them (``seq_floor``), an anti-replay window."""
         record = self._devices[device]
+        if seq > record.highest_seq:  # above every number taken (``recent_seqs`` holds none above it)
+            return None
         if seq in record.recent_seqs or seq == record.highest_seq:
             return "replayed"
         if seq < record.highest_seq and (ordered or seq <= record.seq_floor):

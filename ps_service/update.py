@@ -21,9 +21,10 @@ class Update:
     base_version: int
     samples: int
     steps: int
-    delta: Params
-    #: ``delta``'s values as one vector in the model's order (``delta`` views of it), where the receiver
-    #: made one (ps_service.validation; ps_service.flat): the commit path's arithmetic runs on it.
+    #: ``delta``'s tensors as given; None where the receiver made ``flat`` (``delta`` then views it).
+    tensors: Params | None
+    #: ``delta``'s values as one vector in the model's order, where the receiver made one
+    #: (ps_service.validation; ps_service.flat): the commit path's arithmetic runs on it.
     flat: np.ndarray | None = field(default=None, compare=False, repr=False)
     #: The sum of ``flat``'s squares in double precision, where the receiver computed it (its check
     #: that every value is finite: ps_service.validation): a lone commit's norm needs no pass more.
@@ -35,6 +36,15 @@ class Update:
     def devices(self) -> tuple[str, ...]:
         """The devices whose work this is (a pace's round counts them as committed)."""
         return (self.device,)
+
+    @property
+    def delta(self) -> Params:
+        """The update's tensors: as given, or views of ``flat`` (made when asked: the commit path,
+        which runs on ``flat``, never asks; 4 us a commit saved)."""
+        if self.tensors is not None:
+            return self.tensors
+        assert self.flat is not None and self.layout is not None, "an Update needs its tensors or its flat vector"
+        return self.layout.views(self.flat)
 
     def vector(self) -> tuple[np.ndarray, Layout]:
         """``delta`` as one vector in the model's order, and where each tensor lies in it: as the

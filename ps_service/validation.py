@@ -85,5 +85,4 @@ def validate_commit(
     if not math.isfinite(squares):
         name = layout.name_of(int(np.argmin(np.isfinite(flat))))
         raise Rejection(R.NON_FINITE, f"tensor {name!r} holds NaN or Inf", seq)
-    delta = layout.views(flat)
-    return Update(topic_device, seq, raw.base_version, raw.samples, raw.steps, delta, flat, squares, layout)
+    return Update(topic_device, seq, raw.base_version, raw.samples, raw.steps, None, flat, squares, layout)

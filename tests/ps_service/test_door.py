@@ -257,3 +257,16 @@ def test_an_aggregator_listens_to_its_listed_devices_from_the_start() -> None:
     out = worker.on_message(server.topics.grad("x"), commit_bytes(server, "x", 1), 1.0)
     out += worker.on_tick(1.0 + WAIT_S)
     assert verdict(out) == ["unknown_device"]
+
+
+def test_an_admitted_commits_tensors_are_views_of_its_one_vector() -> None:
+    """A commit the door takes carries its values once (``flat``); its tensors are made from it only
+    when asked (the commit path runs on the vector), in the model's names and shapes, not copied."""
+    server = small_server(pace="asp")
+    server.start(0.0)
+    hello(server, "a")
+    update = server.door.admit("a", commit_bytes(server, "a", 1, scale=0.25), 1.0, server.checks())
+    assert isinstance(update, Update) and update.tensors is None and update.flat is not None
+    assert {name: values.shape for name, values in update.delta.items()} == server.store.shapes
+    assert all(np.shares_memory(values, update.flat) for values in update.delta.values())
+    assert all(np.all(values == np.float32(0.25)) for values in update.delta.values())

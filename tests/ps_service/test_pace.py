@@ -13,7 +13,7 @@ from ps_service.update import Update
 
 def upd(device: str, base: int = 0, samples: int = 10, value: float = 1.0) -> Update:
     return Update(
-        device, seq=1, base_version=base, samples=samples, steps=1, delta={"w": np.full(2, value, np.float32)}
+        device, seq=1, base_version=base, samples=samples, steps=1, tensors={"w": np.full(2, value, np.float32)}
     )
 
 
