@@ -79,3 +79,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         folder = Path(str(item.fspath)).parent.name
         if folder in PROCESS_FOLDERS or PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+            # Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/run runs them) the integration tests
+            # stay one after another on one worker, as without it: jobs, QEMU images and benches that
+            # time themselves never share the machine with each other, only with the unit tests.
+            item.add_marker(pytest.mark.xdist_group("processes"))
